@@ -1,0 +1,614 @@
+#include "ir/graph.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace tracecut::ir {
+namespace {
+
+// Gap between consecutive order keys, so inserts rarely renumber.
+constexpr int64_t kOrderGap = int64_t{1} << 20;
+
+constexpr struct {
+  OpKind op;
+  absl::string_view name;
+} kOpNames[] = {
+    {OpKind::kPlaceholder, "placeholder"},
+    {OpKind::kGetAttr, "get_attr"},
+    {OpKind::kCallFunction, "call_function"},
+    {OpKind::kCallMethod, "call_method"},
+    {OpKind::kCallModule, "call_module"},
+    {OpKind::kOutput, "output"},
+};
+
+void CollectNodes(const std::vector<Argument>& args, const Kwargs& kwargs,
+                  std::vector<Node*>& out) {
+  absl::flat_hash_set<Node*> seen(out.begin(), out.end());
+  auto add = [&](Node* n) {
+    if (seen.insert(n).second) out.push_back(n);
+  };
+  for (const Argument& a : args) a.ForEachNode(add);
+  for (const auto& [key, a] : kwargs) a.ForEachNode(add);
+}
+
+}  // namespace
+
+absl::string_view OpKindName(OpKind op) {
+  for (const auto& e : kOpNames) {
+    if (e.op == op) return e.name;
+  }
+  return "unknown";
+}
+
+std::optional<OpKind> ParseOpKind(absl::string_view name) {
+  for (const auto& e : kOpNames) {
+    if (e.name == name) return e.op;
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- Argument
+
+Argument Argument::Bool(bool v) {
+  Argument a;
+  a.kind_ = Kind::kBool;
+  a.value_ = v;
+  return a;
+}
+Argument Argument::Int(int64_t v) {
+  Argument a;
+  a.kind_ = Kind::kInt;
+  a.value_ = v;
+  return a;
+}
+Argument Argument::Double(double v) {
+  Argument a;
+  a.kind_ = Kind::kDouble;
+  a.value_ = v;
+  return a;
+}
+Argument Argument::String(std::string v) {
+  Argument a;
+  a.kind_ = Kind::kString;
+  a.value_ = std::move(v);
+  return a;
+}
+Argument Argument::DType(std::string name) {
+  Argument a = String(std::move(name));
+  a.kind_ = Kind::kDType;
+  return a;
+}
+Argument Argument::Device(std::string name) {
+  Argument a = String(std::move(name));
+  a.kind_ = Kind::kDevice;
+  return a;
+}
+Argument Argument::Ref(Node* node) {
+  Argument a;
+  a.kind_ = Kind::kNode;
+  a.value_ = node;
+  return a;
+}
+Argument Argument::List(std::vector<Argument> elements) {
+  Argument a;
+  a.kind_ = Kind::kList;
+  a.value_ = std::move(elements);
+  return a;
+}
+Argument Argument::Tuple(std::vector<Argument> elements) {
+  Argument a = List(std::move(elements));
+  a.kind_ = Kind::kTuple;
+  return a;
+}
+
+void Argument::ForEachNode(const std::function<void(Node*)>& fn) const {
+  if (kind_ == Kind::kNode) {
+    fn(node());
+  } else if (is_sequence()) {
+    for (const Argument& e : elements()) e.ForEachNode(fn);
+  }
+}
+
+Argument Argument::MapNodes(const std::function<Node*(Node*)>& fn) const {
+  if (kind_ == Kind::kNode) return Ref(fn(node()));
+  if (!is_sequence()) return *this;
+  std::vector<Argument> mapped;
+  mapped.reserve(elements().size());
+  for (const Argument& e : elements()) mapped.push_back(e.MapNodes(fn));
+  Argument out = List(std::move(mapped));
+  out.kind_ = kind_;
+  return out;
+}
+
+bool Argument::IsConstant() const {
+  bool constant = true;
+  ForEachNode([&](Node*) { constant = false; });
+  return constant;
+}
+
+bool operator==(const Argument& a, const Argument& b) {
+  if (a.kind_ != b.kind_) return false;
+  if (a.kind_ == Argument::Kind::kDouble) {
+    double x = a.as_double(), y = b.as_double();
+    return std::memcmp(&x, &y, sizeof(double)) == 0;
+  }
+  return a.value_ == b.value_;
+}
+
+// ------------------------------------------------------------------- Scope
+
+const std::string& Scope::path() const {
+  static const std::string* const kEmpty = new std::string();
+  return stack_.empty() ? *kEmpty : stack_.back().path;
+}
+
+const std::string& Scope::type() const {
+  static const std::string* const kEmpty = new std::string();
+  return stack_.empty() ? *kEmpty : stack_.back().type;
+}
+
+std::string Scope::short_type() const { return ShortType(type()); }
+
+Scope Scope::Push(ScopeEntry entry) const {
+  Scope s = *this;
+  s.stack_.push_back(std::move(entry));
+  return s;
+}
+
+bool Scope::Contains(absl::string_view path) const {
+  for (const ScopeEntry& e : stack_) {
+    if (e.path == path) return true;
+  }
+  return false;
+}
+
+std::string Scope::DemangleType(absl::string_view qualified) {
+  std::vector<absl::string_view> kept;
+  for (absl::string_view part : absl::StrSplit(qualified, '.')) {
+    if (absl::StartsWith(part, "___torch_mangle_")) continue;
+    kept.push_back(part);
+  }
+  if (!kept.empty() && kept.front() == "__torch__") kept.erase(kept.begin());
+  return absl::StrJoin(kept, ".");
+}
+
+std::string Scope::ShortType(absl::string_view qualified) {
+  size_t dot = qualified.rfind('.');
+  return std::string(
+      dot == absl::string_view::npos ? qualified : qualified.substr(dot + 1));
+}
+
+// -------------------------------------------------------------------- Node
+
+Node::Node(Graph* graph, OpKind op, std::string name, std::string target)
+    : graph_(graph),
+      op_(op),
+      name_(std::move(name)),
+      target_(std::move(target)) {}
+
+const Argument* Node::kwarg(absl::string_view key) const {
+  for (const auto& [k, v] : kwargs_) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+std::vector<Node*> Node::inputs() const {
+  std::vector<Node*> out;
+  CollectNodes(args_, kwargs_, out);
+  return out;
+}
+
+Node* Node::prev() const {
+  if (self_ == graph_->nodes_.begin()) return nullptr;
+  return std::prev(self_)->get();
+}
+
+Node* Node::next() const {
+  auto it = std::next(self_);
+  return it == graph_->nodes_.end() ? nullptr : it->get();
+}
+
+std::string Node::Describe() const {
+  std::string s = absl::StrCat("%", name_, " (", OpKindName(op_));
+  if (!target_.empty()) absl::StrAppend(&s, " ", target_);
+  if (!scope_.empty()) {
+    absl::StrAppend(&s, " in ",
+                    scope_.path().empty() ? "<root>" : scope_.path());
+  }
+  if (meta_.source.has_value()) {
+    absl::StrAppend(&s, " at ", meta_.source->file, ":", meta_.source->line);
+  }
+  absl::StrAppend(&s, ")");
+  return s;
+}
+
+absl::Status Node::CheckOperands(const std::vector<Argument>& args,
+                                 const Kwargs& kwargs) const {
+  std::vector<Node*> refs;
+  CollectNodes(args, kwargs, refs);
+  for (Node* n : refs) {
+    if (n == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(), ": operand is a null node reference"));
+    }
+    if (n->graph_ != graph_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(), ": operand %", n->name_, " belongs to another graph"));
+    }
+    if (n == this || !n->IsBefore(this)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Describe(), ": operand %", n->name_,
+          " does not come before it (topological order would break)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Node::UpdateUses(const std::vector<Node*>& old_inputs) {
+  std::vector<Node*> now = inputs();
+  absl::flat_hash_set<Node*> now_set(now.begin(), now.end());
+  absl::flat_hash_set<Node*> old_set(old_inputs.begin(), old_inputs.end());
+  for (Node* n : old_inputs) {
+    if (!now_set.contains(n)) {
+      auto& u = n->users_;
+      u.erase(std::remove(u.begin(), u.end(), this), u.end());
+    }
+  }
+  for (Node* n : now) {
+    if (!old_set.contains(n)) n->users_.push_back(this);
+  }
+}
+
+absl::Status Node::SetArgs(std::vector<Argument> args) {
+  if (absl::Status s = CheckOperands(args, {}); !s.ok()) return s;
+  std::vector<Node*> old = inputs();
+  args_ = std::move(args);
+  UpdateUses(old);
+  return absl::OkStatus();
+}
+
+absl::Status Node::SetKwargs(Kwargs kwargs) {
+  if (absl::Status s = CheckOperands({}, kwargs); !s.ok()) return s;
+  std::vector<Node*> old = inputs();
+  kwargs_ = std::move(kwargs);
+  UpdateUses(old);
+  return absl::OkStatus();
+}
+
+absl::Status Node::SetArg(size_t index, Argument arg) {
+  if (index >= args_.size()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        Describe(), ": no argument ", index, " (has ", args_.size(), ")"));
+  }
+  std::vector<Argument> args = args_;
+  args[index] = std::move(arg);
+  return SetArgs(std::move(args));
+}
+
+absl::Status Node::SetKwarg(absl::string_view key, Argument arg) {
+  Kwargs kwargs = kwargs_;
+  bool found = false;
+  for (auto& [k, v] : kwargs) {
+    if (k == key) {
+      v = arg;
+      found = true;
+    }
+  }
+  if (!found) kwargs.emplace_back(std::string(key), std::move(arg));
+  return SetKwargs(std::move(kwargs));
+}
+
+absl::Status Node::ReplaceInput(Node* from, Node* to) {
+  auto swap = [&](Node* n) { return n == from ? to : n; };
+  std::vector<Argument> args;
+  for (const Argument& a : args_) args.push_back(a.MapNodes(swap));
+  Kwargs kwargs;
+  for (const auto& [k, v] : kwargs_) kwargs.emplace_back(k, v.MapNodes(swap));
+  if (absl::Status s = CheckOperands(args, kwargs); !s.ok()) return s;
+  std::vector<Node*> old = inputs();
+  args_ = std::move(args);
+  kwargs_ = std::move(kwargs);
+  UpdateUses(old);
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------- Graph
+
+Node* Graph::FindNode(absl::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+Node* Graph::output_node() const {
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+    if ((*it)->op() == OpKind::kOutput) return it->get();
+  }
+  return nullptr;
+}
+
+std::vector<Node*> Graph::placeholders() const {
+  std::vector<Node*> out;
+  for (Node* n : nodes()) {
+    if (n->op() == OpKind::kPlaceholder) out.push_back(n);
+  }
+  return out;
+}
+
+std::string Graph::UniqueName(absl::string_view hint) const {
+  std::string base;
+  for (char c : hint) {
+    base.push_back(absl::ascii_isalnum(static_cast<unsigned char>(c)) ? c
+                                                                      : '_');
+  }
+  if (base.empty()) base = "_";
+  if (absl::ascii_isdigit(static_cast<unsigned char>(base[0]))) {
+    base.insert(base.begin(), '_');
+  }
+  if (!by_name_.contains(base)) return base;
+  // Strip an existing numeric suffix so "x_1" clashing gives "x_2".
+  std::string stem = base;
+  size_t us = stem.rfind('_');
+  int64_t start = 1;
+  if (us != std::string::npos && us + 1 < stem.size()) {
+    int64_t n;
+    if (absl::SimpleAtoi(absl::string_view(stem).substr(us + 1), &n) &&
+        n >= 0) {
+      stem.resize(us);
+      start = n + 1;
+    }
+  }
+  for (int64_t i = start;; ++i) {
+    std::string candidate = absl::StrCat(stem, "_", i);
+    if (!by_name_.contains(candidate)) return candidate;
+  }
+}
+
+void Graph::Renumber() {
+  int64_t k = 0;
+  for (auto& n : nodes_) n->order_ = (k += kOrderGap);
+}
+
+void Graph::AssignOrder(Node* node) {
+  Node* p = node->prev();
+  Node* n = node->next();
+  int64_t lo = p ? p->order_ : 0;
+  if (n == nullptr) {
+    node->order_ = lo + kOrderGap;
+    return;
+  }
+  if (n->order_ - lo < 2) {
+    Renumber();
+    return;
+  }
+  node->order_ = lo + (n->order_ - lo) / 2;
+}
+
+absl::StatusOr<Node*> Graph::AddNode(OpKind op, std::string target,
+                                     std::vector<Argument> args, Kwargs kwargs,
+                                     absl::string_view name) {
+  if (insert_before_ != nullptr && insert_before_->graph_ != this) {
+    return absl::FailedPreconditionError(
+        "insertion point belongs to another graph");
+  }
+  absl::string_view hint = name;
+  if (hint.empty()) {
+    hint = target;
+    if (op == OpKind::kCallFunction) {
+      // "aten::add.Tensor" -> "add".
+      size_t colons = hint.rfind("::");
+      if (colons != absl::string_view::npos) hint = hint.substr(colons + 2);
+      hint = hint.substr(0, hint.find('.'));
+    }
+  }
+  std::string unique = UniqueName(hint);
+  auto node = std::unique_ptr<Node>(
+      new Node(this, op, std::move(unique), std::move(target)));
+  Node* raw = node.get();
+  auto pos = insert_before_ == nullptr ? nodes_.end() : insert_before_->self_;
+  raw->self_ = nodes_.insert(pos, std::move(node));
+  AssignOrder(raw);
+  if (absl::Status s = raw->CheckOperands(args, kwargs); !s.ok()) {
+    nodes_.erase(raw->self_);
+    return s;
+  }
+  by_name_[raw->name_] = raw;
+  raw->args_ = std::move(args);
+  raw->kwargs_ = std::move(kwargs);
+  raw->UpdateUses({});
+  return raw;
+}
+
+absl::StatusOr<Node*> Graph::Placeholder(absl::string_view name) {
+  return AddNode(OpKind::kPlaceholder, std::string(name), {}, {}, name);
+}
+
+absl::StatusOr<Node*> Graph::GetAttr(std::string target,
+                                     absl::string_view name) {
+  return AddNode(OpKind::kGetAttr, std::move(target), {}, {}, name);
+}
+
+absl::StatusOr<Node*> Graph::CallFunction(std::string target,
+                                          std::vector<Argument> args,
+                                          Kwargs kwargs,
+                                          absl::string_view name) {
+  return AddNode(OpKind::kCallFunction, std::move(target), std::move(args),
+                 std::move(kwargs), name);
+}
+
+absl::StatusOr<Node*> Graph::CallMethod(std::string method,
+                                        std::vector<Argument> args,
+                                        Kwargs kwargs, absl::string_view name) {
+  return AddNode(OpKind::kCallMethod, std::move(method), std::move(args),
+                 std::move(kwargs), name);
+}
+
+absl::StatusOr<Node*> Graph::CallModule(std::string path,
+                                        std::vector<Argument> args,
+                                        Kwargs kwargs, absl::string_view name) {
+  return AddNode(OpKind::kCallModule, std::move(path), std::move(args),
+                 std::move(kwargs), name);
+}
+
+absl::StatusOr<Node*> Graph::Output(Argument value) {
+  if (output_node() != nullptr) {
+    return absl::FailedPreconditionError("graph already has an output node");
+  }
+  return AddNode(OpKind::kOutput, "output", {std::move(value)}, {}, "output");
+}
+
+absl::Status Graph::ReplaceAllUsesWith(Node* from, Node* to) {
+  if (from->graph_ != this || to->graph_ != this) {
+    return absl::InvalidArgumentError(
+        "ReplaceAllUsesWith: nodes belong to another graph");
+  }
+  if (from == to) return absl::OkStatus();
+  std::vector<Node*> users;
+  for (Node* user : from->users_) {
+    if (user == to) continue;  // The replacement may itself read `from`.
+    users.push_back(user);
+    if (!to->IsBefore(user)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot replace uses of ", from->Describe(), " with ", to->Describe(),
+          ": user ", user->Describe(), " comes before the replacement"));
+    }
+  }
+  for (Node* user : users) {
+    if (absl::Status s = user->ReplaceInput(from, to); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Graph::Erase(Node* node) {
+  if (node->graph_ != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Erase: ", node->Describe(), " is not in this graph"));
+  }
+  if (!node->users_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot erase ", node->Describe(), ": it still has ",
+                     node->users_.size(), " user(s), the first ",
+                     node->users_.front()->Describe()));
+  }
+  if (insert_before_ == node) insert_before_ = node->next();
+  std::vector<Node*> old = node->inputs();
+  node->args_.clear();
+  node->kwargs_.clear();
+  node->UpdateUses(old);
+  by_name_.erase(node->name_);
+  nodes_.erase(node->self_);
+  return absl::OkStatus();
+}
+
+absl::Status Graph::MoveBefore(Node* node, Node* before) {
+  if (node == before) return absl::OkStatus();
+  for (Node* in : node->inputs()) {
+    // Every input must stay before the new position.
+    if (before != nullptr && !in->IsBefore(before)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot move ", node->Describe(), ": its input %",
+                       in->name_, " would come after it"));
+    }
+  }
+  for (Node* user : node->users_) {
+    if (before != nullptr && (before == user || before->IsBefore(user))) {
+      continue;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot move ", node->Describe(), ": its user %",
+                     user->name_, " would come before it"));
+  }
+  auto dest = before == nullptr ? nodes_.end() : before->self_;
+  nodes_.splice(dest, nodes_, node->self_);
+  AssignOrder(node);
+  return absl::OkStatus();
+}
+
+std::string Graph::Rename(Node* node, absl::string_view name) {
+  if (node->name_ == name) return node->name_;
+  by_name_.erase(node->name_);
+  node->name_ = UniqueName(name);
+  by_name_[node->name_] = node;
+  return node->name_;
+}
+
+std::unique_ptr<Graph> Graph::Clone(
+    absl::flat_hash_map<const Node*, Node*>* mapping) const {
+  auto copy = std::make_unique<Graph>();
+  absl::flat_hash_map<const Node*, Node*> local;
+  absl::flat_hash_map<const Node*, Node*>& map = mapping ? *mapping : local;
+  auto remap = [&](Node* n) { return map.at(n); };
+  for (Node* n : nodes()) {
+    auto node = std::unique_ptr<Node>(
+        new Node(copy.get(), n->op_, n->name_, n->target_));
+    Node* raw = node.get();
+    raw->self_ = copy->nodes_.insert(copy->nodes_.end(), std::move(node));
+    raw->order_ = n->order_;
+    for (const Argument& a : n->args_) raw->args_.push_back(a.MapNodes(remap));
+    for (const auto& [k, v] : n->kwargs_) {
+      raw->kwargs_.emplace_back(k, v.MapNodes(remap));
+    }
+    raw->scope_ = n->scope_;
+    raw->meta_ = n->meta_;
+    raw->UpdateUses({});
+    copy->by_name_[raw->name_] = raw;
+    map[n] = raw;
+  }
+  copy->meta_ = meta_;
+  return copy;
+}
+
+namespace {
+
+// Argument equality across graphs: references compare by node name.
+bool SameArgument(const Argument& a, const Argument& b) {
+  if (a.kind() != b.kind()) return false;
+  if (a.is_node()) return a.node()->name() == b.node()->name();
+  if (!a.is_sequence()) return a == b;
+  const auto& x = a.elements();
+  const auto& y = b.elements();
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!SameArgument(x[i], y[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool StructurallyEqual(const Graph& a, const Graph& b) {
+  if (a.size() != b.size() || !(a.meta() == b.meta())) return false;
+  auto ia = a.nodes().begin();
+  auto ib = b.nodes().begin();
+  for (; ia != a.nodes().end(); ++ia, ++ib) {
+    const Node* x = *ia;
+    const Node* y = *ib;
+    if (x->name() != y->name() || x->op() != y->op() ||
+        x->target() != y->target() || x->scope() != y->scope() ||
+        !(x->meta() == y->meta()) || x->args().size() != y->args().size() ||
+        x->kwargs().size() != y->kwargs().size()) {
+      return false;
+    }
+    for (size_t i = 0; i < x->args().size(); ++i) {
+      if (!SameArgument(x->args()[i], y->args()[i])) return false;
+    }
+    for (size_t i = 0; i < x->kwargs().size(); ++i) {
+      if (x->kwargs()[i].first != y->kwargs()[i].first ||
+          !SameArgument(x->kwargs()[i].second, y->kwargs()[i].second)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace tracecut::ir
