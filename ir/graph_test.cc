@@ -72,8 +72,10 @@ TEST(GraphTest, InsertBeforeKeepsOrder) {
 
 TEST(GraphTest, ReplaceAllUsesWithRejectsLaterReplacement) {
   Small s;
-  absl::Status st = s.g.ReplaceAllUsesWith(s.x, s.relu);
+  // relu reads x but comes before add.
+  absl::Status st = s.g.ReplaceAllUsesWith(s.x, s.add);
   EXPECT_FALSE(st.ok());
+  EXPECT_THAT(s.relu->inputs(), ElementsAre(s.x));
   EXPECT_THAT(s.add->inputs(), ElementsAre(s.relu, s.x));
 }
 
