@@ -62,13 +62,15 @@ system_absl = repository_rule(
 )
 
 def _system_libtorch_impl(ctx):
-    home = ctx.os.environ.get("LIBTORCH_HOME", "/usr")
+    home = ctx.os.environ.get("LIBTORCH_HOME") or "/usr"
     include = ctx.path(home + "/include")
     if not include.get_child("torch").get_child("script.h").exists:
         fail("LIBTORCH_HOME=%s has no include/torch/script.h" % home)
     lib = ctx.path(home + "/lib")
     if not lib.get_child("libtorch.so").exists:
         lib = ctx.path(home + "/lib/x86_64-linux-gnu")
+    if not lib.get_child("libtorch.so").exists:
+        fail("LIBTORCH_HOME=%s has no lib/libtorch.so" % home)
     for d in ["ATen", "c10", "caffe2", "torch"]:
         if include.get_child(d).exists:
             ctx.symlink(include.get_child(d), "include/" + d)
