@@ -9,10 +9,10 @@
 //   ASSIGN_OR_RETURN(GraphModule gm, tracer::Trace(module, options));
 //   for (ir::Node* n : gm.graph().nodes()) ...
 
+#include <torch/script.h>
+
 #include <memory>
 #include <string>
-
-#include <torch/script.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -33,20 +33,38 @@ class GraphModule {
   const torch::jit::Module& module() const { return module_; }
 
   // A deep copy: cloned graph and a module whose parameters and buffers are
-  // copies, so mutating the copy never touches this one.
+  // copies, so mutating the copy never touches this one. Module objects and
+  // their ClassTypes are fresh too (types shared between instances stay
+  // shared within the copy). A tensor that several attributes hold (tied
+  // weights) is copied once and stays tied in the copy; requires_grad and
+  // the parameter/buffer distinction are kept.
   absl::StatusOr<GraphModule> Clone() const;
 
-  // The tensor at a dotted attribute path ("layers.0.fc.weight").
+  // The tensor at a dotted attribute path ("layers.0.fc.weight"). Errors
+  // (NOT_FOUND, INVALID_ARGUMENT when the attribute is not a tensor) name the
+  // path and the module that lacks the attribute.
   absl::StatusOr<torch::Tensor> GetTensor(absl::string_view path) const;
   // Replaces, or adds as a buffer, the tensor at a dotted path whose parent
-  // module exists.
+  // module exists. Replacing keeps the parameter/buffer kind; the attribute
+  // must hold a tensor. Adding to a module whose ClassType other instances
+  // in the tree share (typical in traced models: every Linear of one shape
+  // has one type) first gives that module (and, as needed, its ancestors) a
+  // private type, so the other instances are unaffected; that module object
+  // is replaced by a copy sharing the same tensors.
   absl::Status SetTensor(absl::string_view path, const torch::Tensor& value);
   // The submodule at a dotted path ("" is the root).
   absl::StatusOr<torch::jit::Module> GetSubmodule(absl::string_view path) const;
 
+  // Files stored next to the model in its .pt archive (e.g. a Hugging Face
+  // "config.json"); whoever loads the model fills them in, and
+  // SaveTorchScript writes them back. Copied by Clone.
+  const torch::jit::ExtraFilesMap& extra_files() const { return extra_files_; }
+  torch::jit::ExtraFilesMap& mutable_extra_files() { return extra_files_; }
+
  private:
   torch::jit::Module module_;
   std::unique_ptr<ir::Graph> graph_;
+  torch::jit::ExtraFilesMap extra_files_;
 };
 
 }  // namespace tracecut::runtime

@@ -1,0 +1,152 @@
+#include "runtime/torch_status.h"
+
+#include <c10/util/Exception.h>
+
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace tracecut::runtime {
+namespace {
+
+constexpr absl::string_view kInterpreterHeader =
+    "The following operation failed in the TorchScript interpreter.";
+
+absl::string_view FirstNonEmptyLine(absl::string_view text) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) return line;
+  }
+  return "";
+}
+
+// "RuntimeError: msg" -> {"RuntimeError", "msg"}; the prefix must be an
+// identifier ending in "Error" or "Exception" at the start of the line.
+bool SplitPythonErrorLine(absl::string_view line, absl::string_view* type,
+                          absl::string_view* message) {
+  size_t colon = line.find(": ");
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  absl::string_view prefix = line.substr(0, colon);
+  for (char c : prefix) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' &&
+        c != '.') {
+      return false;
+    }
+  }
+  if (!absl::EndsWith(prefix, "Error") &&
+      !absl::EndsWith(prefix, "Exception")) {
+    return false;
+  }
+  *type = prefix;
+  *message = line.substr(colon + 2);
+  return true;
+}
+
+// For TorchScript interpreter errors: the last "XError: message" line (the
+// original error; the rest is a TorchScript traceback). Returns false when
+// there is none.
+bool InterpreterErrorLine(absl::string_view text, absl::string_view* type,
+                          absl::string_view* message) {
+  bool found = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() ||
+        absl::ascii_isspace(static_cast<unsigned char>(line[0])))
+      continue;
+    absl::string_view t, m;
+    if (SplitPythonErrorLine(absl::StripTrailingAsciiWhitespace(line), &t,
+                             &m)) {
+      *type = t;
+      *message = m;
+      found = true;
+    }
+  }
+  return found;
+}
+
+absl::StatusCode CodeForPythonErrorType(absl::string_view type) {
+  if (type == "IndexError") return absl::StatusCode::kOutOfRange;
+  if (type == "NotImplementedError") return absl::StatusCode::kUnimplemented;
+  return absl::StatusCode::kInvalidArgument;
+}
+
+// The message without C++ backtrace.
+std::string FullMessage(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+absl::StatusCode CodeFor(const std::exception& e, absl::string_view full) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+      dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+    return absl::StatusCode::kResourceExhausted;
+  }
+  if (dynamic_cast<const c10::IndexError*>(&e) != nullptr) {
+    return absl::StatusCode::kOutOfRange;
+  }
+  if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) {
+    return absl::StatusCode::kUnimplemented;
+  }
+  if (absl::StrContains(full, "INTERNAL ASSERT FAILED")) {
+    return absl::StatusCode::kInternal;
+  }
+  if (absl::StrContains(full, "No such file or directory")) {
+    return absl::StatusCode::kNotFound;
+  }
+  if (absl::StartsWith(full, kInterpreterHeader)) {
+    absl::string_view type, message;
+    if (InterpreterErrorLine(full, &type, &message)) {
+      return CodeForPythonErrorType(type);
+    }
+  }
+  return absl::StatusCode::kInvalidArgument;
+}
+
+std::string Summary(absl::string_view full) {
+  if (absl::StartsWith(full, kInterpreterHeader)) {
+    absl::string_view type, message;
+    if (InterpreterErrorLine(full, &type, &message)) {
+      return std::string(message);
+    }
+  }
+  absl::string_view line = FirstNonEmptyLine(full);
+  if (line.empty()) return "unknown LibTorch error";
+  return std::string(line);
+}
+
+}  // namespace
+
+std::string TorchErrorSummary(const std::exception& e) {
+  return Summary(FullMessage(e));
+}
+
+absl::Status StatusFromException(std::exception_ptr e,
+                                 absl::string_view context) {
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  std::string full;
+  std::string summary;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    full = FullMessage(ex);
+    code = CodeFor(ex, full);
+    summary = Summary(full);
+  } catch (...) {
+    summary = "unknown exception (not a std::exception)";
+    full = summary;
+  }
+  absl::Status status(
+      code, context.empty() ? summary : absl::StrCat(context, ": ", summary));
+  status.SetPayload(kTorchMessagePayload, absl::Cord(full));
+  return status;
+}
+
+}  // namespace tracecut::runtime
