@@ -1,0 +1,225 @@
+// Example inputs, model files and TraceFile (the parts of tracer.h that are
+// not the graph walk itself).
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "ir/graph.h"
+#include "ir/status_macros.h"
+#include "tracer/tracer.h"
+
+namespace tracecut::tracer {
+namespace {
+
+constexpr struct {
+  const char* name;
+  c10::ScalarType type;
+} kDTypes[] = {
+    {"float32", c10::ScalarType::Float},
+    {"float64", c10::ScalarType::Double},
+    {"float16", c10::ScalarType::Half},
+    {"bfloat16", c10::ScalarType::BFloat16},
+    {"int64", c10::ScalarType::Long},
+    {"int32", c10::ScalarType::Int},
+    {"int16", c10::ScalarType::Short},
+    {"int8", c10::ScalarType::Char},
+    {"uint8", c10::ScalarType::Byte},
+    {"bool", c10::ScalarType::Bool},
+    {"complex64", c10::ScalarType::ComplexFloat},
+    {"complex128", c10::ScalarType::ComplexDouble},
+};
+
+std::optional<c10::ScalarType> ParseDType(absl::string_view name) {
+  for (const auto& d : kDTypes) {
+    if (name == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+std::string Repr(const c10::IValue& v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+std::string ModuleTypeName(const torch::jit::Module& module) {
+  return ir::Scope::DemangleType(module.type()->name()->qualifiedName());
+}
+
+}  // namespace
+
+std::string DTypeName(c10::ScalarType type) {
+  for (const auto& d : kDTypes) {
+    if (d.type == type) return d.name;
+  }
+  return c10::toString(type);
+}
+
+absl::StatusOr<torch::Tensor> MakeInputTensor(const hf::InputSpec& spec,
+                                              at::Generator& generator) {
+  std::optional<c10::ScalarType> dtype = ParseDType(spec.dtype);
+  if (!dtype.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input '", spec.name, "': unknown dtype \"", spec.dtype, "\""));
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> shape = spec.shape;
+    if (spec.kind == "tokens") {
+      if (!spec.high.has_value() || *spec.high <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "input '", spec.name, "': kind \"tokens\" needs \"high\" > 0"));
+      }
+      return torch::randint(0, *spec.high, shape, generator,
+                            torch::TensorOptions().dtype(torch::kLong))
+          .to(*dtype);
+    }
+    if (spec.kind == "normal") {
+      return torch::randn(shape, generator,
+                          torch::TensorOptions().dtype(torch::kFloat32))
+          .to(*dtype);
+    }
+    if (spec.kind == "ones") return torch::ones(shape, torch::dtype(*dtype));
+    if (spec.kind == "zeros") return torch::zeros(shape, torch::dtype(*dtype));
+    if (spec.kind == "arange") {
+      if (shape.empty()) return torch::zeros({}, torch::dtype(*dtype));
+      return torch::arange(shape.back(), torch::dtype(torch::kLong))
+          .expand(shape)
+          .contiguous()
+          .to(*dtype);
+    }
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", spec.name,
+                     "': cannot make it: ", e.what_without_backtrace()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "input '", spec.name, "': unknown kind \"", spec.kind, "\""));
+}
+
+absl::StatusOr<ExampleInputs> ResolveExampleInputs(
+    const torch::jit::Module& module, const TraceOptions& options) {
+  auto forward = module.find_method("forward");
+  if (!forward.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "module ", ModuleTypeName(module), " has no forward method"));
+  }
+  const c10::FunctionSchema& schema = forward->function().getSchema();
+  const std::vector<c10::Argument>& args = schema.arguments();
+
+  auto takes = [&](const std::string& name) {
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (args[i].name() == name) return true;
+    }
+    return false;
+  };
+  std::string signature = absl::StrCat(ModuleTypeName(module), ".forward(");
+  for (size_t i = 1; i < args.size(); ++i) {
+    absl::StrAppend(&signature, i > 1 ? ", " : "", args[i].name());
+  }
+  signature += ")";
+  for (const auto& [name, value] : options.example_inputs) {
+    if (!takes(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example input '", name, "' is not an argument of ", signature));
+    }
+  }
+
+  at::Generator generator = at::detail::createCPUGenerator(options.seed);
+  std::map<std::string, c10::IValue> from_specs;
+  for (const hf::InputSpec& spec : options.input_specs) {
+    if (!takes(spec.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("example inputs name '", spec.name,
+                       "', which is not an argument of ", signature));
+    }
+    ASSIGN_OR_RETURN(torch::Tensor t, MakeInputTensor(spec, generator));
+    from_specs[spec.name] = t;
+  }
+
+  ExampleInputs out;
+  const hf::HfConfig* config =
+      options.config.has_value() ? &*options.config : nullptr;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const c10::Argument& arg = args[i];
+    const std::string& name = arg.name();
+    c10::IValue value;
+    bool have = false;
+    if (auto it = options.example_inputs.find(name);
+        it != options.example_inputs.end()) {
+      value = it->second;
+      have = true;
+    } else if (auto it = from_specs.find(name); it != from_specs.end()) {
+      value = it->second;
+      have = true;
+    } else if (arg.default_value().has_value()) {
+      value = *arg.default_value();
+      have = true;
+    } else {
+      ASSIGN_OR_RETURN(std::optional<hf::InputSpec> dummy,
+                       hf::DummyInputSpec(config, name, options.dummy_shape));
+      if (dummy.has_value()) {
+        ASSIGN_OR_RETURN(torch::Tensor t, MakeInputTensor(*dummy, generator));
+        value = t;
+        have = true;
+      } else if (arg.type()->kind() == c10::TypeKind::OptionalType) {
+        have = true;  // None.
+      }
+    }
+    if (!have) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no example value for argument '", name, "' (",
+          arg.type()->annotation_str(), ") of ", ModuleTypeName(module),
+          ".forward: describe it in tracecut_inputs.json or pass it in "
+          "TraceOptions::example_inputs"));
+    }
+    if (!value.isNone() && !value.type()->isSubtypeOf(*arg.type())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example input '", name, "' is a ", value.type()->annotation_str(),
+          ", but ", ModuleTypeName(module), ".forward takes ",
+          arg.type()->annotation_str()));
+    }
+    if (value.isNone()) {
+      out.assumptions.push_back(absl::StrCat("input ", name, " is None"));
+    } else if (!value.isTensor() && !value.isTensorList() && !value.isTuple() &&
+               !value.isList()) {
+      out.assumptions.push_back(
+          absl::StrCat("input ", name, " == ", Repr(value)));
+    }
+    out.names.push_back(name);
+    out.values.push_back(std::move(value));
+  }
+  return out;
+}
+
+absl::StatusOr<TraceOptions> WithModelFiles(const LoadedModel& model,
+                                            TraceOptions options) {
+  if (!options.config_path.empty()) {
+    ASSIGN_OR_RETURN(options.config, hf::HfConfig::Load(options.config_path));
+  } else if (!options.config.has_value() && model.config.has_value()) {
+    options.config = model.config;
+  }
+  if (options.input_specs.empty() && model.inputs.has_value()) {
+    options.input_specs = model.inputs->inputs;
+  }
+  return options;
+}
+
+absl::StatusOr<runtime::GraphModule> TraceFile(const std::string& path,
+                                               const TraceOptions& options) {
+  ASSIGN_OR_RETURN(LoadedModel model, LoadModel(path));
+  ASSIGN_OR_RETURN(TraceOptions resolved, WithModelFiles(model, options));
+  absl::StatusOr<runtime::GraphModule> gm = Trace(model.module, resolved);
+  if (!gm.ok()) {
+    return absl::Status(gm.status().code(),
+                        absl::StrCat(path, ": ", gm.status().message()));
+  }
+  return gm;
+}
+
+}  // namespace tracecut::tracer

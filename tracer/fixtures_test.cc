@@ -1,0 +1,353 @@
+// Traces every fixture model (tests/fixtures) and checks the graphs against
+// the original modules, torch.fx's call_module targets and the scopes HF
+// users expect.
+
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/script.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ir/graph.h"
+#include "ir/proto.h"
+#include "ir/text.h"
+#include "ir/verifier.h"
+#include "tracer/hf/json.h"
+#include "tracer/tracer.h"
+
+namespace tracecut::tracer {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Every fixture; dynamic_branch needs a leaf (tested separately).
+const std::vector<std::string>& Stems() {
+  static const auto* stems = new std::vector<std::string>{
+      "bert",
+      "cnn",
+      "cnn_bf16",
+      "cnn_scripted",
+      "config_branch",
+      "gpt2",
+      "llama",
+      "mlp_bn",
+      "mlp_bn_scripted",
+      "opt",
+      "optional_input",
+      "shape_branch",
+      "two_tower",
+  };
+  return *stems;
+}
+
+std::string Runfile(const std::string& rel) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return rel;
+  return absl::StrCat(srcdir, "/", workspace, "/", rel);
+}
+
+std::string FixturePath(const std::string& stem) {
+  return Runfile(absl::StrCat("tests/fixtures/", stem, ".pt"));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TempPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::set<std::string> CallModuleTargets(const ir::Graph& g) {
+  std::set<std::string> out;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() == ir::OpKind::kCallModule) out.insert(n->target());
+  }
+  return out;
+}
+
+class FixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FixtureTest, TracesVerifiesAndMatchesTheModule) {
+  const std::string path = FixturePath(GetParam());
+  absl::StatusOr<LoadedModel> model = LoadModel(path);
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<TraceOptions> options = WithModelFiles(*model, {});
+  ASSERT_TRUE(options.ok()) << options.status();
+  absl::StatusOr<runtime::GraphModule> gm = Trace(model->module, *options);
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  ASSERT_TRUE(ir::Verify(gm->graph()).ok()) << ir::Verify(gm->graph()) << "\n"
+                                            << ir::PrintGraph(gm->graph());
+
+  // Every call_function/call_module has a scope starting at the root and a
+  // shape for each tensor it makes.
+  for (const ir::Node* n : gm->graph().nodes()) {
+    ASSERT_FALSE(n->scope().empty()) << n->Describe();
+    EXPECT_EQ(n->scope().stack()[0].path, "") << n->Describe();
+    if (n->op() == ir::OpKind::kCallModule) {
+      EXPECT_EQ(n->scope().path(), n->target()) << n->Describe();
+    }
+  }
+}
+
+TEST_P(FixtureTest, CallModuleTargetsMatchTorchFx) {
+  const std::string json_path =
+      Runfile(absl::StrCat("tests/fixtures/", GetParam(), ".fx_targets.json"));
+  absl::StatusOr<hf::Json> fx = hf::Json::Parse(ReadFile(json_path), json_path);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  // fx's own targets where it could trace, else the leaves a real forward
+  // calls (equal wherever fx succeeds).
+  const hf::Json* targets = fx->Find("call_module_targets");
+  if (targets == nullptr) targets = fx->Find("leaf_modules_called");
+  ASSERT_NE(targets, nullptr);
+  std::set<std::string> want;
+  for (const hf::Json& t : targets->elements()) want.insert(t.as_string());
+
+  TraceOptions options;
+  options.leaf_policy = LeafPolicy::TorchNn();  // fx's default leaves.
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath(GetParam()), options);
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  EXPECT_EQ(CallModuleTargets(gm->graph()), want);
+}
+
+TEST_P(FixtureTest, TracingTwiceIsByteIdentical) {
+  absl::StatusOr<runtime::GraphModule> a =
+      TraceFile(FixturePath(GetParam()), {});
+  absl::StatusOr<runtime::GraphModule> b =
+      TraceFile(FixturePath(GetParam()), {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(ir::PrintGraph(a->graph()), ir::PrintGraph(b->graph()));
+  absl::StatusOr<std::string> pa = ir::SerializeGraph(a->graph());
+  absl::StatusOr<std::string> pb = ir::SerializeGraph(b->graph());
+  ASSERT_TRUE(pa.ok()) << pa.status();
+  ASSERT_TRUE(pb.ok()) << pb.status();
+  EXPECT_EQ(*pa, *pb);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFixtures, FixtureTest, ::testing::ValuesIn(Stems()),
+                         [](const auto& info) { return info.param; });
+
+// ------------------------------------------------------------------ llama
+
+class LlamaTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<runtime::GraphModule> gm =
+        TraceFile(FixturePath("llama"), {});
+    ASSERT_TRUE(gm.ok()) << gm.status();
+    gm_ = new runtime::GraphModule(*std::move(gm));
+  }
+  static void TearDownTestSuite() {
+    delete gm_;
+    gm_ = nullptr;
+  }
+  static runtime::GraphModule* gm_;
+};
+runtime::GraphModule* LlamaTest::gm_ = nullptr;
+
+TEST_F(LlamaTest, EveryNodeInsideALayerHasTheLayerInItsScope) {
+  int inside = 0;
+  for (const ir::Node* n : gm_->graph().nodes()) {
+    const bool under_layer0 =
+        (n->op() == ir::OpKind::kCallModule &&
+         absl::StartsWith(n->target(), "model.layers.0.")) ||
+        n->scope().Contains("model.layers.0");
+    if (!under_layer0) continue;
+    ++inside;
+    ASSERT_GE(n->scope().depth(), 3u) << n->Describe();
+    const ir::ScopeEntry& layer = n->scope().stack()[2];
+    EXPECT_EQ(layer.path, "model.layers.0") << n->Describe();
+    EXPECT_EQ(ir::Scope::ShortType(layer.type), "LlamaDecoderLayer")
+        << n->Describe();
+  }
+  EXPECT_GT(inside, 20);
+}
+
+TEST_F(LlamaTest, ScopesAndLeaves) {
+  const ir::Graph& g = gm_->graph();
+  const ir::Node* q = nullptr;
+  for (const ir::Node* n : g.nodes()) {
+    if (n->op() == ir::OpKind::kCallModule &&
+        n->target() == "model.layers.1.self_attn.q_proj") {
+      q = n;
+    }
+  }
+  ASSERT_NE(q, nullptr) << ir::PrintGraph(g);
+  std::vector<std::string> paths, types;
+  for (const ir::ScopeEntry& e : q->scope().stack()) {
+    paths.push_back(e.path);
+    types.push_back(ir::Scope::ShortType(e.type));
+  }
+  EXPECT_THAT(paths, ::testing::ElementsAre("", "model", "model.layers.1",
+                                            "model.layers.1.self_attn",
+                                            "model.layers.1.self_attn.q_proj"));
+  EXPECT_THAT(types, ::testing::ElementsAre("LlamaForCausalLM", "LlamaModel",
+                                            "LlamaDecoderLayer",
+                                            "LlamaAttention", "Linear"));
+  EXPECT_EQ(q->scope().type(), "torch.nn.modules.linear.Linear");
+  // The output shapes are known.
+  ASSERT_EQ(q->meta().outputs.size(), 1u);
+  EXPECT_EQ(q->meta().outputs[0].dtype, "float32");
+  // HF defaults land in graph meta.
+  auto it = g.meta().extra.find("hf.sequential_targets");
+  ASSERT_NE(it, g.meta().extra.end());
+  ASSERT_EQ(it->second.elements().size(), 1u);
+  EXPECT_EQ(it->second.elements()[0].as_string(), "LlamaDecoderLayer");
+}
+
+TEST_F(LlamaTest, CustomLeafByTypeAndGlob) {
+  TraceOptions options;
+  options.leaf_policy.AddType("LlamaRMSNorm").AddPath("model.layers.*.mlp");
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath("llama"), options);
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  std::set<std::string> targets = CallModuleTargets(gm->graph());
+  EXPECT_TRUE(targets.count("model.layers.0.mlp"));
+  EXPECT_TRUE(targets.count("model.layers.1.mlp"));
+  EXPECT_TRUE(targets.count("model.norm"));
+  EXPECT_TRUE(targets.count("model.layers.0.input_layernorm"));
+  EXPECT_FALSE(targets.count("model.layers.0.mlp.gate_proj"));
+}
+
+// ---------------------------------------------------------- control flow
+
+TEST(ControlFlowTest, DataDependentBranchNamesModuleAndLineThenTracesAsLeaf) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath("dynamic_branch"), {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("data-dependent"));
+  EXPECT_THAT(gm.status().message(), HasSubstr("'encoder.block.gate'"));
+  EXPECT_THAT(gm.status().message(), HasSubstr("DynamicGate"));
+  EXPECT_THAT(gm.status().message(),
+              HasSubstr("tests/fixtures/modeling_control_flow.py:"));
+  EXPECT_THAT(gm.status().message(), HasSubstr("x.sum() > 0"));
+  EXPECT_THAT(gm.status().message(), HasSubstr("--leaf=encoder.block.gate"));
+
+  for (const char* leaf : {"encoder.block.gate", "DynamicGate"}) {
+    TraceOptions options;
+    options.leaf_policy.AddTypeOrPath(leaf);
+    gm = TraceFile(FixturePath("dynamic_branch"), options);
+    ASSERT_TRUE(gm.ok()) << gm.status();
+    EXPECT_TRUE(CallModuleTargets(gm->graph()).count("encoder.block.gate"));
+  }
+}
+
+TEST(ControlFlowTest, ShapeBranchesAreSpecialisedAndRecorded) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath("shape_branch"), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  const std::vector<std::string>& a = gm->graph().meta().assumptions;
+  ASSERT_EQ(a.size(), 2u) << ir::PrintGraph(gm->graph());
+  EXPECT_THAT(a[0], HasSubstr("x.dim() == 3"));
+  EXPECT_THAT(a[0], HasSubstr("modeling_control_flow.py:"));
+  EXPECT_THAT(a[1], HasSubstr("x.size(-1) > 8"));
+}
+
+TEST(ControlFlowTest, ConstantBranchesLeaveNoAssumptions) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath("config_branch"), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  EXPECT_THAT(gm->graph().meta().assumptions, ::testing::IsEmpty());
+  bool tanh = false;
+  for (const ir::Node* n : gm->graph().nodes()) {
+    tanh |= n->target() == "aten::tanh";
+    EXPECT_NE(n->target(), "layer.dropout");
+  }
+  EXPECT_TRUE(tanh);
+}
+
+TEST(ControlFlowTest, OptionalInputGivenAsNone) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath("optional_input"), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  EXPECT_THAT(gm->graph().meta().assumptions,
+              ::testing::ElementsAre("input mask is None"));
+  EXPECT_EQ(gm->graph().placeholders().size(), 2u);
+  for (const ir::Node* n : gm->graph().nodes()) {
+    EXPECT_FALSE(absl::StartsWith(n->target(), "aten::mul")) << n->Describe();
+  }
+}
+
+// ------------------------------------------------------------- bad files
+
+TEST(LoadTest, MissingFile) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(TempPath("does_not_exist.pt"), {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_EQ(gm.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gm.status().message(), HasSubstr("does_not_exist.pt"));
+}
+
+TEST(LoadTest, EmptyFile) {
+  const std::string path = TempPath("empty.pt");
+  WriteFile(path, "");
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(path, {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("is empty"));
+  EXPECT_THAT(gm.status().message(), HasSubstr(path));
+}
+
+TEST(LoadTest, NotAZip) {
+  const std::string path = TempPath("text.pt");
+  WriteFile(path, "this is not a model\n");
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(path, {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("not a TorchScript archive"));
+  EXPECT_THAT(gm.status().message(), HasSubstr(path));
+}
+
+TEST(LoadTest, TruncatedArchive) {
+  const std::string bytes = ReadFile(FixturePath("cnn"));
+  ASSERT_GT(bytes.size(), 1000u);
+  const std::string path = TempPath("truncated.pt");
+  WriteFile(path, bytes.substr(0, bytes.size() / 2));
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(path, {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("truncated"));
+  EXPECT_THAT(gm.status().message(), HasSubstr(path));
+}
+
+TEST(LoadTest, ZipThatIsNotTorchScript) {
+  const std::string path = TempPath("tensor.pt");
+  // torch.save's format: a zip with a pickle, but no TorchScript code.
+  std::vector<char> bytes =
+      torch::jit::pickle_save(c10::IValue(torch::ones({2, 2})));
+  WriteFile(path, std::string(bytes.begin(), bytes.end()));
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(path, {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("not a TorchScript model"));
+  EXPECT_THAT(gm.status().message(), HasSubstr(path));
+}
+
+TEST(LoadTest, EmbeddedFilesAreRead) {
+  absl::StatusOr<LoadedModel> m = LoadModel(FixturePath("llama"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->config.has_value());
+  EXPECT_EQ(m->config->model_type(), "llama");
+  ASSERT_TRUE(m->inputs.has_value());
+  ASSERT_EQ(m->inputs->inputs.size(), 2u);
+  EXPECT_EQ(m->inputs->inputs[0].name, "input_ids");
+}
+
+}  // namespace
+}  // namespace tracecut::tracer

@@ -1,0 +1,207 @@
+#include "tracer/hf/inputs.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+
+namespace tracecut::tracer::hf {
+namespace {
+
+constexpr const char* kDTypes[] = {
+    "float32", "float64", "float16", "bfloat16", "int64",     "int32",
+    "int16",   "int8",    "uint8",   "bool",     "complex64", "complex128",
+};
+
+constexpr const char* kKinds[] = {"tokens", "ones", "zeros", "normal",
+                                  "arange"};
+
+absl::Status SpecError(absl::string_view source, size_t index,
+                       absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": inputs[", index, "]: ", what));
+}
+
+absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
+                                    size_t index) {
+  if (!j.is_object()) {
+    return SpecError(source, index,
+                     absl::StrCat("must be an object, got ", j.type_name()));
+  }
+  InputSpec spec;
+  const Json* name = j.Find("name");
+  if (name == nullptr || !name->is_string() || name->as_string().empty()) {
+    return SpecError(source, index, "\"name\" must be a non-empty string");
+  }
+  spec.name = name->as_string();
+  const Json* shape = j.Find("shape");
+  if (shape == nullptr || !shape->is_array()) {
+    return SpecError(source, index,
+                     absl::StrCat("\"shape\" of '", spec.name,
+                                  "' must be a list of integers"));
+  }
+  for (const Json& d : shape->elements()) {
+    if (!d.is_int() || d.as_int() < 0) {
+      return SpecError(source, index,
+                       absl::StrCat("\"shape\" of '", spec.name,
+                                    "' must be a list of integers >= 0"));
+    }
+    spec.shape.push_back(d.as_int());
+  }
+  if (const Json* dtype = j.Find("dtype"); dtype != nullptr) {
+    if (!dtype->is_string() || !IsKnownDType(dtype->as_string())) {
+      return SpecError(
+          source, index,
+          absl::StrCat("\"dtype\" of '", spec.name, "' must be one of ",
+                       absl::StrJoin(kDTypes, ", "), ", got ", dtype->Dump()));
+    }
+    spec.dtype = dtype->as_string();
+  }
+  if (const Json* kind = j.Find("kind"); kind != nullptr) {
+    bool known =
+        kind->is_string() && std::find(std::begin(kKinds), std::end(kKinds),
+                                       kind->as_string()) != std::end(kKinds);
+    if (!known) {
+      return SpecError(
+          source, index,
+          absl::StrCat("\"kind\" of '", spec.name, "' must be one of ",
+                       absl::StrJoin(kKinds, ", "), ", got ", kind->Dump()));
+    }
+    spec.kind = kind->as_string();
+  }
+  if (const Json* high = j.Find("high"); high != nullptr && !high->is_null()) {
+    if (!high->is_int() || high->as_int() <= 0) {
+      return SpecError(source, index,
+                       absl::StrCat("\"high\" of '", spec.name,
+                                    "' must be a positive integer"));
+    }
+    spec.high = high->as_int();
+  }
+  if (spec.kind == "tokens" && !spec.high.has_value()) {
+    return SpecError(
+        source, index,
+        absl::StrCat("'", spec.name, "' has kind \"tokens\" but no \"high\""));
+  }
+  return spec;
+}
+
+}  // namespace
+
+bool IsKnownDType(absl::string_view dtype) {
+  return std::find(std::begin(kDTypes), std::end(kDTypes), dtype) !=
+         std::end(kDTypes);
+}
+
+absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
+                                           absl::string_view source) {
+  ASSIGN_OR_RETURN(Json j, Json::Parse(text, source));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": must be a JSON object with \"inputs\""));
+  }
+  InputsFile file;
+  const Json* inputs = j.Find("inputs");
+  if (inputs == nullptr || !inputs->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": \"inputs\" must be a list"));
+  }
+  for (size_t i = 0; i < inputs->elements().size(); ++i) {
+    ASSIGN_OR_RETURN(InputSpec spec,
+                     ParseSpec(inputs->elements()[i], source, i));
+    for (const InputSpec& other : file.inputs) {
+      if (other.name == spec.name) {
+        return SpecError(source, i,
+                         absl::StrCat("duplicate input '", spec.name, "'"));
+      }
+    }
+    file.inputs.push_back(std::move(spec));
+  }
+  if (const Json* outputs = j.Find("outputs"); outputs != nullptr) {
+    if (!outputs->is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": \"outputs\" must be a list of strings"));
+    }
+    for (const Json& o : outputs->elements()) {
+      if (!o.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ": \"outputs\" must be a list of strings"));
+      }
+      file.outputs.push_back(o.as_string());
+    }
+  }
+  return file;
+}
+
+absl::StatusOr<std::optional<InputSpec>> DummyInputSpec(
+    const HfConfig* config, absl::string_view name, const DummyShape& shape) {
+  int64_t seq = shape.seq;
+  auto need = [&](absl::string_view key) -> absl::StatusOr<int64_t> {
+    if (config == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a dummy '", name, "' needs config.json (for \"", key,
+                       "\"); give --config=config.json or example inputs"));
+    }
+    ASSIGN_OR_RETURN(std::optional<int64_t> v, config->FindInt(key));
+    if (!v.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(config->source(), ": a dummy '", name, "' needs \"", key,
+                       "\", which is missing"));
+    }
+    if (*v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          config->source(), ": \"", key, "\" must be positive, got ", *v));
+    }
+    return *v;
+  };
+  if (config != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> max_pos,
+                     config->FindInt("max_position_embeddings"));
+    if (max_pos.has_value() && *max_pos > 0) seq = std::min(seq, *max_pos);
+  }
+  const std::vector<int64_t> tokens_shape = {shape.batch, seq};
+  InputSpec spec;
+  spec.name = std::string(name);
+  if (name == "input_ids" || name == "decoder_input_ids" || name == "labels") {
+    ASSIGN_OR_RETURN(int64_t vocab, need("vocab_size"));
+    spec.shape = tokens_shape;
+    spec.dtype = "int64";
+    spec.kind = "tokens";
+    spec.high = vocab;
+  } else if (name == "attention_mask" || name == "decoder_attention_mask") {
+    spec.shape = tokens_shape;
+    spec.dtype = "int64";
+    spec.kind = "ones";
+  } else if (name == "token_type_ids") {
+    spec.shape = tokens_shape;
+    spec.dtype = "int64";
+    spec.kind = "zeros";
+  } else if (name == "position_ids") {
+    spec.shape = tokens_shape;
+    spec.dtype = "int64";
+    spec.kind = "arange";
+  } else if (name == "pixel_values") {
+    int64_t channels = 3;
+    if (config != nullptr) {
+      ASSIGN_OR_RETURN(std::optional<int64_t> c,
+                       config->FindInt("num_channels"));
+      if (c.has_value()) channels = *c;
+    }
+    ASSIGN_OR_RETURN(int64_t image, need("image_size"));
+    spec.shape = {shape.batch, channels, image, image};
+    spec.dtype = "float32";
+    spec.kind = "normal";
+  } else if (name == "inputs_embeds") {
+    ASSIGN_OR_RETURN(int64_t hidden, need("hidden_size"));
+    spec.shape = {shape.batch, seq, hidden};
+    spec.dtype = "float32";
+    spec.kind = "normal";
+  } else {
+    return std::optional<InputSpec>();
+  }
+  return std::optional<InputSpec>(std::move(spec));
+}
+
+}  // namespace tracecut::tracer::hf

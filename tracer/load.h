@@ -1,0 +1,46 @@
+#ifndef TRACECUT_TRACER_LOAD_H_
+#define TRACECUT_TRACER_LOAD_H_
+
+// Loading a TorchScript .pt with the files tracecut embeds in it, with a
+// clear error for each way a file can be wrong (missing, empty, truncated,
+// not a TorchScript archive) instead of LibTorch's exception text.
+//
+//   ASSIGN_OR_RETURN(LoadedModel m, LoadModel("llama.pt"));
+//   if (m.config) ... m.config->model_type() ...
+
+#include <torch/script.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "tracer/hf/config.h"
+#include "tracer/hf/inputs.h"
+
+namespace tracecut::tracer {
+
+// Names of the extra files read from the archive.
+inline constexpr char kConfigJson[] = "config.json";
+inline constexpr char kInputsJson[] = "tracecut_inputs.json";
+
+struct LoadedModel {
+  std::string path;
+  torch::jit::Module module;
+  // The embedded config.json, when present.
+  std::optional<hf::HfConfig> config;
+  // The embedded tracecut_inputs.json, when present.
+  std::optional<hf::InputsFile> inputs;
+};
+
+// Loads `path` on the CPU. Errors (all naming the file):
+//   NotFoundError            the file does not exist or cannot be opened
+//   InvalidArgumentError     the file is empty; is not a zip archive (e.g. a
+//                            pickle, or text); is a truncated or corrupt zip;
+//                            is a zip but not a TorchScript model (e.g. saved
+//                            with torch.save); or an embedded JSON file is
+//                            malformed or mistyped
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
+
+}  // namespace tracecut::tracer
+
+#endif  // TRACECUT_TRACER_LOAD_H_
