@@ -12,6 +12,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ir/graph.h"
+#include "ir/text.h"
+#include "ir/verifier.h"
 #include "partition/subgraph.h"
 #include "partition/test_graphs.h"
 
@@ -107,7 +109,12 @@ TEST(PartitionerTest, DecoderSplitsIntoHeadLayersAndTail) {
   EXPECT_THAT(p->warnings, IsEmpty());
 
   int64_t total = 0;
-  for (const Subgraph& s : p->subgraphs) total += s.node_count;
+  for (const Subgraph& s : p->subgraphs) {
+    total += s.node_count;
+    EXPECT_TRUE(ir::Verify(*s.graph).ok()) << ir::Verify(*s.graph);
+  }
+  EXPECT_TRUE(ir::Verify(*p->output_graph).ok())
+      << ir::Verify(*p->output_graph);
   EXPECT_EQ(total, static_cast<int64_t>(d.graph->size()));
   ExpectNoForwardReads(*p);
   EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok())
@@ -549,6 +556,82 @@ TEST(PartitionerTest, Deterministic) {
     EXPECT_EQ(a->subgraphs[i].output_names, b->subgraphs[i].output_names);
     EXPECT_EQ(a->subgraphs[i].last_use, b->subgraphs[i].last_use);
   }
+}
+
+// The exact subgraph graphs, built from and compared as IR text.
+TEST(PartitionerTest, SubgraphGraphsFromText) {
+  auto g = ir::ParseGraph(R"(graph {
+  %x = placeholder[x]()
+  %mask = call_function[aten::neg](%x) scope[:"M"]
+  %a = call_function[aten::relu](%x) scope[:"M", blocks.0:"m.Block"]
+  %w1 = get_attr[blocks.1.w]() scope[:"M", blocks.1:"m.Block"] meta{out=[tensor([2, 2], float32, "cpu")]}
+  %b = call_function[aten::mm](%a, %w1) scope[:"M", blocks.1:"m.Block"]
+  %c = call_function[aten::add.Tensor](%b, %mask, 1) scope[:"M", blocks.1:"m.Block"]
+  %output = output[output](%c)
+}
+)");
+  ASSERT_TRUE(g.ok()) << g.status();
+  PartitionOptions o;
+  o.targets = {"m.Block"};
+  auto p = PartitionGraph(**g, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->subgraphs.size(), 3u);
+  EXPECT_EQ(ir::PrintGraph(*p->subgraphs[0].graph), R"(graph {
+  %x = placeholder[x]()
+  %mask = call_function[aten::neg](%x) scope[:"M"]
+  %output = output[output]((%mask,))
+}
+)");
+  EXPECT_EQ(ir::PrintGraph(*p->subgraphs[1].graph), R"(graph {
+  %x = placeholder[x]()
+  %a = call_function[aten::relu](%x) scope[:"M", blocks.0:"m.Block"]
+  %output = output[output]((%a,))
+}
+)");
+  EXPECT_EQ(ir::PrintGraph(*p->subgraphs[2].graph), R"(graph {
+  %mask = placeholder[mask]()
+  %a = placeholder[a]()
+  %w1 = get_attr[blocks.1.w]() scope[:"M", blocks.1:"m.Block"] meta{out=[tensor([2, 2], float32, "cpu")]}
+  %b = call_function[aten::mm](%a, %w1) scope[:"M", blocks.1:"m.Block"]
+  %c = call_function[aten::add.Tensor](%b, %mask, 1) scope[:"M", blocks.1:"m.Block"]
+  %output = output[output]((%c,))
+}
+)");
+  EXPECT_EQ(ir::PrintGraph(*p->output_graph), R"(graph {
+  %c = placeholder[c]()
+  %output = output[output](%c)
+}
+)");
+  EXPECT_THAT(p->subgraphs[0].last_use, IsEmpty());
+  EXPECT_THAT(p->subgraphs[1].last_use, ElementsAre("x"));
+  EXPECT_THAT(p->subgraphs[2].last_use, ElementsAre("mask", "a"));
+  EXPECT_EQ(p->subgraphs[2].param_bytes, 16);
+  auto rebuilt = Reassemble(*p);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_EQ(ir::PrintGraph(**rebuilt), ir::PrintGraph(**g));
+}
+
+TEST(PartitionerTest, VerifyScheduleCatchesBrokenPartitions) {
+  Decoder d = BuildDecoder({.layers = 2});
+  auto p = PartitionGraph(*d.graph, Llama());
+  ASSERT_TRUE(p.ok()) << p.status();
+  // A value freed too early.
+  p->subgraphs[1].last_use.push_back("causal_mask");
+  absl::Status s = VerifySchedule(*p);
+  EXPECT_THAT(s.message(), HasSubstr("subgraph 2 reads %causal_mask, which "
+                                     "subgraph 1 freed"));
+  p->subgraphs[1].last_use.pop_back();
+  // A value never freed.
+  p->subgraphs[2].last_use.pop_back();
+  s = VerifySchedule(*p);
+  EXPECT_THAT(s.message(), HasSubstr("is never freed"));
+  p->subgraphs[2].last_use.push_back("l0_out");
+  ASSERT_TRUE(VerifySchedule(*p).ok()) << VerifySchedule(*p);
+  // A subgraph that reads what a later one produces.
+  std::swap(p->subgraphs[1], p->subgraphs[2]);
+  std::swap(p->subgraphs[1].index, p->subgraphs[2].index);
+  s = VerifySchedule(*p);
+  EXPECT_THAT(s.message(), HasSubstr("which the later subgraph 2 produces"));
 }
 
 TEST(PartitionerTest, TwoThousandLayersPartitionQuickly) {
