@@ -1,0 +1,676 @@
+#include "pipelines/intermediates_cache.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "ir/status_macros.h"
+#include "pipelines/quantize.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using Key = std::pair<int64_t, std::string>;
+
+constexpr char kMagic[8] = {'T', 'C', 'S', 'P', 'I', 'L', 'L', '1'};
+constexpr int64_t kWriteChunk = int64_t{8} << 20;
+constexpr size_t kMaxNotes = 64;
+
+std::string Describe(const Key& key) {
+  return absl::StrCat("batch ", key.first, " '", key.second, "'");
+}
+
+std::string HumanBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+// One tensor of a stored value, in depth-first order.
+struct TensorMeta {
+  bool defined = false;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;
+  c10::Device onload_device = c10::Device(c10::kCPU);
+  int64_t nbytes = 0;
+};
+
+// Rebuilds `v` with every tensor t (undefined ones included, in depth-first
+// order) replaced by fn(t). InvalidArgument for IValue kinds a cache value
+// may not contain.
+absl::StatusOr<c10::IValue> MapTensors(
+    const c10::IValue& v,
+    const std::function<absl::StatusOr<at::Tensor>(const at::Tensor&)>& fn) {
+  if (v.isTensor()) {
+    ASSIGN_OR_RETURN(at::Tensor t, fn(v.toTensor()));
+    return c10::IValue(std::move(t));
+  }
+  if (v.isNone() || v.isBool() || v.isInt() || v.isDouble() ||
+      v.isComplexDouble() || v.isString() || v.isDevice()) {
+    return v;
+  }
+  if (v.isTuple()) {
+    const c10::ivalue::Tuple& tuple = v.toTupleRef();
+    std::vector<c10::IValue> elements;
+    elements.reserve(tuple.elements().size());
+    for (const c10::IValue& e : tuple.elements()) {
+      ASSIGN_OR_RETURN(c10::IValue mapped, MapTensors(e, fn));
+      elements.push_back(std::move(mapped));
+    }
+    // Keep NamedTuple types. type() infers the type of an unnamed tuple from
+    // its elements and throws on an undefined tensor: such a tuple is not
+    // named.
+    c10::TupleTypePtr type;
+    try {
+      type = tuple.type();
+    } catch (const c10::Error&) {
+    }
+    if (type != nullptr && type->name().has_value()) {
+      return c10::IValue(
+          c10::ivalue::Tuple::createNamed(std::move(elements), type));
+    }
+    return c10::IValue(c10::ivalue::Tuple::create(std::move(elements)));
+  }
+  if (v.isList()) {
+    c10::List<c10::IValue> list = v.toList();
+    c10::impl::GenericList out(list.elementType());
+    out.reserve(list.size());
+    for (const c10::IValue& e : list) {
+      ASSIGN_OR_RETURN(c10::IValue mapped, MapTensors(e, fn));
+      out.push_back(std::move(mapped));
+    }
+    return c10::IValue(std::move(out));
+  }
+  if (v.isGenericDict()) {
+    c10::Dict<c10::IValue, c10::IValue> dict = v.toGenericDict();
+    c10::impl::GenericDict out(dict.keyType(), dict.valueType());
+    out.reserve(dict.size());
+    for (const auto& item : dict) {
+      ASSIGN_OR_RETURN(c10::IValue mapped, MapTensors(item.value(), fn));
+      out.insert(item.key(), std::move(mapped));
+    }
+    return c10::IValue(std::move(out));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("intermediates cache values may hold tensors, tuples, "
+                   "lists, dicts and scalars, not ",
+                   v.tagKind()));
+}
+
+bool IsCompact(const at::Tensor& t) {
+  return t.is_contiguous() && t.storage_offset() == 0 &&
+         t.storage().nbytes() == t.nbytes();
+}
+
+// 64-bit FNV-1a over 8-byte words, then the tail bytes. A checksum against
+// truncated or damaged spill files, not a cryptographic hash.
+uint64_t Checksum(const char* data, int64_t n, uint64_t h) {
+  constexpr uint64_t kPrime = 1099511628211ull;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, data + i, 8);
+    h = (h ^ word) * kPrime;
+  }
+  for (; i < n; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * kPrime;
+  return h;
+}
+constexpr uint64_t kChecksumSeed = 1469598103934665603ull;
+
+void AppendPod(std::string& out, int64_t v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+std::string Header(const std::vector<TensorMeta>& metas) {
+  std::string h(kMagic, sizeof(kMagic));
+  AppendPod(h, static_cast<int64_t>(metas.size()));
+  for (const TensorMeta& m : metas) {
+    AppendPod(h, m.defined ? 1 : 0);
+    AppendPod(h, static_cast<int64_t>(m.dtype));
+    AppendPod(h, static_cast<int64_t>(m.sizes.size()));
+    for (int64_t s : m.sizes) AppendPod(h, s);
+    AppendPod(h, m.nbytes);
+  }
+  return h;
+}
+
+class FileCloser {
+ public:
+  explicit FileCloser(int fd) : fd_(fd) {}
+  ~FileCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  // Closes now; the status of close(2).
+  int Close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+struct IntermediatesCache::State {
+  struct Entry {
+    // Resident: tensors on the offload device. Spilled: the same structure
+    // with every tensor replaced by an empty placeholder.
+    c10::IValue value;
+    std::vector<TensorMeta> tensors;
+    int64_t bytes = 0;
+    bool resident = true;
+    bool oversized = false;
+    std::string spill_path;        // Non-empty while a valid file copy exists.
+    std::list<Key>::iterator lru;  // Valid when resident and bytes > 0.
+  };
+
+  IntermediatesCacheOptions options;
+  absl::flat_hash_map<Key, Entry> entries;
+  std::list<Key> lru;  // Front: least recently used.
+  IntermediatesCacheStats stats;
+  std::vector<std::string> notes;
+  std::string spill_dir;
+  bool created_spill_dir = false;
+  int64_t instance = 0;
+  int64_t next_file = 0;
+
+  ~State() {
+    for (auto& [key, entry] : entries) {
+      if (!entry.spill_path.empty()) ::unlink(entry.spill_path.c_str());
+    }
+    if (created_spill_dir) ::rmdir(spill_dir.c_str());
+  }
+
+  bool OverBudget(int64_t extra) const {
+    return options.memory_budget_bytes >= 0 &&
+           stats.bytes_held + extra > options.memory_budget_bytes;
+  }
+
+  void AddNote(std::string note) {
+    if (notes.size() < kMaxNotes) notes.push_back(std::move(note));
+  }
+
+  absl::Status EnsureSpillDir() {
+    if (!spill_dir.empty()) return absl::OkStatus();
+    if (options.spill_dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string pattern =
+          absl::StrCat((tmp != nullptr && *tmp != '\0') ? tmp : "/tmp",
+                       "/tracecut-cache-XXXXXX");
+      std::vector<char> buf(pattern.begin(), pattern.end());
+      buf.push_back('\0');
+      if (::mkdtemp(buf.data()) == nullptr) {
+        return absl::ErrnoToStatus(
+            errno, absl::StrCat("intermediates cache: cannot create a spill "
+                                "directory ",
+                                pattern));
+      }
+      spill_dir = buf.data();
+      created_spill_dir = true;
+      return absl::OkStatus();
+    }
+    const std::string& dir = options.spill_dir;
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "intermediates cache: spill_dir ", dir, " is not a directory"));
+      }
+    } else if (errno == ENOENT && ::mkdir(dir.c_str(), 0700) == 0) {
+      created_spill_dir = true;
+    } else {
+      return absl::ErrnoToStatus(
+          errno,
+          absl::StrCat("intermediates cache: cannot use spill_dir ", dir));
+    }
+    spill_dir = dir;
+    return absl::OkStatus();
+  }
+
+  // Writes `tensors` (any devices) to a new spill file for `key`.
+  absl::StatusOr<std::string> WriteSpill(const Key& key,
+                                         const std::vector<at::Tensor>& tensors,
+                                         const std::vector<TensorMeta>& metas,
+                                         int64_t bytes) {
+    RETURN_IF_ERROR(EnsureSpillDir());
+    // Everything that can throw happens before the file exists.
+    std::vector<at::Tensor> cpu;
+    for (const at::Tensor& t : tensors) {
+      if (t.defined() && t.nbytes() > 0) {
+        cpu.push_back(t.to(at::kCPU).contiguous());
+      }
+    }
+    std::string path =
+        absl::StrCat(spill_dir, "/tracecut-", ::getpid(), "-", instance, "-",
+                     next_file++, "-b", key.first, ".spill");
+    auto fail = [&](int err, absl::string_view what) {
+      ::unlink(path.c_str());
+      return absl::ErrnoToStatus(
+          err,
+          absl::StrCat("intermediates cache: cannot spill ", Describe(key),
+                       " (", HumanBytes(bytes), ") to ", path, ": ", what));
+    };
+    int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      return absl::ErrnoToStatus(
+          errno,
+          absl::StrCat("intermediates cache: cannot spill ", Describe(key),
+                       " (", HumanBytes(bytes), "): cannot create ", path));
+    }
+    FileCloser closer(fd);
+    int64_t offset = 0;
+    auto write_all = [&](const char* data, int64_t n) -> absl::Status {
+      while (n > 0) {
+        const int64_t chunk = std::min(n, kWriteChunk);
+        if (options.spill_write_hook_for_testing) {
+          absl::Status hook =
+              options.spill_write_hook_for_testing(path, offset);
+          if (!hook.ok()) {
+            ::unlink(path.c_str());
+            return absl::Status(
+                hook.code(),
+                absl::StrCat("intermediates cache: cannot spill ",
+                             Describe(key), " (", HumanBytes(bytes), ") to ",
+                             path, ": ", hook.message()));
+          }
+        }
+        ssize_t w = ::write(fd, data, static_cast<size_t>(chunk));
+        if (w < 0) {
+          if (errno == EINTR) continue;
+          return fail(errno, "write failed");
+        }
+        if (w == 0) return fail(EIO, "write made no progress");
+        data += w;
+        n -= w;
+        offset += w;
+      }
+      return absl::OkStatus();
+    };
+    const std::string header = Header(metas);
+    RETURN_IF_ERROR(
+        write_all(header.data(), static_cast<int64_t>(header.size())));
+    uint64_t sum = kChecksumSeed;
+    for (const at::Tensor& t : cpu) {
+      const char* data = static_cast<const char*>(t.data_ptr());
+      const int64_t n = static_cast<int64_t>(t.nbytes());
+      sum = Checksum(data, n, sum);
+      RETURN_IF_ERROR(write_all(data, n));
+    }
+    RETURN_IF_ERROR(
+        write_all(reinterpret_cast<const char*>(&sum), sizeof(sum)));
+    if (closer.Close() != 0) return fail(errno, "close failed");
+    ++stats.spill_count;
+    stats.bytes_spilled += bytes;
+    stats.bytes_on_disk += bytes;
+    return path;
+  }
+
+  // Reads the CPU tensors of a spill file written for `metas`.
+  absl::StatusOr<std::vector<at::Tensor>> ReadSpill(
+      const Key& key, const std::string& path,
+      const std::vector<TensorMeta>& metas) {
+    auto bad = [&](absl::string_view what) {
+      return absl::DataLossError(
+          absl::StrCat("intermediates cache: spill file ", path, " of ",
+                       Describe(key), " is unreadable: ", what));
+    };
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return bad(std::strerror(errno));
+    FileCloser closer(fd);
+    auto read_all = [&](char* data, int64_t n) -> absl::Status {
+      while (n > 0) {
+        ssize_t r =
+            ::read(fd, data, static_cast<size_t>(std::min(n, kWriteChunk)));
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          return bad(std::strerror(errno));
+        }
+        if (r == 0) return bad("truncated");
+        data += r;
+        n -= r;
+      }
+      return absl::OkStatus();
+    };
+    const std::string want = Header(metas);
+    std::string header(want.size(), '\0');
+    RETURN_IF_ERROR(
+        read_all(header.data(), static_cast<int64_t>(header.size())));
+    if (header != want) return bad("header does not match the cached value");
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(metas.size());
+    uint64_t sum = kChecksumSeed;
+    for (const TensorMeta& m : metas) {
+      if (!m.defined) {
+        tensors.emplace_back();
+        continue;
+      }
+      at::Tensor t = at::empty(m.sizes, at::TensorOptions().dtype(m.dtype));
+      char* data = static_cast<char*>(t.data_ptr());
+      const int64_t n = static_cast<int64_t>(t.nbytes());
+      RETURN_IF_ERROR(read_all(data, n));
+      sum = Checksum(data, n, sum);
+      tensors.push_back(std::move(t));
+    }
+    uint64_t stored = 0;
+    RETURN_IF_ERROR(read_all(reinterpret_cast<char*>(&stored), sizeof(stored)));
+    if (stored != sum) return bad("checksum mismatch");
+    char extra;
+    if (::read(fd, &extra, 1) != 0) return bad("trailing bytes");
+    return tensors;
+  }
+
+  // Tensors of `value` in depth-first order.
+  static std::vector<at::Tensor> Tensors(const c10::IValue& value) {
+    std::vector<at::Tensor> out;
+    MapTensors(value, [&](const at::Tensor& t) -> absl::StatusOr<at::Tensor> {
+      out.push_back(t);
+      return t;
+    }).IgnoreError();
+    return out;
+  }
+
+  static c10::IValue Skeleton(const c10::IValue& value) {
+    absl::StatusOr<c10::IValue> s = MapTensors(
+        value, [](const at::Tensor& t) -> absl::StatusOr<at::Tensor> {
+          if (!t.defined()) return t;
+          return at::empty({0}, at::TensorOptions().dtype(t.scalar_type()));
+        });
+    return s.ok() ? *std::move(s) : c10::IValue();
+  }
+
+  // `skeleton` with its tensors taken from `tensors`, in order, each moved by
+  // `place(index, tensor)`.
+  static absl::StatusOr<c10::IValue> Fill(
+      const c10::IValue& skeleton, const std::vector<at::Tensor>& tensors,
+      const std::function<at::Tensor(size_t, const at::Tensor&)>& place) {
+    size_t i = 0;
+    return MapTensors(skeleton,
+                      [&](const at::Tensor&) -> absl::StatusOr<at::Tensor> {
+                        if (i >= tensors.size()) {
+                          return absl::InternalError("tensor count mismatch");
+                        }
+                        const at::Tensor& t = tensors[i];
+                        at::Tensor placed = t.defined() ? place(i, t) : t;
+                        ++i;
+                        return placed;
+                      });
+  }
+
+  // Spills one resident value (no write if its file is still valid).
+  absl::Status Evict(const Key& key, Entry& e) {
+    if (e.spill_path.empty()) {
+      ASSIGN_OR_RETURN(e.spill_path,
+                       WriteSpill(key, Tensors(e.value), e.tensors, e.bytes));
+    }
+    e.value = Skeleton(e.value);
+    e.resident = false;
+    stats.bytes_held -= e.bytes;
+    lru.erase(e.lru);
+    return absl::OkStatus();
+  }
+
+  // Spills least recently used values until `extra` more bytes fit.
+  absl::Status MakeRoom(int64_t extra) {
+    while (OverBudget(extra) && !lru.empty()) {
+      Key victim = lru.front();
+      auto it = entries.find(victim);
+      if (it == entries.end()) return absl::InternalError("stale LRU entry");
+      RETURN_IF_ERROR(Evict(victim, it->second));
+    }
+    return absl::OkStatus();
+  }
+
+  void MakeResident(const Key& key, Entry& e, c10::IValue offloaded) {
+    e.value = std::move(offloaded);
+    e.resident = true;
+    if (e.bytes > 0) e.lru = lru.insert(lru.end(), key);
+    stats.bytes_held += e.bytes;
+    stats.peak_bytes_held = std::max(stats.peak_bytes_held, stats.bytes_held);
+  }
+
+  void Touch(const Key& key, Entry& e) {
+    if (e.resident && e.bytes > 0) lru.splice(lru.end(), lru, e.lru);
+  }
+
+  absl::StatusOr<c10::IValue> ToCompute(const Entry& e,
+                                        const c10::IValue& value) {
+    const std::vector<at::Tensor> tensors = Tensors(value);
+    return Fill(value, tensors, [&](size_t i, const at::Tensor& t) {
+      const c10::Device device =
+          options.compute_device.value_or(e.tensors[i].onload_device);
+      return t.to(device);
+    });
+  }
+
+  absl::Status Remove(const Key& key) {
+    auto it = entries.find(key);
+    if (it == entries.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("intermediates cache has no ", Describe(key)));
+    }
+    Entry& e = it->second;
+    if (e.resident) {
+      if (e.bytes > 0) lru.erase(e.lru);
+      stats.bytes_held -= e.bytes;
+    }
+    absl::Status status;
+    if (!e.spill_path.empty()) {
+      stats.bytes_on_disk -= e.bytes;
+      if (::unlink(e.spill_path.c_str()) != 0 && errno != ENOENT) {
+        status = absl::ErrnoToStatus(
+            errno,
+            absl::StrCat("intermediates cache: cannot delete ", e.spill_path));
+      }
+    }
+    entries.erase(it);
+    stats.values = static_cast<int64_t>(entries.size());
+    return status;
+  }
+
+  absl::Status Put(const Key& key, const c10::IValue& value) {
+    if (entries.contains(key)) RETURN_IF_ERROR(Remove(key));
+    Entry e;
+    // Detached and compact on the offload device; metadata recorded.
+    std::vector<at::Tensor> sources;
+    ASSIGN_OR_RETURN(
+        c10::IValue detached,
+        MapTensors(
+            value, [&](const at::Tensor& t) -> absl::StatusOr<at::Tensor> {
+              if (t.defined() &&
+                  (t.layout() != at::kStrided || t.is_quantized())) {
+                return absl::InvalidArgumentError(
+                    absl::StrCat("intermediates cache stores dense tensors "
+                                 "only, got layout ",
+                                 c10::str(t.layout()),
+                                 t.is_quantized() ? " (quantized)" : ""));
+              }
+              TensorMeta m;
+              m.defined = t.defined();
+              if (m.defined) {
+                m.dtype = t.scalar_type();
+                m.sizes = t.sizes().vec();
+                m.onload_device = t.device();
+                m.nbytes = static_cast<int64_t>(t.nbytes());
+                e.bytes += m.nbytes;
+              }
+              e.tensors.push_back(std::move(m));
+              at::Tensor d = t.defined() ? t.detach() : t;
+              sources.push_back(d);
+              return d;
+            }));
+    if (options.memory_budget_bytes >= 0 &&
+        e.bytes > options.memory_budget_bytes) {
+      ASSIGN_OR_RETURN(e.spill_path,
+                       WriteSpill(key, sources, e.tensors, e.bytes));
+      e.value = Skeleton(detached);
+      e.resident = false;
+      e.oversized = true;
+      ++stats.oversized_count;
+      AddNote(absl::StrCat(Describe(key), " (", HumanBytes(e.bytes),
+                           ") exceeds the whole memory budget of ",
+                           HumanBytes(options.memory_budget_bytes),
+                           "; kept on disk only and read from disk on every "
+                           "Get"));
+      entries.emplace(key, std::move(e));
+      stats.values = static_cast<int64_t>(entries.size());
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(MakeRoom(e.bytes));
+    ASSIGN_OR_RETURN(
+        c10::IValue offloaded,
+        Fill(detached, sources, [&](size_t, const at::Tensor& t) {
+          at::Tensor o = t.to(options.offload_device);
+          return IsCompact(o) ? o : o.clone(at::MemoryFormat::Contiguous);
+        }));
+    auto [it, inserted] = entries.emplace(key, std::move(e));
+    MakeResident(key, it->second, std::move(offloaded));
+    stats.values = static_cast<int64_t>(entries.size());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<c10::IValue> Get(const Key& key) {
+    auto it = entries.find(key);
+    if (it == entries.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("intermediates cache has no ", Describe(key)));
+    }
+    Entry& e = it->second;
+    if (e.resident) {
+      Touch(key, e);
+      return ToCompute(e, e.value);
+    }
+    ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors,
+                     ReadSpill(key, e.spill_path, e.tensors));
+    ++stats.reload_count;
+    ASSIGN_OR_RETURN(
+        c10::IValue loaded,
+        Fill(e.value, tensors, [](size_t, const at::Tensor& t) { return t; }));
+    if (e.oversized) return ToCompute(e, loaded);
+    RETURN_IF_ERROR(MakeRoom(e.bytes));
+    ASSIGN_OR_RETURN(c10::IValue offloaded,
+                     Fill(loaded, tensors, [&](size_t, const at::Tensor& t) {
+                       return t.to(options.offload_device);
+                     }));
+    MakeResident(key, e, std::move(offloaded));
+    return ToCompute(e, e.value);
+  }
+};
+
+absl::StatusOr<IntermediatesCache> IntermediatesCache::Create(
+    IntermediatesCacheOptions options) {
+  if (options.memory_budget_bytes < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_budget_bytes must be >= 0 or -1 (unlimited), got ",
+                     options.memory_budget_bytes));
+  }
+  static std::atomic<int64_t> next_instance{0};
+  auto state = std::make_unique<State>();
+  state->options = std::move(options);
+  state->instance = next_instance++;
+  return IntermediatesCache(std::move(state));
+}
+
+IntermediatesCache::IntermediatesCache(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+IntermediatesCache::IntermediatesCache(IntermediatesCache&&) noexcept = default;
+IntermediatesCache& IntermediatesCache::operator=(
+    IntermediatesCache&&) noexcept = default;
+IntermediatesCache::~IntermediatesCache() = default;
+
+absl::Status IntermediatesCache::Put(int64_t batch, absl::string_view name,
+                                     const c10::IValue& value) {
+  Key key(batch, std::string(name));
+  return internal::GuardTorch(
+      absl::StrCat("IntermediatesCache::Put(", Describe(key), ")"),
+      [&] { return state_->Put(key, value); });
+}
+
+absl::StatusOr<c10::IValue> IntermediatesCache::Get(int64_t batch,
+                                                    absl::string_view name) {
+  Key key(batch, std::string(name));
+  return internal::GuardTorch(
+      absl::StrCat("IntermediatesCache::Get(", Describe(key), ")"),
+      [&] { return state_->Get(key); });
+}
+
+absl::StatusOr<c10::IValue> IntermediatesCache::Take(int64_t batch,
+                                                     absl::string_view name) {
+  ASSIGN_OR_RETURN(c10::IValue value, Get(batch, name));
+  RETURN_IF_ERROR(Release(batch, name));
+  return value;
+}
+
+absl::Status IntermediatesCache::Release(int64_t batch,
+                                         absl::string_view name) {
+  return state_->Remove(Key(batch, std::string(name)));
+}
+
+int64_t IntermediatesCache::ReleaseBatch(int64_t batch) {
+  std::vector<std::string> names = Names(batch);
+  for (const std::string& name : names) {
+    state_->Remove(Key(batch, name)).IgnoreError();
+  }
+  return static_cast<int64_t>(names.size());
+}
+
+bool IntermediatesCache::Contains(int64_t batch, absl::string_view name) const {
+  return state_->entries.contains(Key(batch, std::string(name)));
+}
+
+bool IntermediatesCache::IsSpilled(int64_t batch,
+                                   absl::string_view name) const {
+  auto it = state_->entries.find(Key(batch, std::string(name)));
+  return it != state_->entries.end() && !it->second.resident;
+}
+
+std::vector<std::string> IntermediatesCache::Names(int64_t batch) const {
+  std::vector<std::string> names;
+  for (const auto& [key, entry] : state_->entries) {
+    if (key.first == batch) names.push_back(key.second);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+const IntermediatesCacheStats& IntermediatesCache::stats() const {
+  return state_->stats;
+}
+const std::vector<std::string>& IntermediatesCache::notes() const {
+  return state_->notes;
+}
+const std::string& IntermediatesCache::spill_dir() const {
+  return state_->spill_dir;
+}
+const IntermediatesCacheOptions& IntermediatesCache::options() const {
+  return state_->options;
+}
+
+}  // namespace tracecut::pipelines
