@@ -41,6 +41,14 @@ namespace tracecut::ir {
 class Graph;
 class Node;
 
+namespace internal {
+// Tests corrupt invariants through this peer (ir/internal/graph_test_peer.h)
+// to show that the verifier catches each one.
+class GraphTestPeer;
+// The verifier reads the name index and order keys (ir/verifier.cc).
+class VerifierAccess;
+}  // namespace internal
+
 // The six torch.fx op kinds.
 enum class OpKind {
   kPlaceholder,
@@ -285,6 +293,8 @@ class Node {
 
  private:
   friend class Graph;
+  friend class internal::GraphTestPeer;
+  friend class internal::VerifierAccess;
   Node(Graph* graph, OpKind op, std::string name, std::string target);
 
   absl::Status CheckOperands(const std::vector<Argument>& args,
@@ -411,6 +421,8 @@ class Graph {
 
  private:
   friend class Node;
+  friend class internal::GraphTestPeer;
+  friend class internal::VerifierAccess;
   void Renumber();
   void AssignOrder(Node* node);
 
