@@ -2,6 +2,7 @@
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/inliner.h>
 
 #include <memory>
@@ -31,6 +32,8 @@ std::shared_ptr<torch::jit::Graph> InlinedForward(const Module& m) {
   std::shared_ptr<torch::jit::Graph> g =
       m.get_method("forward").graph()->copy();
   torch::jit::Inline(*g);
+  // Folds constant lists (stride, padding, ...) into single constants.
+  torch::jit::ConstantPropagation(g);
   return g;
 }
 
