@@ -1,0 +1,125 @@
+#ifndef TRACECUT_TOOLS_CLI_COMMON_H_
+#define TRACECUT_TOOLS_CLI_COMMON_H_
+
+// Shared plumbing of the `tracecut` command line: a subcommand registry,
+// flag parsing, and atomic output. No LibTorch here.
+//
+// A subcommand lives in its own file (tools/cli/<name>_cmd.cc, a cc_library
+// with alwayslink = True linked into //tools:tracecut) and registers itself:
+//
+//   namespace {
+//   absl::Status RunFoo(const ParsedArgs& args, Io& io) { ... }
+//   Subcommand FooCommand() {
+//     Subcommand c;
+//     c.name = "foo";
+//     c.synopsis = "MODEL.pt [-o FILE]";
+//     c.summary = "One line for `tracecut --help`.";
+//     c.description = "A paragraph for `tracecut foo --help`.";
+//     c.flags = {FlagSpec::Value("output", "FILE", "where to
+//     write").Short('o')}; c.min_positional = c.max_positional = 1; c.run =
+//     RunFoo; return c;
+//   }
+//   const bool kRegistered = RegisterSubcommand(FooCommand());
+//   }  // namespace
+//
+// Errors: a UsageError status (bad flags or arguments) exits 2, any other
+// error 1; both print one line, "tracecut foo: <message>".
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tracecut::cli {
+
+struct FlagSpec {
+  std::string name;        // Long name without dashes: "leaf".
+  char short_name = 0;     // 'o' for -o; 0 for none.
+  std::string value_name;  // "FILE"; empty for a boolean flag.
+  bool repeated = false;   // May be given more than once.
+  std::string help;
+
+  // --name=VALUE_NAME.
+  static FlagSpec Value(std::string name, std::string value_name,
+                        std::string help);
+  // --name (no value).
+  static FlagSpec Bool(std::string name, std::string help);
+  FlagSpec& Short(char c) {
+    short_name = c;
+    return *this;
+  }
+  FlagSpec& Repeated() {
+    repeated = true;
+    return *this;
+  }
+};
+
+class ParsedArgs {
+ public:
+  const std::vector<std::string>& positional() const { return positional_; }
+  bool Has(absl::string_view flag) const;
+  // The value of a single-valued flag, if given.
+  std::optional<std::string> Get(absl::string_view flag) const;
+  // Every value of a repeated flag, in order.
+  std::vector<std::string> GetAll(absl::string_view flag) const;
+
+ private:
+  friend absl::StatusOr<ParsedArgs> ParseArgs(
+      const std::vector<std::string>& args, const std::vector<FlagSpec>& flags);
+  std::vector<std::string> positional_;
+  std::map<std::string, std::vector<std::string>, std::less<>> values_;
+};
+
+// Parses `--name=value`, `--name value`, `-o value`, `-ovalue`, boolean
+// `--name`, and positionals ("--" ends flags). Unknown flags, missing or
+// unexpected values, and single-valued flags given twice are usage errors.
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                     const std::vector<FlagSpec>& flags);
+
+// Where a subcommand writes.
+struct Io {
+  std::ostream& out;
+  std::ostream& err;
+};
+
+struct Subcommand {
+  std::string name;
+  std::string synopsis;  // Arguments after "tracecut <name> ".
+  std::string summary;   // One line.
+  std::string description;
+  std::vector<FlagSpec> flags;  // --help is added automatically.
+  int min_positional = 0;
+  int max_positional = 0;  // -1: unlimited.
+  std::function<absl::Status(const ParsedArgs&, Io&)> run;
+};
+
+// Adds a subcommand (at static-initialisation time); returns true.
+bool RegisterSubcommand(Subcommand command);
+// Registered subcommands, sorted by name.
+std::vector<const Subcommand*> Subcommands();
+
+// A usage error: exits 2 and points at --help.
+absl::Status UsageError(absl::string_view message);
+bool IsUsageError(const absl::Status& status);
+
+// The `tracecut` entry point: dispatches argv[1] and returns the exit code.
+int Main(const std::vector<std::string>& argv, Io& io);
+
+// The help text of a subcommand.
+std::string SubcommandHelp(const Subcommand& command);
+
+// Writes `bytes` to `path` atomically: a temporary file in the same
+// directory, flushed and fsync'ed, then renamed over `path`. On failure the
+// temporary is removed and `path` is untouched. "-" writes to `io.out`.
+absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
+                         Io& io);
+
+}  // namespace tracecut::cli
+
+#endif  // TRACECUT_TOOLS_CLI_COMMON_H_

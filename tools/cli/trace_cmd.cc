@@ -1,0 +1,124 @@
+// `tracecut trace MODEL.pt`: trace a TorchScript model into the graph IR.
+
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "ir/dot.h"
+#include "ir/graph.h"
+#include "ir/proto.h"
+#include "ir/status_macros.h"
+#include "ir/text.h"
+#include "tools/cli/common.h"
+#include "tools/cli/graph_json.h"
+#include "tracer/tracer.h"
+
+namespace tracecut::cli {
+namespace {
+
+absl::StatusOr<std::string> Render(const ir::Graph& graph,
+                                   const std::string& format) {
+  if (format == "text") return ir::PrintGraph(graph);
+  if (format == "proto") return ir::SerializeGraph(graph);
+  if (format == "dot") {
+    ir::DotOptions options;
+    options.show_scope = true;
+    return ir::ToDot(graph, options);
+  }
+  if (format == "json") return GraphToJson(graph).Dump(2) + "\n";
+  return UsageError(absl::StrCat("unknown --format '", format,
+                                 "' (text, proto, dot or json)"));
+}
+
+absl::Status RunTrace(const ParsedArgs& args, Io& io) {
+  const std::string model = args.positional()[0];
+  const std::string format = args.Get("format").value_or("text");
+  if (format != "text" && format != "proto" && format != "dot" &&
+      format != "json") {
+    return UsageError(absl::StrCat("unknown --format '", format,
+                                   "' (text, proto, dot or json)"));
+  }
+  const bool json = args.Has("json");
+  std::optional<std::string> output = args.Get("output");
+  if (format == "proto" && !output.has_value() && !json) {
+    // Binary on a terminal helps nobody; "-o -" still forces stdout.
+    if (isatty(1)) {
+      return UsageError("--format=proto writes binary; give -o FILE (or -o -)");
+    }
+  }
+
+  tracer::TraceOptions options;
+  for (std::string& leaf : args.GetAll("leaf")) {
+    options.leaf_policy.AddTypeOrPath(std::move(leaf));
+  }
+  if (std::optional<std::string> config = args.Get("config")) {
+    options.config_path = *config;
+  }
+  ASSIGN_OR_RETURN(runtime::GraphModule gm, tracer::TraceFile(model, options));
+  ASSIGN_OR_RETURN(std::string rendered, Render(gm.graph(), format));
+
+  // With --json, stdout carries the summary; the graph goes to -o only.
+  if (output.has_value()) {
+    RETURN_IF_ERROR(WriteOutput(*output, rendered, io));
+  } else if (!json) {
+    RETURN_IF_ERROR(WriteOutput("-", rendered, io));
+  }
+  if (json) {
+    tracer::hf::Json summary = GraphSummaryJson(gm.graph());
+    summary.Set("model", tracer::hf::Json(model));
+    summary.Set("format", tracer::hf::Json(format));
+    summary.Set("output", output.has_value() ? tracer::hf::Json(*output)
+                                             : tracer::hf::Json());
+    io.out << summary.Dump(2) << "\n";
+  } else if (output.has_value() && *output != "-") {
+    io.err << "tracecut trace: wrote " << *output << " (" << gm.graph().size()
+           << " nodes, " << gm.graph().meta().assumptions.size()
+           << " assumptions)\n";
+  }
+  return absl::OkStatus();
+}
+
+Subcommand TraceCommand() {
+  Subcommand c;
+  c.name = "trace";
+  c.synopsis =
+      "MODEL.pt [--leaf=TYPE_OR_PATH]... [--config=config.json] "
+      "[--format=text|proto|dot|json] [-o FILE] [--json]";
+  c.summary = "Trace a TorchScript model into the graph IR.";
+  c.description =
+      "Walks MODEL.pt's forward with example inputs (its embedded "
+      "tracecut_inputs.json, else Hugging Face dummy inputs from its "
+      "config.json), inlining submodules except leaves (torch.nn built-ins, "
+      "HF Conv1D, and every --leaf). Branches on constants and input shapes "
+      "are resolved and recorded as assumptions; a branch on tensor values is "
+      "an error that names the module to pass to --leaf. The graph goes to "
+      "stdout, or atomically to -o FILE.";
+  c.flags = {
+      FlagSpec::Value("leaf", "TYPE_OR_PATH",
+                      "keep this module type (LlamaRMSNorm, or qualified) or "
+                      "module path/glob (model.layers.*.mlp) as a call_module")
+          .Repeated(),
+      FlagSpec::Value("config", "FILE",
+                      "HF config.json to use instead of the embedded one"),
+      FlagSpec::Value("format", "FORMAT",
+                      "text (default), proto (binary GraphProto), dot or json"),
+      FlagSpec::Value("output", "FILE", "write the graph here ('-': stdout)")
+          .Short('o'),
+      FlagSpec::Bool("json",
+                     "print a JSON summary (node counts per op kind, "
+                     "call_module targets, assumptions) on stdout"),
+  };
+  c.min_positional = 1;
+  c.max_positional = 1;
+  c.run = RunTrace;
+  return c;
+}
+
+const bool kRegistered = RegisterSubcommand(TraceCommand());
+
+}  // namespace
+}  // namespace tracecut::cli
