@@ -1,0 +1,47 @@
+#ifndef TRACECUT_PIPELINES_RECIPE_H_
+#define TRACECUT_PIPELINES_RECIPE_H_
+
+// Loading and validating calibration recipes (pipelines/recipe.proto,
+// protobuf text format; the format is documented in docs/recipes.md).
+//
+//   ASSIGN_OR_RETURN(recipe::Recipe r, LoadRecipe("recipe.textproto"));
+//   for (const recipe::Modifier& m : r.modifiers()) {
+//     if (m.has_gptq()) { GptqOptions o = ToGptqOptions(m.gptq()); ... }
+//   }
+//
+// Every error names the source and, for parse errors and for validation
+// errors on fields present in the text, the 1-based line and column:
+//
+//   recipe.textproto:3:27: modifiers[0].gptq.scheme.bits: must be in [2, 8],
+//   got 9
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipelines/gptq.h"
+#include "pipelines/quantize.h"
+#include "pipelines/recipe.pb.h"
+
+namespace tracecut::pipelines {
+
+// Parses and validates a recipe in text format. `source` names it in errors.
+absl::StatusOr<recipe::Recipe> ParseRecipe(
+    absl::string_view text, absl::string_view source = "<recipe>");
+
+// Reads, parses and validates the recipe file at `path`.
+absl::StatusOr<recipe::Recipe> LoadRecipe(const std::string& path);
+
+// Checks what the schema cannot: value ranges, required fields, non-empty
+// target lists. Without parse locations, errors name only the field path.
+absl::Status ValidateRecipe(const recipe::Recipe& recipe,
+                            absl::string_view source = "<recipe>");
+
+// Conversions for validated recipes.
+QuantScheme ToQuantScheme(const recipe::QuantizationScheme& scheme);
+GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_RECIPE_H_
