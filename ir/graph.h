@@ -2,7 +2,7 @@
 #define TRACECUT_IR_GRAPH_H_
 
 // The tracecut graph IR: torch.fx semantics in C++ shape (see
-// docs/ir.md and ../shared/DESIGN.md).
+// docs/ir_conventions.md, docs/ir_text_format.md and DESIGN.md).
 //
 // A Graph owns its Nodes and keeps them in topological order at all times.
 // Everything else holds raw pointers. Mutation goes through Graph and Node
