@@ -1,0 +1,374 @@
+#include "pipelines/calibrate.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <dirent.h>
+#include <google/protobuf/text_format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+#include "pipelines/gptq_modifier.h"
+#include "pipelines/observers.h"
+#include "pipelines/recipe.h"
+#include "pipelines/report.h"
+#include "pipelines/rtn_modifier.h"
+#include "runtime/lowering.h"
+#include "runtime/torch_status.h"
+#include "tracer/hf/config.h"
+#include "tracer/tracer.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+ModuleSelector Selector(
+    const google::protobuf::RepeatedPtrField<std::string>& targets,
+    const google::protobuf::RepeatedPtrField<std::string>& ignore) {
+  ModuleSelector s;
+  s.targets.assign(targets.begin(), targets.end());
+  s.ignore.assign(ignore.begin(), ignore.end());
+  return s;
+}
+
+// The embedded files of a TorchScript archive ("config.json", ...), read
+// without loading the model again.
+absl::StatusOr<torch::jit::ExtraFilesMap> ReadExtraFiles(
+    const std::string& path) {
+  return runtime::TorchCall(
+      absl::StrCat("reading the extra files of '", path, "'"),
+      [&]() -> torch::jit::ExtraFilesMap {
+        caffe2::serialize::PyTorchStreamReader reader(path);
+        torch::jit::ExtraFilesMap files;
+        for (const std::string& record : reader.getAllRecords()) {
+          if (!absl::StartsWith(record, "extra/")) continue;
+          auto [data, size] = reader.getRecord(record);
+          files[record.substr(6)] =
+              std::string(static_cast<const char*>(data.get()), size);
+        }
+        return files;
+      });
+}
+
+// What identifies the model file cheaply: size, modification time and a
+// hash of its first and last MiB (hashing all of a large model would cost
+// more than a checkpoint saves).
+absl::StatusOr<std::string> ModelFileIdentity(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot stat '", path, "'"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  constexpr int64_t kChunk = 1 << 20;
+  const int64_t size = static_cast<int64_t>(st.st_size);
+  std::string head(std::min(size, kChunk), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  std::string tail(std::min(size, kChunk), '\0');
+  in.seekg(size - static_cast<int64_t>(tail.size()));
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  if (!in) return absl::DataLossError(absl::StrCat("cannot read '", path, "'"));
+  return absl::StrFormat("%d bytes, mtime %d.%09d, %016x", size,
+                         static_cast<int64_t>(st.st_mtim.tv_sec),
+                         static_cast<int64_t>(st.st_mtim.tv_nsec),
+                         Fnv1a64(tail, Fnv1a64(head)));
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Removes the files a pipeline writes into a run directory, then the
+// directory if it is empty (anything else in it is left alone).
+void RemoveRunDir(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (absl::StartsWith(name, "state.pt") ||
+          absl::StartsWith(name, "weights-")) {
+        names.push_back(name);
+      }
+    }
+    ::closedir(d);
+    for (const std::string& name : names) {
+      std::remove(absl::StrCat(dir, "/", name).c_str());
+    }
+  }
+  ::rmdir(dir.c_str());
+}
+
+PipelineKind KindFromRecipe(recipe::Recipe::Pipeline p) {
+  switch (p) {
+    case recipe::Recipe::BASIC:
+      return PipelineKind::kBasic;
+    case recipe::Recipe::LAYER_SEQUENTIAL:
+      return PipelineKind::kLayerSequential;
+    default:
+      return PipelineKind::kSequential;
+  }
+}
+
+std::string RecipeText(const recipe::Recipe& recipe) {
+  std::string text;
+  google::protobuf::TextFormat::Printer printer;
+  printer.SetSingleLineMode(true);
+  printer.PrintToString(recipe, &text);
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
+    const recipe::Recipe& recipe) {
+  std::vector<std::unique_ptr<Modifier>> out;
+  for (int i = 0; i < recipe.modifiers_size(); ++i) {
+    const recipe::Modifier& m = recipe.modifiers(i);
+    if (m.has_gptq()) {
+      const recipe::GptqModifier& g = m.gptq();
+      GptqModifierOptions o;
+      o.weights.modules = Selector(g.targets(), g.ignore());
+      o.weights.scheme = ToQuantScheme(g.scheme());
+      o.dampening_frac = g.dampening_frac();
+      o.block_size = g.block_size();
+      o.act_order = g.actorder();
+      out.push_back(std::make_unique<GptqModifier>(std::move(o)));
+    } else if (m.has_rtn()) {
+      const recipe::RtnModifier& r = m.rtn();
+      WeightQuantOptions o;
+      o.modules = Selector(r.targets(), r.ignore());
+      o.scheme = ToQuantScheme(r.scheme());
+      out.push_back(std::make_unique<RtnModifier>(std::move(o)));
+    } else if (m.has_observer()) {
+      const recipe::ObserverModifier& r = m.observer();
+      ObserverOptions o;
+      o.modules = Selector(r.targets(), r.ignore());
+      o.scheme = ToQuantScheme(r.scheme());
+      o.averaging_constant = r.averaging_constant();
+      o.kind = r.kind() == recipe::ObserverModifier::MOVING_AVERAGE
+                   ? ObserverKind::kMovingAverageMinMax
+                   : ObserverKind::kMinMax;
+      switch (r.observe()) {
+        case recipe::ObserverModifier::WEIGHT:
+          o.observe = ObservedTensor::kWeight;
+          break;
+        case recipe::ObserverModifier::OUTPUT_ACTIVATIONS:
+          o.observe = ObservedTensor::kOutput;
+          break;
+        default:
+          o.observe = ObservedTensor::kInput;
+          break;
+      }
+      out.push_back(std::make_unique<Observer>(std::move(o)));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe: modifiers[", i,
+                       "] names no modifier (gptq, observer or rtn)"));
+    }
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError("recipe: no modifiers");
+  }
+  return out;
+}
+
+std::vector<std::string> ModelInputNames(const runtime::GraphModule& model) {
+  std::vector<std::string> names;
+  for (const ir::Node* p : model.graph().placeholders()) {
+    names.push_back(p->target());
+  }
+  return names;
+}
+
+absl::StatusOr<LoadedForCalibration> LoadForCalibration(
+    const std::string& model_path) {
+  ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(model_path));
+  ASSIGN_OR_RETURN(tracer::TraceOptions options,
+                   tracer::WithModelFiles(loaded, tracer::TraceOptions()));
+  absl::StatusOr<runtime::GraphModule> gm =
+      tracer::Trace(loaded.module, options);
+  if (!gm.ok()) {
+    return absl::Status(gm.status().code(),
+                        absl::StrCat(model_path, ": ", gm.status().message()));
+  }
+  LoadedForCalibration out{std::move(*gm)};
+  ASSIGN_OR_RETURN(out.model.mutable_extra_files(), ReadExtraFiles(model_path));
+  if (loaded.config.has_value()) {
+    const tracer::hf::HfConfig& config = *loaded.config;
+    ASSIGN_OR_RETURN(out.vocab_size, config.FindInt("vocab_size"));
+    ASSIGN_OR_RETURN(out.max_positions,
+                     config.FindInt("max_position_embeddings"));
+    tracer::hf::HfDefaults defaults = tracer::hf::DefaultsFor(config);
+    out.default_targets = defaults.sequential_targets;
+    out.model_type = config.model_type();
+  }
+  return out;
+}
+
+absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
+  if (options.output_path.empty()) {
+    return absl::InvalidArgumentError("no output path (-o OUT.pt)");
+  }
+  if (options.data_path.empty() == (options.synthetic_samples <= 0)) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --data=FILE and --synthetic=N");
+  }
+  RETURN_IF_ERROR(ValidateRecipe(options.recipe, options.recipe_source));
+  Progress silent = Progress::Silent();
+  Progress* progress = options.progress != nullptr ? options.progress : &silent;
+
+  ASSIGN_OR_RETURN(LoadedForCalibration loaded,
+                   LoadForCalibration(options.model_path));
+  runtime::GraphModule& gm = loaded.model;
+
+  // Data.
+  at::Tensor tokens;
+  std::string source;
+  if (!options.data_path.empty()) {
+    ASSIGN_OR_RETURN(tokens, LoadTokenFile(options.data_path));
+    source = options.data_path;
+  } else {
+    if (!loaded.vocab_size.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--synthetic needs the model's vocab_size, but ", options.model_path,
+          " has no config.json with one; use --data=FILE"));
+    }
+    ASSIGN_OR_RETURN(tokens, SyntheticTokens(options.synthetic_samples,
+                                             options.synthetic_seq_len,
+                                             *loaded.vocab_size, options.seed));
+    source = absl::StrFormat("synthetic (%d samples of %d tokens, seed %d)",
+                             options.synthetic_samples,
+                             options.synthetic_seq_len, options.seed);
+  }
+  TokenLimits limits;
+  limits.vocab_size = loaded.vocab_size;
+  limits.max_seq_len = loaded.max_positions;
+  RETURN_IF_ERROR(CheckTokens(tokens, limits, source));
+  ASSIGN_OR_RETURN(CalibrationData data,
+                   MakeCalibrationData(tokens, ModelInputNames(gm),
+                                       options.batch_size, source));
+
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Modifier>> owned,
+                   BuildModifiers(options.recipe));
+  std::vector<Modifier*> modifiers;
+  for (const auto& m : owned) modifiers.push_back(m.get());
+
+  // Pipeline options.
+  const recipe::Recipe& r = options.recipe;
+  PipelineOptions p;
+  p.kind = options.pipeline.value_or(KindFromRecipe(r.pipeline()));
+  p.propagate_error = options.propagate_error.value_or(r.propagate_error());
+  std::vector<std::string> targets = options.sequential_targets;
+  if (targets.empty())
+    targets.assign(r.sequential_targets().begin(),
+                   r.sequential_targets().end());
+  if (targets.empty()) targets = loaded.default_targets;
+  if (targets.empty() && p.kind != PipelineKind::kBasic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no sequential targets: the recipe names none and ",
+        loaded.model_type.empty()
+            ? absl::StrCat(options.model_path, " has no config.json")
+            : absl::StrCat("model type '", loaded.model_type,
+                           "' has no default"),
+        "; set sequential_targets in the recipe (e.g. \"LlamaDecoderLayer\") "
+        "or use the basic pipeline"));
+  }
+  p.partition.targets = targets;
+  if (r.has_cache()) {
+    ASSIGN_OR_RETURN(p.cache.offload_device,
+                     runtime::TorchCall("recipe cache.offload_device", [&] {
+                       return c10::Device(r.cache().offload_device());
+                     }));
+    p.cache.memory_budget_bytes = r.cache().memory_budget_bytes();
+    p.cache.spill_dir = r.cache().spill_dir();
+  }
+  p.run_dir =
+      options.run_dir.empty() ? options.output_path + ".run" : options.run_dir;
+  p.resume = options.resume;
+  p.stop_after_subgraph = options.stop_after_subgraph;
+  p.progress = progress;
+  ASSIGN_OR_RETURN(std::string model_identity,
+                   ModelFileIdentity(options.model_path));
+  p.fingerprint = absl::StrCat("model ", model_identity, "; recipe ",
+                               absl::StrFormat("%016x", Fnv1a64(RecipeText(r))),
+                               "; targets ", absl::StrJoin(targets, ","));
+
+  progress->Note(absl::StrFormat(
+      "calibrating %s (%d nodes) with %s: %d samples x %d tokens in %d "
+      "batches, %s pipeline",
+      options.model_path, gm.graph().size(), source, data.num_samples,
+      data.seq_len, data.batches.size(), PipelineKindName(p.kind)));
+
+  // A run directory this run creates is removed again if the run fails.
+  const bool run_dir_existed =
+      p.kind == PipelineKind::kBasic || IsDirectory(p.run_dir);
+  bool succeeded = false;
+  bool stopped = false;
+  absl::Cleanup cleanup = [&] {
+    if (!succeeded && !stopped && !run_dir_existed) RemoveRunDir(p.run_dir);
+  };
+
+  CalibrateOutcome outcome;
+  outcome.targets = targets;
+  outcome.num_batches = static_cast<int64_t>(data.batches.size());
+  ASSIGN_OR_RETURN(outcome.pipeline,
+                   RunPipeline(gm, data, modifiers, outcome.results, p));
+  if (outcome.pipeline.stopped) {
+    stopped = true;
+    outcome.stopped = true;
+    return outcome;
+  }
+
+  RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
+  ReportInfo info;
+  info.model = options.model_path;
+  info.recipe = options.recipe_source;
+  info.pipeline = std::string(PipelineKindName(p.kind));
+  info.propagate_error = p.propagate_error;
+  info.sequential_targets =
+      p.kind == PipelineKind::kBasic ? std::vector<std::string>() : targets;
+  info.data_source = source;
+  info.samples = data.num_samples;
+  info.seq_len = data.seq_len;
+  info.batches = static_cast<int64_t>(data.batches.size());
+  info.data_fingerprint = data.fingerprint;
+  info.include_run_section = options.report_run_section;
+  outcome.report = BuildReport(info, outcome.results, &outcome.pipeline);
+
+  // The report goes next to its destination first, the model is saved, and
+  // only then is the report renamed into place: no report without a model.
+  std::string report_tmp;
+  if (!options.report_path.empty()) {
+    report_tmp = absl::StrCat(options.report_path, ".tmp.", getpid());
+    RETURN_IF_ERROR(
+        WriteFileAtomically(report_tmp, outcome.report.Dump(2) + "\n"));
+  }
+  absl::Status saved = runtime::SaveTorchScript(gm, options.output_path);
+  if (!saved.ok()) {
+    if (!report_tmp.empty()) std::remove(report_tmp.c_str());
+    return saved;
+  }
+  if (!report_tmp.empty() &&
+      std::rename(report_tmp.c_str(), options.report_path.c_str()) != 0) {
+    std::remove(report_tmp.c_str());
+    return absl::InternalError(
+        absl::StrCat("cannot write report '", options.report_path, "'"));
+  }
+  succeeded = true;
+  if (!options.keep_run_dir && p.kind != PipelineKind::kBasic) {
+    RemoveRunDir(p.run_dir);
+  }
+  outcome.model.emplace(std::move(gm));
+  return outcome;
+}
+
+}  // namespace tracecut::pipelines

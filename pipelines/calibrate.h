@@ -1,0 +1,107 @@
+#ifndef TRACECUT_PIPELINES_CALIBRATE_H_
+#define TRACECUT_PIPELINES_CALIBRATE_H_
+
+// The whole calibration flow behind `tracecut calibrate` and `tracecut
+// demo`: load and trace a TorchScript model, build the recipe's modifiers,
+// make calibration data, run the pipeline (with checkpoints for --resume),
+// and write the calibrated model (TorchScript, quantization parameters as
+// buffers) and a JSON report, both atomically.
+//
+//   CalibrateOptions options;
+//   options.model_path = "llama.pt";
+//   ASSIGN_OR_RETURN(options.recipe, LoadRecipe("w4.textproto"));
+//   options.synthetic_samples = 64;
+//   options.output_path = "llama-w4.pt";
+//   options.report_path = "llama-w4.json";
+//   ASSIGN_OR_RETURN(CalibrateOutcome out, Calibrate(options));
+//
+// Nothing is written before the model, recipe and data have been checked
+// (targets that match nothing, token ids out of range, ...). A run that
+// fails later removes the run directory it created, so a failed run leaves
+// no output behind; a run that is killed keeps its checkpoints there for
+// --resume. A successful run removes the run directory unless
+// keep_run_dir.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipelines/calibration_data.h"
+#include "pipelines/modifier.h"
+#include "pipelines/pipeline.h"
+#include "pipelines/progress.h"
+#include "pipelines/recipe.pb.h"
+#include "runtime/graph_module.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::pipelines {
+
+// The recipe's modifiers, in recipe order.
+absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
+    const recipe::Recipe& recipe);
+
+// A model ready to calibrate: traced, with its embedded files.
+struct LoadedForCalibration {
+  runtime::GraphModule model;
+  std::optional<int64_t> vocab_size;
+  std::optional<int64_t> max_positions;
+  // HF sequential targets for the model type ({"LlamaDecoderLayer"}).
+  std::vector<std::string> default_targets;
+  std::string model_type;  // "llama"; empty when there is no config.
+};
+absl::StatusOr<LoadedForCalibration> LoadForCalibration(
+    const std::string& model_path);
+
+// Model inputs are the graph's placeholders (by target).
+std::vector<std::string> ModelInputNames(const runtime::GraphModule& model);
+
+struct CalibrateOptions {
+  std::string model_path;
+  recipe::Recipe recipe;
+  std::string recipe_source = "<recipe>";  // For the report.
+
+  // Exactly one of: a token file (calibration_data.h) or synthetic tokens.
+  std::string data_path;
+  int64_t synthetic_samples = 0;
+  int64_t synthetic_seq_len = 16;
+  uint64_t seed = 0;
+  int64_t batch_size = 1;
+
+  // Override the recipe.
+  std::optional<PipelineKind> pipeline;
+  std::optional<bool> propagate_error;
+  std::vector<std::string> sequential_targets;
+
+  std::string output_path;  // The calibrated .pt (required).
+  std::string report_path;  // Empty: no report file.
+  // Checkpoints; default "<output_path>.run".
+  std::string run_dir;
+  bool resume = false;
+  int stop_after_subgraph = -1;  // See PipelineOptions.
+  bool keep_run_dir = false;
+  // Include the "run" section (timings, cache statistics) in the report;
+  // without it the report is byte-identical across identical runs.
+  bool report_run_section = true;
+
+  Progress* progress = nullptr;
+};
+
+struct CalibrateOutcome {
+  bool stopped = false;  // stop_after_subgraph reached; nothing written.
+  PipelineResult pipeline;
+  CalibrationResults results;
+  std::vector<std::string> targets;  // Sequential targets used.
+  int64_t num_batches = 0;
+  tracer::hf::Json report;
+  // The calibrated model (buffers added), kept for callers that evaluate it.
+  std::optional<runtime::GraphModule> model;
+};
+
+absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_CALIBRATE_H_

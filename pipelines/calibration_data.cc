@@ -1,0 +1,343 @@
+#include "pipelines/calibration_data.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "ir/status_macros.h"
+#include "pipelines/quantize.h"
+#include "runtime/torch_status.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using tracer::hf::Json;
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("calibration data '", path, "': cannot open the file"));
+  }
+  std::string bytes((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    return absl::DataLossError(
+        absl::StrCat("calibration data '", path, "': read error"));
+  }
+  return bytes;
+}
+
+// One sample from a JSON line: an int array or {"input_ids": [...]}.
+absl::StatusOr<std::vector<int64_t>> SampleFromJson(const Json& v,
+                                                    absl::string_view where) {
+  const Json* ids = &v;
+  if (v.is_object()) {
+    ids = v.Find("input_ids");
+    if (ids == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": an object without \"input_ids\""));
+    }
+  }
+  if (!ids->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": expected an array of token ids, got ", ids->type_name()));
+  }
+  std::vector<int64_t> out;
+  out.reserve(ids->elements().size());
+  for (size_t i = 0; i < ids->elements().size(); ++i) {
+    const Json& e = ids->elements()[i];
+    if (!e.is_int()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": token ", i,
+                                                     " is a ", e.type_name(),
+                                                     ", expected an integer"));
+    }
+    out.push_back(e.as_int());
+  }
+  return out;
+}
+
+absl::StatusOr<at::Tensor> StackSamples(
+    const std::vector<std::vector<int64_t>>& samples,
+    const std::vector<std::string>& where, absl::string_view source) {
+  if (samples.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration data '", source, "': no samples"));
+  }
+  const size_t seq = samples[0].size();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    if (samples[i].size() != seq) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where[i], ": ", samples[i].size(),
+                       " tokens, but the first sample has ", seq,
+                       " (samples must all have the same length; there is no "
+                       "padding)"));
+    }
+  }
+  at::Tensor out = at::empty(
+      {static_cast<int64_t>(samples.size()), static_cast<int64_t>(seq)},
+      at::kLong);
+  int64_t* data = out.data_ptr<int64_t>();
+  for (const auto& s : samples) {
+    std::copy(s.begin(), s.end(), data);
+    data += seq;
+  }
+  return out;
+}
+
+absl::StatusOr<at::Tensor> ParseJsonLines(const std::string& text,
+                                          const std::string& path) {
+  std::vector<std::vector<int64_t>> samples;
+  std::vector<std::string> where;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    std::string loc = absl::StrCat(path, ":", line_no);
+    ASSIGN_OR_RETURN(Json v, Json::Parse(line, loc));
+    ASSIGN_OR_RETURN(std::vector<int64_t> s, SampleFromJson(v, loc));
+    samples.push_back(std::move(s));
+    where.push_back(std::move(loc));
+  }
+  return StackSamples(samples, where, path);
+}
+
+// A sample from one element of an unpickled list.
+absl::StatusOr<std::vector<int64_t>> SampleFromIValue(
+    const c10::IValue& v, const std::string& where) {
+  c10::IValue ids = v;
+  if (v.isGenericDict()) {
+    auto dict = v.toGenericDict();
+    auto it = dict.find(c10::IValue("input_ids"));
+    if (it == dict.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a dict without \"input_ids\""));
+    }
+    ids = it->value();
+  }
+  if (ids.isTensor()) {
+    at::Tensor t = ids.toTensor();
+    if (t.dim() == 2 && t.size(0) == 1) t = t[0];
+    if (t.dim() != 1 || !at::isIntegralType(t.scalar_type(), false)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": token ids must be a 1-D integer tensor, got ",
+                       internal::DescribeTensor(t)));
+    }
+    t = t.to(at::kLong).contiguous();
+    return std::vector<int64_t>(t.data_ptr<int64_t>(),
+                                t.data_ptr<int64_t>() + t.numel());
+  }
+  if (ids.isIntList()) return ids.toIntVector();
+  if (ids.isList() && ids.toListRef().empty()) return std::vector<int64_t>();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ": expected token ids (a tensor or an int list), got ",
+      ids.tagKind()));
+}
+
+}  // namespace
+
+uint64_t Fnv1a64(absl::string_view bytes, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
+                                            absl::string_view source) {
+  return internal::GuardTorch(
+      absl::StrCat("calibration data '", source, "'"),
+      [&]() -> absl::StatusOr<at::Tensor> {
+        const std::string src(source);
+        if (value.isTensor()) {
+          at::Tensor t = value.toTensor();
+          if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "calibration data '", source,
+                "': token ids must be an integer tensor [N, seq], got ",
+                internal::DescribeTensor(t)));
+          }
+          if (t.dim() == 1) t = t.unsqueeze(0);
+          if (t.dim() != 2) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("calibration data '", source,
+                             "': token ids must have shape [N, seq], got ",
+                             internal::DescribeTensor(t)));
+          }
+          return t.to(at::kLong).contiguous();
+        }
+        if (value.isGenericDict()) {
+          auto dict = value.toGenericDict();
+          auto it = dict.find(c10::IValue("input_ids"));
+          if (it == dict.end()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("calibration data '", source,
+                             "': a dict without \"input_ids\""));
+          }
+          return TokensFromIValue(it->value(), source);
+        }
+        if (value.isList()) {
+          std::vector<std::vector<int64_t>> samples;
+          std::vector<std::string> where;
+          size_t i = 0;
+          for (const c10::IValue& e : value.toListRef()) {
+            std::string loc = absl::StrCat(src, ": sample ", i++);
+            ASSIGN_OR_RETURN(std::vector<int64_t> s, SampleFromIValue(e, loc));
+            samples.push_back(std::move(s));
+            where.push_back(std::move(loc));
+          }
+          return StackSamples(samples, where, source);
+        }
+        return absl::InvalidArgumentError(absl::StrCat(
+            "calibration data '", source,
+            "': expected a tensor of token ids [N, seq], a dict with "
+            "\"input_ids\" or a list of samples, got ",
+            value.tagKind()));
+      });
+}
+
+absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration data '", path, "': the file is empty"));
+  }
+  const bool zip = bytes.size() >= 4 && bytes.compare(0, 2, "PK") == 0;
+  const bool pickle = static_cast<unsigned char>(bytes[0]) == 0x80;
+  if (zip || pickle) {
+    std::vector<char> data(bytes.begin(), bytes.end());
+    absl::StatusOr<c10::IValue> value = runtime::TorchCall(
+        absl::StrCat("calibration data '", path,
+                     "': cannot read it as a torch.save file"),
+        [&] { return torch::jit::pickle_load(data); });
+    if (!value.ok()) {
+      return absl::InvalidArgumentError(value.status().message());
+    }
+    return TokensFromIValue(*value, path);
+  }
+  return ParseJsonLines(bytes, path);
+}
+
+absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
+                                           int64_t vocab_size, uint64_t seed) {
+  if (num_samples < 1 || seq_len < 1 || vocab_size < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "synthetic data: need samples, sequence length and vocabulary size "
+        ">= 1, got %d, %d, %d",
+        num_samples, seq_len, vocab_size));
+  }
+  return internal::GuardTorch(
+      "synthetic data", [&]() -> absl::StatusOr<at::Tensor> {
+        at::Generator gen = at::detail::createCPUGenerator(seed);
+        return at::randint(0, vocab_size, {num_samples, seq_len}, gen,
+                           at::TensorOptions().dtype(at::kLong));
+      });
+}
+
+absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
+                         absl::string_view source) {
+  return internal::GuardTorch(
+      absl::StrCat("calibration data '", source, "'"), [&]() -> absl::Status {
+        if (!tokens.defined() ||
+            !at::isIntegralType(tokens.scalar_type(), false) ||
+            tokens.dim() != 2 || tokens.size(0) < 1 || tokens.size(1) < 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "calibration data '", source,
+              "': token ids must be a non-empty integer tensor [N, seq], got ",
+              tokens.defined() ? internal::DescribeTensor(tokens) : "nothing"));
+        }
+        if (limits.max_seq_len && tokens.size(1) > *limits.max_seq_len) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "calibration data '%s': sequence length %d exceeds the model's "
+              "max_position_embeddings %d",
+              source, tokens.size(1), *limits.max_seq_len));
+        }
+        at::Tensor t = tokens.to(at::kLong);
+        at::Tensor bad = t < 0;
+        if (limits.vocab_size) bad = bad.logical_or(t >= *limits.vocab_size);
+        if (bad.any().item<bool>()) {
+          at::Tensor where = bad.nonzero()[0];
+          int64_t i = where[0].item<int64_t>();
+          int64_t j = where[1].item<int64_t>();
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "calibration data '%s': token id %d at sample %d, position %d "
+              "is out of range [0, %s) (%d ids out of range in all)",
+              source, t[i][j].item<int64_t>(), i, j,
+              limits.vocab_size ? absl::StrCat(*limits.vocab_size) : "inf",
+              bad.sum().item<int64_t>()));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<CalibrationData> MakeCalibrationData(
+    const at::Tensor& tokens, const std::vector<std::string>& input_names,
+    int64_t batch_size, std::string source) {
+  if (batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size must be >= 1, got ", batch_size));
+  }
+  RETURN_IF_ERROR(CheckTokens(tokens, TokenLimits(), source));
+  for (const std::string& name : input_names) {
+    if (name != "input_ids" && name != "decoder_input_ids" &&
+        name != "attention_mask" && name != "token_type_ids" &&
+        name != "position_ids") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model takes an input '", name,
+          "' that cannot be made from token ids (known: input_ids, "
+          "decoder_input_ids, attention_mask, token_type_ids, position_ids)"));
+    }
+  }
+  return internal::GuardTorch(
+      "calibration data", [&]() -> absl::StatusOr<CalibrationData> {
+        CalibrationData data;
+        data.input_names = input_names;
+        data.tokens = tokens.to(at::kLong).contiguous();
+        data.num_samples = data.tokens.size(0);
+        data.seq_len = data.tokens.size(1);
+        data.source = std::move(source);
+        const int64_t n = data.num_samples;
+        for (int64_t start = 0; start < n; start += batch_size) {
+          int64_t len = std::min(batch_size, n - start);
+          at::Tensor ids = data.tokens.narrow(0, start, len).clone();
+          std::vector<c10::IValue> values;
+          for (const std::string& name : input_names) {
+            if (name == "input_ids" || name == "decoder_input_ids") {
+              values.emplace_back(ids);
+            } else if (name == "attention_mask") {
+              values.emplace_back(at::ones_like(ids));
+            } else if (name == "token_type_ids") {
+              values.emplace_back(at::zeros_like(ids));
+            } else {
+              values.emplace_back(
+                  at::arange(data.seq_len, at::kLong).expand_as(ids).clone());
+            }
+          }
+          data.batches.push_back(std::move(values));
+        }
+        std::string layout =
+            absl::StrCat(n, "x", data.seq_len, "/", batch_size);
+        uint64_t h = Fnv1a64(layout);
+        h = Fnv1a64(absl::string_view(reinterpret_cast<const char*>(
+                                          data.tokens.data_ptr<int64_t>()),
+                                      data.tokens.numel() * sizeof(int64_t)),
+                    h);
+        data.fingerprint = h;
+        return data;
+      });
+}
+
+}  // namespace tracecut::pipelines

@@ -1,0 +1,60 @@
+#include "pipelines/gptq_modifier.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "ir/status_macros.h"
+
+namespace tracecut::pipelines {
+
+GptqModifier::GptqModifier(GptqModifierOptions options)
+    : WeightQuantModifier(options.weights) {
+  gptq_.scheme = options.weights.scheme;
+  gptq_.dampening_frac = options.dampening_frac;
+  gptq_.block_size = options.block_size;
+  gptq_.act_order = options.act_order;
+}
+
+absl::Status GptqModifier::OnRunStart(RunContext& ctx) {
+  if (!(gptq_.dampening_frac >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gptq: dampening_frac must be >= 0, got ", gptq_.dampening_frac));
+  }
+  if (gptq_.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gptq: block_size must be > 0, got ", gptq_.block_size));
+  }
+  return WeightQuantModifier::OnRunStart(ctx);
+}
+
+absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  if (!hessian.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gptq: ", path, ": no calibration inputs"));
+  }
+  absl::StatusOr<GptqResult> r = GptqQuantize(weight, hessian, gptq_);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), absl::StrCat("gptq: ", path, ": ",
+                                                        r.status().message()));
+  }
+  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, gptq_.scheme);
+  if (!rtn.ok()) {
+    return absl::Status(rtn.status().code(),
+                        absl::StrCat("gptq: ", path, " (RTN baseline): ",
+                                     rtn.status().message()));
+  }
+  WeightQuantOutcome out;
+  out.weight = std::move(r->weight);
+  out.scale = std::move(r->scale);
+  out.zero_point = std::move(r->zero_point);
+  out.g_idx = std::move(r->g_idx);
+  out.loss = r->loss;
+  out.baseline_weight = std::move(rtn->weight);
+  out.warning = std::move(r->warning);
+  return out;
+}
+
+}  // namespace tracecut::pipelines

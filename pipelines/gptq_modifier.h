@@ -1,0 +1,54 @@
+#ifndef TRACECUT_PIPELINES_GPTQ_MODIFIER_H_
+#define TRACECUT_PIPELINES_GPTQ_MODIFIER_H_
+
+// GPTQ as a calibration modifier (llm-compressor's GPTQModifier): per
+// selected Linear, the Hessian of its inputs is accumulated over the
+// calibration tokens of the subgraph's calibration pass, and at the end of
+// the subgraph the weight is quantized column by column with error feedback
+// (gptq.h) and written back fake-quantized.
+//
+//   GptqModifierOptions options;
+//   options.weights.modules.ignore = {"lm_head"};
+//   options.weights.scheme.bits = 4;
+//   options.weights.scheme.group_size = 128;
+//   modifiers.push_back(std::make_unique<GptqModifier>(options));
+//
+// Besides its own error, each module's record gets `rtn_error`: the output
+// error round-to-nearest would have on the same inputs, so the report shows
+// what GPTQ bought per layer. See WeightQuantModifier (rtn_modifier.h) for
+// what is selected and recorded.
+
+#include <string>
+
+#include "pipelines/gptq.h"
+#include "pipelines/rtn_modifier.h"
+
+namespace tracecut::pipelines {
+
+struct GptqModifierOptions {
+  WeightQuantOptions weights;  // weights.scheme is what GPTQ uses.
+  double dampening_frac = 0.01;
+  int64_t block_size = 128;
+  bool act_order = false;
+};
+
+class GptqModifier : public WeightQuantModifier {
+ public:
+  explicit GptqModifier(GptqModifierOptions options);
+  std::string name() const override { return "gptq"; }
+  absl::Status OnRunStart(RunContext& ctx) override;
+
+ protected:
+  std::string method() const override { return "gptq"; }
+  bool NeedsHessian() const override { return true; }
+  absl::StatusOr<WeightQuantOutcome> QuantizeWeight(
+      absl::string_view path, const at::Tensor& weight,
+      const at::Tensor& hessian) override;
+
+ private:
+  GptqOptions gptq_;
+};
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_GPTQ_MODIFIER_H_

@@ -1,0 +1,381 @@
+#include "pipelines/modifier.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <regex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+#include "partition/partitioner.h"
+#include "pipelines/progress.h"
+#include "runtime/torch_status.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using c10::IValue;
+using Dict = c10::impl::GenericDict;
+
+Dict NewDict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+
+IValue TensorOrNone(const at::Tensor& t) {
+  return t.defined() ? IValue(t) : IValue();
+}
+
+IValue StringList(const std::vector<std::string>& v) {
+  c10::List<std::string> list;
+  for (const std::string& s : v) list.push_back(s);
+  return list;
+}
+
+// Typed reads from a checkpoint dict; errors name the field.
+class DictReader {
+ public:
+  DictReader(const IValue& v, std::string what) : what_(std::move(what)) {
+    if (v.isGenericDict()) dict_ = v.toGenericDict();
+  }
+  bool ok() const { return dict_.has_value(); }
+
+  absl::StatusOr<IValue> Get(const std::string& key) const {
+    if (!dict_) return Bad(key, "is not a dict");
+    auto it = dict_->find(key);
+    if (it == dict_->end()) return Bad(key, "is missing");
+    return it->value();
+  }
+  absl::StatusOr<std::string> String(const std::string& key) const {
+    ASSIGN_OR_RETURN(IValue v, Get(key));
+    if (!v.isString()) return Bad(key, "is not a string");
+    return v.toStringRef();
+  }
+  absl::StatusOr<double> Double(const std::string& key) const {
+    ASSIGN_OR_RETURN(IValue v, Get(key));
+    if (v.isDouble()) return v.toDouble();
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    return Bad(key, "is not a number");
+  }
+  absl::StatusOr<int64_t> Int(const std::string& key) const {
+    ASSIGN_OR_RETURN(IValue v, Get(key));
+    if (!v.isInt()) return Bad(key, "is not an int");
+    return v.toInt();
+  }
+  absl::StatusOr<at::Tensor> Tensor(const std::string& key) const {
+    ASSIGN_OR_RETURN(IValue v, Get(key));
+    if (v.isNone()) return at::Tensor();
+    if (!v.isTensor()) return Bad(key, "is not a tensor");
+    return v.toTensor();
+  }
+  absl::StatusOr<std::vector<std::string>> Strings(
+      const std::string& key) const {
+    ASSIGN_OR_RETURN(IValue v, Get(key));
+    if (!v.isList()) return Bad(key, "is not a list");
+    std::vector<std::string> out;
+    for (const IValue& e : v.toListRef()) {
+      if (!e.isString()) return Bad(key, "has a non-string element");
+      out.push_back(e.toStringRef());
+    }
+    return out;
+  }
+
+ private:
+  absl::Status Bad(const std::string& key, absl::string_view why) const {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: ", what_, ".", key, " ", why));
+  }
+  std::string what_;
+  std::optional<Dict> dict_;
+};
+
+IValue RangeToIValue(const ActivationRange& r) {
+  Dict d = NewDict();
+  d.insert("observer", r.observer);
+  d.insert("scheme", r.scheme);
+  d.insert("min", r.min);
+  d.insert("max", r.max);
+  d.insert("batches", r.batches);
+  d.insert("scale", TensorOrNone(r.scale));
+  d.insert("zero_point", TensorOrNone(r.zero_point));
+  return d;
+}
+
+absl::StatusOr<ActivationRange> RangeFromIValue(const IValue& v,
+                                                const std::string& what) {
+  DictReader in(v, what);
+  ActivationRange r;
+  ASSIGN_OR_RETURN(r.observer, in.String("observer"));
+  ASSIGN_OR_RETURN(r.scheme, in.String("scheme"));
+  ASSIGN_OR_RETURN(r.min, in.Double("min"));
+  ASSIGN_OR_RETURN(r.max, in.Double("max"));
+  ASSIGN_OR_RETURN(r.batches, in.Int("batches"));
+  ASSIGN_OR_RETURN(r.scale, in.Tensor("scale"));
+  ASSIGN_OR_RETURN(r.zero_point, in.Tensor("zero_point"));
+  return r;
+}
+
+IValue RecordToIValue(const ModuleRecord& r) {
+  Dict d = NewDict();
+  d.insert("type", r.type);
+  d.insert("subgraph", static_cast<int64_t>(r.subgraph));
+  d.insert("weight_method", r.weight_method);
+  d.insert("weight_scheme", r.weight_scheme);
+  d.insert("weight_scale", TensorOrNone(r.weight_scale));
+  d.insert("weight_zero_point", TensorOrNone(r.weight_zero_point));
+  d.insert("weight_g_idx", TensorOrNone(r.weight_g_idx));
+  d.insert("weight_error", r.weight_error);
+  d.insert("rtn_error", r.rtn_error);
+  d.insert("gptq_loss", r.gptq_loss);
+  d.insert("calibration_tokens", r.calibration_tokens);
+  d.insert("compress_seconds", r.compress_seconds);
+  d.insert("input", RangeToIValue(r.input));
+  d.insert("output", RangeToIValue(r.output));
+  d.insert("notes", StringList(r.notes));
+  return d;
+}
+
+absl::StatusOr<ModuleRecord> RecordFromIValue(const IValue& v,
+                                              const std::string& what) {
+  DictReader in(v, what);
+  ModuleRecord r;
+  ASSIGN_OR_RETURN(r.type, in.String("type"));
+  ASSIGN_OR_RETURN(int64_t subgraph, in.Int("subgraph"));
+  r.subgraph = static_cast<int>(subgraph);
+  ASSIGN_OR_RETURN(r.weight_method, in.String("weight_method"));
+  ASSIGN_OR_RETURN(r.weight_scheme, in.String("weight_scheme"));
+  ASSIGN_OR_RETURN(r.weight_scale, in.Tensor("weight_scale"));
+  ASSIGN_OR_RETURN(r.weight_zero_point, in.Tensor("weight_zero_point"));
+  ASSIGN_OR_RETURN(r.weight_g_idx, in.Tensor("weight_g_idx"));
+  ASSIGN_OR_RETURN(r.weight_error, in.Double("weight_error"));
+  ASSIGN_OR_RETURN(r.rtn_error, in.Double("rtn_error"));
+  ASSIGN_OR_RETURN(r.gptq_loss, in.Double("gptq_loss"));
+  ASSIGN_OR_RETURN(r.calibration_tokens, in.Int("calibration_tokens"));
+  ASSIGN_OR_RETURN(r.compress_seconds, in.Double("compress_seconds"));
+  ASSIGN_OR_RETURN(IValue input, in.Get("input"));
+  ASSIGN_OR_RETURN(r.input, RangeFromIValue(input, what + ".input"));
+  ASSIGN_OR_RETURN(IValue output, in.Get("output"));
+  ASSIGN_OR_RETURN(r.output, RangeFromIValue(output, what + ".output"));
+  ASSIGN_OR_RETURN(r.notes, in.Strings("notes"));
+  return r;
+}
+
+// A valid "re:" pattern, or an error naming it.
+absl::Status CheckPattern(absl::string_view pattern, absl::string_view owner,
+                          absl::string_view role) {
+  if (!absl::StartsWith(pattern, "re:")) return absl::OkStatus();
+  try {
+    std::regex re(std::string(pattern.substr(3)), std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        owner, ": invalid ", role, " regex '", pattern, "': ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ShortType(absl::string_view type) {
+  return ir::Scope::ShortType(type);
+}
+
+const ModuleRecord* CalibrationResults::FindModule(
+    absl::string_view path) const {
+  auto it = modules.find(std::string(path));
+  return it == modules.end() ? nullptr : &it->second;
+}
+
+c10::IValue CalibrationResults::ToIValue() const {
+  Dict d = NewDict();
+  d.insert("pipeline", pipeline);
+  Dict mods = NewDict();
+  for (const auto& [path, record] : modules) {
+    mods.insert(path, RecordToIValue(record));
+  }
+  d.insert("modules", mods);
+  c10::impl::GenericList timings(c10::AnyType::get());
+  for (const SubgraphTiming& t : subgraphs) {
+    Dict td = NewDict();
+    td.insert("index", static_cast<int64_t>(t.index));
+    td.insert("label", t.label);
+    td.insert("calibrate_seconds", t.calibrate_seconds);
+    td.insert("compress_seconds", t.compress_seconds);
+    td.insert("propagate_seconds", t.propagate_seconds);
+    timings.push_back(td);
+  }
+  d.insert("subgraphs", timings);
+  d.insert("warnings", StringList(warnings));
+  return d;
+}
+
+absl::StatusOr<CalibrationResults> CalibrationResults::FromIValue(
+    const c10::IValue& v) {
+  DictReader in(v, "results");
+  CalibrationResults r;
+  ASSIGN_OR_RETURN(r.pipeline, in.String("pipeline"));
+  ASSIGN_OR_RETURN(IValue mods, in.Get("modules"));
+  if (!mods.isGenericDict()) {
+    return absl::DataLossError("checkpoint: results.modules is not a dict");
+  }
+  for (const auto& entry : mods.toGenericDict()) {
+    if (!entry.key().isString()) {
+      return absl::DataLossError("checkpoint: results.modules has a bad key");
+    }
+    const std::string& path = entry.key().toStringRef();
+    ASSIGN_OR_RETURN(r.modules[path],
+                     RecordFromIValue(entry.value(), "modules." + path));
+  }
+  ASSIGN_OR_RETURN(IValue timings, in.Get("subgraphs"));
+  if (!timings.isList()) {
+    return absl::DataLossError("checkpoint: results.subgraphs is not a list");
+  }
+  for (const IValue& t : timings.toListRef()) {
+    DictReader tin(t, "subgraphs[]");
+    SubgraphTiming timing;
+    ASSIGN_OR_RETURN(int64_t index, tin.Int("index"));
+    timing.index = static_cast<int>(index);
+    ASSIGN_OR_RETURN(timing.label, tin.String("label"));
+    ASSIGN_OR_RETURN(timing.calibrate_seconds, tin.Double("calibrate_seconds"));
+    ASSIGN_OR_RETURN(timing.compress_seconds, tin.Double("compress_seconds"));
+    ASSIGN_OR_RETURN(timing.propagate_seconds, tin.Double("propagate_seconds"));
+    r.subgraphs.push_back(std::move(timing));
+  }
+  ASSIGN_OR_RETURN(r.warnings, in.Strings("warnings"));
+  return r;
+}
+
+RunContext::RunContext(runtime::GraphModule* model, CalibrationResults* results,
+                       int64_t num_batches, Progress* progress)
+    : model_(model),
+      results_(results),
+      num_batches_(num_batches),
+      progress_(progress) {
+  absl::flat_hash_set<std::string> seen;
+  for (const ir::Node* node : model_->graph().nodes()) {
+    if (node->op() != ir::OpKind::kCallModule) continue;
+    if (!seen.insert(node->target()).second) continue;
+    LeafModule leaf;
+    leaf.path = node->target();
+    absl::StatusOr<torch::jit::Module> m = model_->GetSubmodule(leaf.path);
+    if (m.ok()) {
+      leaf.type = ir::Scope::DemangleType(m->type()->name()->qualifiedName());
+    }
+    leaves_.push_back(std::move(leaf));
+  }
+}
+
+const LeafModule* RunContext::FindLeaf(absl::string_view path) const {
+  for (const LeafModule& leaf : leaves_) {
+    if (leaf.path == path) return &leaf;
+  }
+  return nullptr;
+}
+
+absl::Status RunContext::UpdateTensor(absl::string_view path,
+                                      const at::Tensor& value) {
+  ASSIGN_OR_RETURN(at::Tensor target, model_->GetTensor(path));
+  if (!value.defined() || target.sizes() != value.sizes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("updating '", path, "': new value has shape ",
+                     value.defined() ? c10::str(value.sizes()) : "undefined",
+                     ", the tensor has ", c10::str(target.sizes())));
+  }
+  RETURN_IF_ERROR(
+      runtime::TorchCall(absl::StrCat("updating '", path, "'"), [&] {
+        c10::NoGradGuard no_grad;
+        target.copy_(value);
+      }));
+  updated_.insert(std::string(path));
+  ++update_count_;
+  return absl::OkStatus();
+}
+
+std::set<std::string> RunContext::TakeUpdatedTensors() {
+  std::set<std::string> out;
+  out.swap(updated_);
+  return out;
+}
+
+void RunContext::Warn(std::string message) {
+  if (progress_ != nullptr) progress_->Note(absl::StrCat("warning: ", message));
+  results_->warnings.push_back(std::move(message));
+}
+
+bool ModuleSelector::Matches(absl::string_view path,
+                             absl::string_view type) const {
+  bool selected = false;
+  for (const std::string& t : targets) {
+    if (partition::ModulePatternMatches(t, path, type)) {
+      selected = true;
+      break;
+    }
+  }
+  if (!selected) return false;
+  for (const std::string& i : ignore) {
+    if (partition::ModulePatternMatches(i, path, type)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<const LeafModule*>> ModuleSelector::Select(
+    const RunContext& ctx, absl::string_view owner) const {
+  if (targets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(owner, ": no targets given (e.g. \"Linear\")"));
+  }
+  for (const std::string& t : targets) {
+    RETURN_IF_ERROR(CheckPattern(t, owner, "target"));
+  }
+  for (const std::string& i : ignore) {
+    RETURN_IF_ERROR(CheckPattern(i, owner, "ignore"));
+  }
+  std::vector<const LeafModule*> selected;
+  for (const LeafModule& leaf : ctx.leaf_modules()) {
+    if (Matches(leaf.path, leaf.type)) selected.push_back(&leaf);
+  }
+  if (selected.empty()) {
+    std::set<std::string> types;
+    for (const LeafModule& leaf : ctx.leaf_modules()) {
+      types.insert(ShortType(leaf.type));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        owner, ": targets [", absl::StrJoin(targets, ", "), "]",
+        ignore.empty()
+            ? ""
+            : absl::StrCat(" (ignoring [", absl::StrJoin(ignore, ", "), "])"),
+        " match no leaf module of the model; its leaf module types are: ",
+        types.empty() ? "(none)" : absl::StrJoin(types, ", ")));
+  }
+  return selected;
+}
+
+absl::Status ExportQuantParams(const CalibrationResults& results,
+                               runtime::GraphModule& model) {
+  auto set = [&](const std::string& path, absl::string_view name,
+                 const at::Tensor& t) -> absl::Status {
+    if (!t.defined()) return absl::OkStatus();
+    return model.SetTensor(absl::StrCat(path, ".", name), t);
+  };
+  for (const auto& [path, r] : results.modules) {
+    if (!r.weight_method.empty()) {
+      RETURN_IF_ERROR(set(path, "weight_scale", r.weight_scale));
+      RETURN_IF_ERROR(set(path, "weight_zero_point", r.weight_zero_point));
+      RETURN_IF_ERROR(set(path, "weight_g_idx", r.weight_g_idx));
+    }
+    if (!r.input.observer.empty()) {
+      RETURN_IF_ERROR(set(path, "input_scale", r.input.scale));
+      RETURN_IF_ERROR(set(path, "input_zero_point", r.input.zero_point));
+    }
+    if (!r.output.observer.empty()) {
+      RETURN_IF_ERROR(set(path, "output_scale", r.output.scale));
+      RETURN_IF_ERROR(set(path, "output_zero_point", r.output.zero_point));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tracecut::pipelines

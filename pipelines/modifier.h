@@ -1,0 +1,285 @@
+#ifndef TRACECUT_PIPELINES_MODIFIER_H_
+#define TRACECUT_PIPELINES_MODIFIER_H_
+
+// The calibration hook API: a Modifier is told when a run starts, when each
+// subgraph starts, about every call of a leaf module it asked for (inputs
+// and output), when a subgraph's calibration pass is over (its chance to
+// compress what it saw) and when the run ends. llm-compressor's Modifier
+// lifecycle (on_initialize, calibrate_module hooks, sequential_epoch_end,
+// on_finalize), natively.
+//
+//   class CountCalls : public Modifier {
+//    public:
+//     std::string name() const override { return "count-calls"; }
+//     bool WantsModule(absl::string_view path,
+//                      absl::string_view type) const override {
+//       return partition::ModulePatternMatches("Linear", path, type);
+//     }
+//     absl::Status OnModuleCall(RunContext& ctx,
+//                               const ModuleCall& call) override {
+//       ++calls_[std::string(call.path)];
+//       return absl::OkStatus();
+//     }
+//     ...
+//   };
+//
+// Order of callbacks in one run (see pipeline.h for the pipelines):
+//
+//   OnRunStart
+//   for each subgraph:                     (the whole model for `basic`)
+//     OnSubgraphStart
+//     OnModuleCall  x (batches x calls)    calibration pass, hooks active
+//     OnSubgraphEnd                        compress here
+//     (propagation pass: no callbacks)
+//   OnRunEnd
+//
+// A resumed run calls OnRunStart, then RestoreState with what SaveState
+// returned after the last finished subgraph, and continues with the next
+// subgraph.
+//
+// Modifiers record what they compute (quantization parameters, errors,
+// timings) in the run's CalibrationResults, which the pipeline checkpoints,
+// exports as buffers of the saved model and turns into the report. Weights
+// change through RunContext::UpdateTensor, so checkpoints know what to save.
+//
+// Callbacks return absl::Status; the first error stops the run and is
+// returned by the pipeline. Callbacks run on the pipeline's thread, with
+// autograd off.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "ir/graph.h"
+#include "runtime/graph_module.h"
+
+namespace tracecut::pipelines {
+
+class Progress;
+
+// One subgraph as the modifiers see it.
+struct SubgraphInfo {
+  int index = 0;  // 0-based, execution order.
+  int count = 1;  // Subgraphs in the run.
+  // "model.layers.3" (first target instance), "(head)", "(whole model)".
+  std::string label;
+  // Sequential-target instances it runs; empty for the head and for the
+  // whole model.
+  std::vector<std::string> module_paths;
+  // call_module targets it calls (distinct, graph order).
+  std::vector<std::string> leaf_modules;
+};
+
+// One call of a leaf module during a calibration pass. Pointers and spans
+// are valid only during the callback.
+struct ModuleCall {
+  const ir::Node* node = nullptr;  // The call_module node.
+  absl::string_view path;          // Its target ("model.layers.0.mlp.up_proj").
+  absl::string_view type;          // Demangled qualified module type.
+  const torch::jit::Module* module = nullptr;
+  absl::Span<const c10::IValue> inputs;  // forward's arguments, no self.
+  const c10::IValue* output = nullptr;
+  int64_t batch = 0;
+  int subgraph = 0;
+};
+
+// The range an observer saw for one activation and its parameters.
+struct ActivationRange {
+  std::string observer;  // "minmax", "moving-average-minmax"; empty: none.
+  std::string scheme;    // QuantScheme::ToString().
+  double min = 0;
+  double max = 0;
+  int64_t batches = 0;
+  at::Tensor scale;       // fp32 [1].
+  at::Tensor zero_point;  // int32 [1].
+};
+
+// What the modifiers found for one module. Fields a modifier did not fill
+// keep their defaults (undefined tensors, NaN errors).
+struct ModuleRecord {
+  std::string type;   // Demangled qualified type.
+  int subgraph = -1;  // Where it was calibrated.
+
+  // Weight quantization (RTN / GPTQ).
+  // "rtn", "gptq" (weights changed), "observer" (parameters only); empty:
+  // none.
+  std::string weight_method;
+  std::string weight_scheme;     // QuantScheme::ToString().
+  at::Tensor weight_scale;       // fp32 [rows or 1, groups].
+  at::Tensor weight_zero_point;  // int32, same shape.
+  at::Tensor weight_g_idx;       // int32 [in], GPTQ act_order with groups.
+  // Relative output error on the calibration inputs X this module saw:
+  // ||(W - Wq) X|| / ||W X|| (bias left out), from X's second moment.
+  double weight_error = std::numeric_limits<double>::quiet_NaN();
+  // GPTQ only: the same error for round-to-nearest on the same inputs.
+  double rtn_error = std::numeric_limits<double>::quiet_NaN();
+  // GPTQ only: its own loss (gptq.h Note [GPTQ in tracecut] 7).
+  double gptq_loss = std::numeric_limits<double>::quiet_NaN();
+  int64_t calibration_tokens = 0;
+  double compress_seconds = 0;
+
+  // Activation observation (observers.h): the module's input and
+  // output.
+  ActivationRange input;
+  ActivationRange output;
+
+  std::vector<std::string> notes;
+};
+
+// Time spent per subgraph and pass.
+struct SubgraphTiming {
+  int index = 0;
+  std::string label;
+  double calibrate_seconds = 0;
+  double compress_seconds = 0;
+  double propagate_seconds = 0;
+};
+
+// Everything a run found; checkpointed after every subgraph.
+struct CalibrationResults {
+  std::string pipeline;                         // "sequential", ...
+  std::map<std::string, ModuleRecord> modules;  // By module path.
+  std::vector<SubgraphTiming> subgraphs;        // Finished ones.
+  std::vector<std::string> warnings;
+
+  ModuleRecord& Module(absl::string_view path) {
+    return modules[std::string(path)];
+  }
+  const ModuleRecord* FindModule(absl::string_view path) const;
+
+  // Lossless conversion to and from an IValue (a string-keyed dict) for
+  // checkpoints.
+  c10::IValue ToIValue() const;
+  static absl::StatusOr<CalibrationResults> FromIValue(const c10::IValue& v);
+};
+
+// A leaf module of the model being calibrated.
+struct LeafModule {
+  std::string path;
+  std::string type;  // Demangled qualified type.
+};
+
+// What callbacks may read and change.
+class RunContext {
+ public:
+  RunContext(runtime::GraphModule* model, CalibrationResults* results,
+             int64_t num_batches, Progress* progress);
+
+  runtime::GraphModule& model() { return *model_; }
+  CalibrationResults& results() { return *results_; }
+  int64_t num_batches() const { return num_batches_; }
+
+  // Distinct call_module targets of the model's graph, graph order.
+  const std::vector<LeafModule>& leaf_modules() const { return leaves_; }
+  // The leaf at `path`, or nullptr.
+  const LeafModule* FindLeaf(absl::string_view path) const;
+
+  // Overwrites the tensor at a dotted path in place (same storage, dtype,
+  // shape; the parameter stays a parameter, every alias sees the change) and
+  // remembers the path for checkpoints.
+  absl::Status UpdateTensor(absl::string_view path, const at::Tensor& value);
+  // Paths changed since the last TakeUpdatedTensors (sorted).
+  std::set<std::string> TakeUpdatedTensors();
+  // How many UpdateTensor calls there were in all (never reset).
+  int64_t update_count() const { return update_count_; }
+
+  // A warning for the report (also printed as a progress note).
+  void Warn(std::string message);
+
+ private:
+  runtime::GraphModule* model_;
+  CalibrationResults* results_;
+  int64_t num_batches_;
+  Progress* progress_;
+  std::vector<LeafModule> leaves_;
+  std::set<std::string> updated_;
+  int64_t update_count_ = 0;
+};
+
+class Modifier {
+ public:
+  virtual ~Modifier() = default;
+
+  // Kebab-case name ("gptq", "rtn", "minmax-input-observer") for messages
+  // and checkpoints.
+  virtual std::string name() const = 0;
+
+  // Whether OnModuleCall wants calls of the leaf module at `path` (asked
+  // once per module and run).
+  virtual bool WantsModule(absl::string_view path,
+                           absl::string_view type) const {
+    return false;
+  }
+
+  // Validate options against the model here (e.g. targets that match
+  // nothing); the pipeline calls it before anything is written.
+  virtual absl::Status OnRunStart(RunContext& ctx) { return absl::OkStatus(); }
+  virtual absl::Status OnSubgraphStart(RunContext& ctx,
+                                       const SubgraphInfo& subgraph) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) {
+    return absl::OkStatus();
+  }
+  // The calibration pass over `subgraph` is over: compress.
+  virtual absl::Status OnSubgraphEnd(RunContext& ctx,
+                                     const SubgraphInfo& subgraph) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status OnRunEnd(RunContext& ctx) { return absl::OkStatus(); }
+
+  // State beyond CalibrationResults that a resumed run needs, taken between
+  // subgraphs (None when there is none). Tensors, scalars, strings and
+  // lists/dicts of them.
+  virtual absl::StatusOr<c10::IValue> SaveState() const {
+    return c10::IValue();
+  }
+  virtual absl::Status RestoreState(const c10::IValue& state) {
+    return absl::OkStatus();
+  }
+};
+
+// Which modules a built-in modifier acts on: those matching a target
+// pattern and no ignore pattern (pattern syntax of
+// partition::ModulePatternMatches: short or qualified type, path, glob,
+// "re:" regex).
+struct ModuleSelector {
+  std::vector<std::string> targets = {"Linear"};
+  std::vector<std::string> ignore;
+
+  bool Matches(absl::string_view path, absl::string_view type) const;
+  // The leaves of `ctx` selected; InvalidArgument naming `owner` when the
+  // targets match no leaf module (listing the leaf types there are) or a
+  // pattern is an invalid regex.
+  absl::StatusOr<std::vector<const LeafModule*>> Select(
+      const RunContext& ctx, absl::string_view owner) const;
+};
+
+// Short module type ("Linear" for "torch.nn.modules.linear.Linear").
+std::string ShortType(absl::string_view type);
+
+// Stores what `results` holds as buffers of `model`: for a module at P,
+// P.weight_scale, P.weight_zero_point (and P.weight_g_idx) when its weight
+// was quantized or observed, P.input_scale / P.input_zero_point and
+// P.output_scale / P.output_zero_point when those were observed. An attribute
+// already there (a re-calibrated model) is replaced. Adding buffers may replace
+// module objects (GraphModule::SetTensor): create Interpreters for `model`
+// after this, not before.
+absl::Status ExportQuantParams(const CalibrationResults& results,
+                               runtime::GraphModule& model);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_MODIFIER_H_

@@ -1,0 +1,89 @@
+#ifndef TRACECUT_PIPELINES_OBSERVERS_H_
+#define TRACECUT_PIPELINES_OBSERVERS_H_
+
+// Observers: modifiers that watch a tensor of selected leaf modules during
+// calibration and turn the range they saw into quantization parameters.
+// They never change weights.
+//
+//   ObserverOptions options;
+//   options.kind = ObserverKind::kMovingAverageMinMax;
+//   options.scheme.bits = 8;
+//   modifiers.push_back(std::make_unique<Observer>(options));
+//
+// What is observed:
+//  * input / output activations (the module's first forward argument, or
+//    its output tensor): per-tensor parameters, saved as the module's
+//    `input_scale` / `input_zero_point` (or `output_...`) buffers.
+//      min-max: the min and max over every calibration batch;
+//      moving-average min-max: the first batch sets the range, each later
+//        batch moves it towards its own min and max by `averaging_constant`
+//        (torch.ao's MovingAverageMinMaxObserver, llm-compressor's default
+//        for static activations).
+//    Batches are seen in calibration order, so every pipeline gives the
+//    same parameters when it computes the same activations.
+//  * the weight: min-max parameters of the module's 2-D weight under the
+//    scheme (per tensor, channel or group), taken at the end of the
+//    module's subgraph (after earlier modifiers compressed it), recorded as
+//    its weight parameters unless a quantizer recorded them already.
+//
+// Parameters follow Note [Quantization convention] in quantize.h. An
+// activation with NaN or infinite entries is an error naming the module and
+// the batch.
+
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "pipelines/modifier.h"
+#include "pipelines/quantize.h"
+
+namespace tracecut::pipelines {
+
+enum class ObserverKind { kMinMax, kMovingAverageMinMax };
+enum class ObservedTensor { kInput, kOutput, kWeight };
+
+// "minmax" / "moving-average-minmax".
+absl::string_view ObserverKindName(ObserverKind kind);
+// "input" / "output" / "weight".
+absl::string_view ObservedTensorName(ObservedTensor tensor);
+
+struct ObserverOptions {
+  ModuleSelector modules;
+  ObserverKind kind = ObserverKind::kMinMax;
+  ObservedTensor observe = ObservedTensor::kInput;
+  // Activations are always per tensor (group_size / per_tensor ignored).
+  QuantScheme scheme;
+  double averaging_constant = 0.01;  // In (0, 1].
+};
+
+class Observer : public Modifier {
+ public:
+  explicit Observer(ObserverOptions options);
+
+  // "minmax-input-observer", "moving-average-minmax-output-observer", ...
+  std::string name() const override;
+  bool WantsModule(absl::string_view path,
+                   absl::string_view type) const override;
+  absl::Status OnRunStart(RunContext& ctx) override;
+  absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) override;
+  absl::Status OnSubgraphEnd(RunContext& ctx,
+                             const SubgraphInfo& subgraph) override;
+  absl::Status OnRunEnd(RunContext& ctx) override;
+
+ private:
+  ActivationRange& RangeOf(ModuleRecord& record) const;
+
+  ObserverOptions options_;
+  std::set<std::string> selected_;
+  std::set<std::string> pending_;  // Seen since the last subgraph end.
+};
+
+// The per-tensor parameters of a range [lo, hi] under `scheme` (fp32 scale
+// [1], int32 zero point [1]).
+absl::StatusOr<QuantParams> RangeParams(double lo, double hi,
+                                        const QuantScheme& scheme);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_OBSERVERS_H_

@@ -1,0 +1,158 @@
+#ifndef TRACECUT_PIPELINES_PIPELINE_H_
+#define TRACECUT_PIPELINES_PIPELINE_H_
+
+// Calibration pipelines: how calibration batches flow through a traced model
+// while modifiers (modifier.h) watch and compress it (llm-compressor's
+// basic, layer_sequential and sequential pipelines, natively).
+//
+//   PipelineOptions options;
+//   options.kind = PipelineKind::kSequential;
+//   options.partition.targets = {"LlamaDecoderLayer"};
+//   options.run_dir = "out.pt.run";  // checkpoints, for --resume
+//   GptqModifier gptq(gptq_options);
+//   CalibrationResults results;
+//   ASSIGN_OR_RETURN(PipelineResult r,
+//                    RunPipeline(gm, data, {&gptq}, results, options));
+//   RETURN_IF_ERROR(ExportQuantParams(results, gm));
+//
+// basic: the whole graph, batch after batch, hooks on; one compression step
+// at the end. Needs the activations of the whole model for one batch.
+//
+// sequential: the graph is partitioned at the sequential targets
+// (partition/partitioner.h). The model inputs of every batch go into an
+// IntermediatesCache; then for each subgraph:
+//   1. calibration pass: every batch, inputs from the cache, hooks on;
+//      outputs go into the cache;
+//   2. compression: the modifiers' OnSubgraphEnd;
+//   3. propagation pass (propagate_error, the default), only when step 2
+//      changed a weight: every batch again with the compressed weights, no
+//      hooks; its outputs replace those of step 1, so later subgraphs see
+//      the error of the compression so far (without propagate_error they
+//      see the uncompressed activations);
+//   4. values no later subgraph reads are released; a checkpoint is
+//      written when a run directory is set.
+// The cache holds, between subgraphs, only values later subgraphs read;
+// during one it holds in addition that subgraph's outputs. With a memory
+// budget, what does not fit is spilled to disk (intermediates_cache.h).
+//
+// layer_sequential: like sequential, for models that are a plain chain of
+// target layers: the subgraphs before the first target (the head) produce
+// the first target's inputs; each later target reads only the previous
+// one's outputs and those captured inputs (attention mask, rotary
+// embeddings). A model that is not such a chain is an error naming the
+// value that breaks it (use sequential there).
+//
+// Checkpoints (Note [Checkpoints] in pipeline.cc): after each subgraph the
+// run directory gets the weights changed in that subgraph
+// (weights-NNNNN.pt) and, atomically replaced, state.pt: the cache's values
+// (everything later subgraphs need), the results so far and the modifiers'
+// state. `resume` continues after the last finished subgraph and gives the
+// same bytes as an uninterrupted run. A checkpoint from a different model,
+// recipe, data or options is refused.
+//
+// Every LibTorch error is returned as a Status naming the subgraph, batch
+// and node; NaN or infinite activations are errors naming the subgraph and
+// value. Autograd is off for the whole run.
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "partition/partitioner.h"
+#include "pipelines/calibration_data.h"
+#include "pipelines/intermediates_cache.h"
+#include "pipelines/modifier.h"
+#include "pipelines/progress.h"
+#include "runtime/graph_module.h"
+
+namespace tracecut::pipelines {
+
+enum class PipelineKind { kBasic, kLayerSequential, kSequential };
+
+// "basic", "layer_sequential", "sequential".
+absl::string_view PipelineKindName(PipelineKind kind);
+absl::StatusOr<PipelineKind> ParsePipelineKind(absl::string_view name);
+
+struct PipelineOptions {
+  PipelineKind kind = PipelineKind::kSequential;
+  // Sequential targets (e.g. {"LlamaDecoderLayer"}) and modules never split
+  // at; unused by `basic`.
+  partition::PartitionOptions partition;
+  // Feed later subgraphs the outputs of the compressed ones.
+  bool propagate_error = true;
+  IntermediatesCacheOptions cache;
+  // Directory for checkpoints (created if missing); empty: none.
+  std::string run_dir;
+  // Continue from the checkpoint in run_dir (starts afresh when there is
+  // none).
+  bool resume = false;
+  // Stop (PipelineResult::stopped) after checkpointing this subgraph; -1:
+  // run to the end. For tests of resume: a run killed at that point.
+  int stop_after_subgraph = -1;
+  // Identity of what the caller runs (model file, recipe, data, options):
+  // stored in checkpoints and required to match on resume.
+  std::string fingerprint;
+  // Checks every subgraph's (or the model's) outputs for NaN / Inf.
+  bool check_finite = true;
+  Progress* progress = nullptr;  // nullptr: silent.
+};
+
+// What the cache held after one subgraph.
+struct SubgraphCacheStats {
+  int index = 0;
+  std::string label;
+  int64_t values = 0;      // Values in the cache (all batches).
+  int64_t bytes_held = 0;  // In memory.
+  int64_t bytes_on_disk = 0;
+  bool propagated = false;  // A propagation pass ran.
+};
+
+struct PipelineResult {
+  int num_subgraphs = 0;
+  int first_subgraph = 0;  // > 0 when resumed.
+  bool resumed = false;
+  bool stopped = false;  // stop_after_subgraph was reached.
+  // Subgraphs run by this call.
+  std::vector<SubgraphCacheStats> subgraphs;
+  // The cache at the end (empty for `basic`).
+  IntermediatesCacheStats cache;
+  // Most values (all batches) the cache held at once.
+  int64_t peak_cache_values = 0;
+  // Labels of the subgraphs, in order ("(head)", "model.layers.0", ...).
+  std::vector<std::string> labels;
+};
+
+// Runs `modifiers` (in order, per callback) over `model` with `data`.
+// Results accumulate in `results` (which a resumed run overwrites with the
+// checkpoint's). The model's weights change in place.
+absl::StatusOr<PipelineResult> RunPipeline(
+    runtime::GraphModule& model, const CalibrationData& data,
+    absl::Span<Modifier* const> modifiers, CalibrationResults& results,
+    const PipelineOptions& options);
+
+// How far `candidate`'s first output tensor is from `reference`'s over all
+// batches of `data`: ||c - r|| / ||r|| (Frobenius, over everything) and the
+// largest absolute difference. Runs the TorchScript `forward` of both.
+struct OutputError {
+  double relative = 0;
+  double max_abs = 0;
+  int64_t batches = 0;
+};
+absl::StatusOr<OutputError> CompareOutputs(const torch::jit::Module& reference,
+                                           const torch::jit::Module& candidate,
+                                           const CalibrationData& data);
+
+// Writes `bytes` to `path` atomically: a temporary file next to it, fsync'ed,
+// then renamed over `path`. On failure `path` is untouched and the
+// temporary removed.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 absl::string_view bytes);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_PIPELINE_H_

@@ -1,0 +1,76 @@
+#ifndef TRACECUT_PIPELINES_REPORT_H_
+#define TRACECUT_PIPELINES_REPORT_H_
+
+// The calibration report: what a run computed, as deterministic JSON.
+//
+//   ReportInfo info;
+//   info.model = "llama.pt";
+//   ...
+//   tracer::hf::Json report = BuildReport(info, results, &pipeline_result);
+//   std::string text = report.Dump(2) + "\n";
+//
+//   {"format": "tracecut-calibration-report", "version": 1,
+//    "model": "llama.pt", "recipe": "w4.textproto", "pipeline": "sequential",
+//    "propagate_error": true, "sequential_targets": ["LlamaDecoderLayer"],
+//    "data": {"source": ..., "samples": 64, "seq_len": 16, "batches": 8,
+//             "fingerprint": "8c1f..."},
+//    "subgraphs": ["(head)", "model.layers.0", "model.layers.1"],
+//    "modules": [{"path": "model.layers.0.mlp.down_proj", "type": "Linear",
+//                 "subgraph": 1,
+//                 "weight": {"method": "gptq", "scheme": "int4 sym g128",
+//                            "scale": {"shape": [128, 2], "min": ..,
+//                                      "max": .., "mean": ..},
+//                            "zero_point": {"min": 0, "max": 0},
+//                            "output_error": 0.061, "rtn_output_error": 0.083,
+//                            "gptq_loss": .., "calibration_tokens": 1024},
+//                 "input": {"observer": "minmax", "scheme": ..., "min": ..,
+//                           "max": .., "batches": 8, "scale": ..,
+//                           "zero_point": 0},
+//                 "notes": []}, ...],
+//    "summary": {"weights_quantized": 14, "mean_output_error": ..,
+//                "max_output_error": .., "mean_rtn_output_error": ..},
+//    "warnings": [...],
+//    "run": {"resumed_from_subgraph": 0, "timings": [...], "cache": {...},
+//            "compress_seconds": {...}}}
+//
+// Modules are sorted by path. Errors are relative output errors on the
+// calibration inputs (modifier.h, ModuleRecord). Everything but "run"
+// (timings, cache statistics: they depend on the machine and on whether the
+// run was resumed) is the same, byte for byte, for the same model, recipe,
+// data and options; ReportInfo::include_run_section drops "run".
+
+#include <string>
+#include <vector>
+
+#include "pipelines/modifier.h"
+#include "pipelines/pipeline.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::pipelines {
+
+struct ReportInfo {
+  std::string model;
+  std::string recipe;
+  std::string pipeline;
+  bool propagate_error = true;
+  std::vector<std::string> sequential_targets;
+  std::string data_source;
+  int64_t samples = 0;
+  int64_t seq_len = 0;
+  int64_t batches = 0;
+  uint64_t data_fingerprint = 0;
+  bool include_run_section = true;
+};
+
+tracer::hf::Json BuildReport(const ReportInfo& info,
+                             const CalibrationResults& results,
+                             const PipelineResult* pipeline);
+
+// Summary statistics of a tensor for the report: {"shape", "min", "max",
+// "mean"} (floating) or {"shape", "min", "max"} (integer); null when
+// undefined.
+tracer::hf::Json TensorSummary(const at::Tensor& t);
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_REPORT_H_

@@ -1,0 +1,270 @@
+#include "pipelines/rtn_modifier.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "ir/status_macros.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string WeightPath(absl::string_view module) {
+  return absl::StrCat(module, ".weight");
+}
+
+// Paths of every parameter and buffer of `root`, grouped by storage, so tied
+// weights can be named.
+absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
+    const torch::jit::Module& root) {
+  absl::flat_hash_map<const void*, std::vector<std::string>> out;
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+    if (p.value.defined() && p.value.has_storage()) {
+      out[p.value.storage().data()].push_back(p.name);
+    }
+  }
+  for (const auto& b : root.named_buffers(/*recurse=*/true)) {
+    if (b.value.defined() && b.value.has_storage()) {
+      out[b.value.storage().data()].push_back(b.name);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
+                                           const at::Tensor& quantized,
+                                           const at::Tensor& hessian) {
+  return internal::GuardTorch("output error", [&]() -> absl::StatusOr<double> {
+    at::Tensor w = weight.detach().to(at::kFloat);
+    at::Tensor h = hessian.detach().to(at::kFloat);
+    at::Tensor dw = w - quantized.detach().to(at::kFloat);
+    double num = (dw.mm(h) * dw).sum().item<double>();
+    double den = (w.mm(h) * w).sum().item<double>();
+    if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
+    if (den <= 0) return num <= 0 ? 0.0 : kNaN;
+    return std::sqrt(num / den);
+  });
+}
+
+WeightQuantModifier::WeightQuantModifier(WeightQuantOptions options)
+    : options_(std::move(options)) {}
+
+bool WeightQuantModifier::WantsModule(absl::string_view path,
+                                      absl::string_view type) const {
+  return selected_.count(std::string(path)) > 0;
+}
+
+absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
+  RETURN_IF_ERROR(options_.scheme.Validate());
+  ASSIGN_OR_RETURN(std::vector<const LeafModule*> leaves,
+                   options_.modules.Select(ctx, name()));
+  selected_.clear();
+  std::vector<std::string> skipped;
+  for (const LeafModule* leaf : leaves) {
+    if (ShortType(leaf->type) != "Linear") {
+      skipped.push_back(
+          absl::StrCat(leaf->path, " (", ShortType(leaf->type), ")"));
+      continue;
+    }
+    ASSIGN_OR_RETURN(at::Tensor w,
+                     ctx.model().GetTensor(WeightPath(leaf->path)));
+    if (w.dim() != 2 || !w.is_floating_point()) {
+      skipped.push_back(absl::StrCat(leaf->path, " (weight ",
+                                     internal::DescribeTensor(w), ")"));
+      continue;
+    }
+    selected_.insert(leaf->path);
+  }
+  if (selected_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": targets [", absl::StrJoin(options_.modules.targets, ", "),
+        "] select no Linear module (selected: ", absl::StrJoin(skipped, ", "),
+        ")"));
+  }
+  if (!skipped.empty()) {
+    ctx.Warn(absl::StrCat(name(),
+                          ": skipping selected modules that are not "
+                          "Linear: ",
+                          absl::StrJoin(skipped, ", ")));
+  }
+  auto by_storage = TensorsByStorage(ctx.model().module());
+  for (const std::string& path : selected_) {
+    ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+    auto it = by_storage.find(w.storage().data());
+    if (it == by_storage.end() || it->second.size() < 2) continue;
+    std::vector<std::string> others;
+    for (const std::string& p : it->second) {
+      if (p != WeightPath(path)) others.push_back(p);
+    }
+    ctx.Warn(absl::StrCat(name(), ": the weight of ", path, " is shared with ",
+                          absl::StrJoin(others, ", "),
+                          "; quantizing it changes them too"));
+  }
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
+                                               const ModuleCall& call) {
+  std::string path(call.path);
+  if (done_.count(path) > 0) {
+    // A module called again in a later subgraph (shared modules): it is
+    // quantized already and its later inputs are not used.
+    return absl::OkStatus();
+  }
+  if (call.inputs.empty() || !call.inputs[0].isTensor()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), ": the input of ", path, " (Linear) is not a tensor"));
+  }
+  const at::Tensor& x = call.inputs[0].toTensor();
+  Pending& p = pending_[path];
+  p.subgraph = call.subgraph;
+  if (NeedsHessian() || options_.measure_error) {
+    if (p.hessian == nullptr) {
+      ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+      p.hessian = std::make_unique<HessianAccumulator>(w.size(1));
+    }
+    absl::Status added = p.hessian->Add(x);
+    if (!added.ok()) {
+      bool non_finite = absl::StrContains(added.message(), "NaN") ||
+                        absl::StrContains(added.message(), "inf");
+      return absl::Status(
+          added.code(),
+          absl::StrCat(non_finite ? "non-finite activation: " : "", name(),
+                       ": the input of ", path,
+                       " (Linear) in calibration batch ", call.batch, ": ",
+                       added.message()));
+    }
+  }
+  if (x.dim() > 0) p.tokens += x.numel() / std::max<int64_t>(1, x.size(-1));
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::Compress(RunContext& ctx,
+                                           const std::string& path,
+                                           Pending* pending) {
+  absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+  at::Tensor original = w.detach().clone();
+  at::Tensor h;
+  if (pending != nullptr && pending->hessian != nullptr) {
+    h = pending->hessian->hessian();
+  }
+  ASSIGN_OR_RETURN(WeightQuantOutcome outcome,
+                   QuantizeWeight(path, original, h));
+  ModuleRecord& r = ctx.results().Module(path);
+  if (const LeafModule* leaf = ctx.FindLeaf(path)) r.type = leaf->type;
+  if (pending != nullptr) {
+    r.subgraph = pending->subgraph;
+    r.calibration_tokens = pending->tokens;
+  }
+  r.weight_method = method();
+  r.weight_scheme = options_.scheme.ToString();
+  r.weight_scale = outcome.scale;
+  r.weight_zero_point = outcome.zero_point;
+  r.weight_g_idx = outcome.g_idx;
+  r.gptq_loss = outcome.loss;
+  if (h.defined()) {
+    ASSIGN_OR_RETURN(r.weight_error,
+                     RelativeOutputError(original, outcome.weight, h));
+    if (outcome.baseline_weight.defined()) {
+      ASSIGN_OR_RETURN(r.rtn_error, RelativeOutputError(
+                                        original, outcome.baseline_weight, h));
+    }
+  }
+  RETURN_IF_ERROR(ctx.UpdateTensor(WeightPath(path), outcome.weight));
+  if (!outcome.warning.empty()) {
+    r.notes.push_back(outcome.warning);
+    ctx.Warn(absl::StrCat(name(), ": ", path, ": ", outcome.warning));
+  }
+  r.compress_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  done_.insert(path);
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
+                                                const SubgraphInfo& subgraph) {
+  // std::map: modules in path order, so results do not depend on call order.
+  for (auto& [path, pending] : pending_) {
+    RETURN_IF_ERROR(Compress(ctx, path, &pending));
+  }
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
+  for (auto& [path, pending] : pending_) {
+    RETURN_IF_ERROR(Compress(ctx, path, &pending));
+  }
+  pending_.clear();
+  for (const std::string& path : selected_) {
+    if (done_.count(path) > 0) continue;
+    if (NeedsHessian()) {
+      ctx.Warn(absl::StrCat(name(), ": ", path,
+                            " was never called during calibration; left "
+                            "unquantized"));
+      continue;
+    }
+    ctx.Warn(absl::StrCat(name(), ": ", path,
+                          " was never called during calibration; quantized "
+                          "without data"));
+    RETURN_IF_ERROR(Compress(ctx, path, nullptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::IValue> WeightQuantModifier::SaveState() const {
+  c10::List<std::string> done;
+  for (const std::string& path : done_) done.push_back(path);
+  return c10::IValue(done);
+}
+
+absl::Status WeightQuantModifier::RestoreState(const c10::IValue& state) {
+  if (!state.isList()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: ", name(), " state is not a list"));
+  }
+  done_.clear();
+  for (const c10::IValue& v : state.toListRef()) {
+    if (!v.isString()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: ", name(), " state has a non-string"));
+    }
+    done_.insert(v.toStringRef());
+  }
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WeightQuantOutcome> RtnModifier::QuantizeWeight(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options().scheme);
+  if (!rtn.ok()) {
+    return absl::Status(
+        rtn.status().code(),
+        absl::StrCat("rtn: ", path, ": ", rtn.status().message()));
+  }
+  WeightQuantOutcome out;
+  out.weight = rtn->weight;
+  out.scale = rtn->params.scale;
+  out.zero_point = rtn->params.zero_point;
+  out.loss = kNaN;
+  return out;
+}
+
+}  // namespace tracecut::pipelines

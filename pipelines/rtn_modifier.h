@@ -1,0 +1,131 @@
+#ifndef TRACECUT_PIPELINES_RTN_MODIFIER_H_
+#define TRACECUT_PIPELINES_RTN_MODIFIER_H_
+
+// Weight quantization modifiers for Linear modules: the shared machinery
+// (WeightQuantModifier) and round-to-nearest (RtnModifier). GPTQ is in
+// gptq_modifier.h.
+//
+//   WeightQuantOptions options;
+//   options.modules.ignore = {"lm_head"};
+//   options.scheme.bits = 4;
+//   options.scheme.group_size = 128;
+//   modifiers.push_back(std::make_unique<RtnModifier>(options));
+//
+// During a subgraph's calibration pass a WeightQuantModifier accumulates,
+// per selected Linear, the second moment H = 2/n sum x x^T of its inputs
+// (gptq.h's HessianAccumulator). At the end of the subgraph it quantizes the
+// weight of every selected Linear the subgraph called, writes the
+// fake-quantized weight back in place (RunContext::UpdateTensor), and
+// records scale / zero point and the relative output error on the
+// calibration inputs, sqrt(tr(dW H dW^T) / tr(W H W^T)) = ||dW X|| / ||W X||.
+//
+// Selected modules that are not Linear (by short type) are skipped with a
+// warning; a selection without any Linear is an error. A weight tied to
+// another parameter (OPT's lm_head and embed_tokens) is quantized for both,
+// with a warning. RTN needs no data: a selected Linear that no calibration
+// batch reached is still quantized at the end of the run (with a warning);
+// GPTQ leaves it alone (with a warning).
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipelines/gptq.h"
+#include "pipelines/modifier.h"
+#include "pipelines/quantize.h"
+
+namespace tracecut::pipelines {
+
+struct WeightQuantOptions {
+  ModuleSelector modules;
+  QuantScheme scheme;
+  // Accumulate input statistics to report each module's output error. GPTQ
+  // needs them anyway; for RTN this is the only use.
+  bool measure_error = true;
+};
+
+// The quantized weight of one module and its parameters.
+struct WeightQuantOutcome {
+  at::Tensor weight;  // Fake-quantized, the weight's dtype and shape.
+  at::Tensor scale;
+  at::Tensor zero_point;
+  at::Tensor g_idx;  // Undefined unless GPTQ act_order with groups.
+  double loss = 0;   // Method-specific; NaN when none.
+  // A weight to compare against on the same inputs (GPTQ: RTN's).
+  at::Tensor baseline_weight;
+  std::string warning;
+};
+
+// sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq, in fp32; 0 when both
+// traces are 0.
+absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
+                                           const at::Tensor& quantized,
+                                           const at::Tensor& hessian);
+
+class WeightQuantModifier : public Modifier {
+ public:
+  explicit WeightQuantModifier(WeightQuantOptions options);
+
+  bool WantsModule(absl::string_view path,
+                   absl::string_view type) const override;
+  absl::Status OnRunStart(RunContext& ctx) override;
+  absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) override;
+  absl::Status OnSubgraphEnd(RunContext& ctx,
+                             const SubgraphInfo& subgraph) override;
+  absl::Status OnRunEnd(RunContext& ctx) override;
+  // Which modules are done (a list of paths).
+  absl::StatusOr<c10::IValue> SaveState() const override;
+  absl::Status RestoreState(const c10::IValue& state) override;
+
+ protected:
+  // "rtn", "gptq": the method recorded per module.
+  virtual std::string method() const = 0;
+  // Whether quantizing needs the inputs' H (GPTQ) or only uses it for the
+  // error (RTN).
+  virtual bool NeedsHessian() const = 0;
+  // Quantizes one weight [out, in]; `hessian` is undefined when none was
+  // accumulated.
+  virtual absl::StatusOr<WeightQuantOutcome> QuantizeWeight(
+      absl::string_view path, const at::Tensor& weight,
+      const at::Tensor& hessian) = 0;
+
+  const WeightQuantOptions& options() const { return options_; }
+
+ private:
+  struct Pending {
+    std::unique_ptr<HessianAccumulator> hessian;
+    int subgraph = 0;
+    int64_t tokens = 0;
+  };
+  absl::Status Compress(RunContext& ctx, const std::string& path,
+                        Pending* pending);
+
+  WeightQuantOptions options_;
+  std::set<std::string> selected_;
+  std::map<std::string, Pending> pending_;  // Called, not yet compressed.
+  std::set<std::string> done_;
+};
+
+// Round-to-nearest with min-max parameters (quantize.h's QuantizeRtn).
+class RtnModifier : public WeightQuantModifier {
+ public:
+  explicit RtnModifier(WeightQuantOptions options)
+      : WeightQuantModifier(std::move(options)) {}
+  std::string name() const override { return "rtn"; }
+
+ protected:
+  std::string method() const override { return "rtn"; }
+  bool NeedsHessian() const override { return false; }
+  absl::StatusOr<WeightQuantOutcome> QuantizeWeight(
+      absl::string_view path, const at::Tensor& weight,
+      const at::Tensor& hessian) override;
+};
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_RTN_MODIFIER_H_
