@@ -37,8 +37,8 @@ runtime::GraphModule MakeConvBn(bool conv_bias, bool affine,
   return MakeGraphModule(root, kGraph);
 }
 
-class FuseConvBnTest
-    : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+class FuseConvBnTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+};
 
 TEST_P(FuseConvBnTest, FoldsAndMatchesWithin1e5) {
   const auto [conv_bias, affine] = GetParam();
@@ -83,7 +83,8 @@ TEST(FuseBatchNorm2dInConv2dTest, KeepsBFloat16) {
   runtime::GraphModule original = MakeConvBn(true, true, at::kBFloat16);
   std::vector<c10::IValue> in = {Rand({2, 3, 7, 7}, 3, at::kBFloat16)};
   auto before = RunGraph(original, in);
-  if (!before.ok()) GTEST_SKIP() << "bf16 conv on this CPU: " << before.status();
+  if (!before.ok())
+    GTEST_SKIP() << "bf16 conv on this CPU: " << before.status();
   auto copy = original.Clone();
   ASSERT_TRUE(FuseBatchNorm2dInConv2d().Run(*copy).value());
   EXPECT_EQ(copy->GetTensor("conv_bn_fused.weight")->scalar_type(),

@@ -125,7 +125,8 @@ TEST(ModuleUtilTest, AddsAndRemovesSubmodulesUnderSharedTypes) {
   %output = output[output](%x)
 })");
   ASSERT_EQ(gm.GetSubmodule("b0")->type(), gm.GetSubmodule("b1")->type());
-  auto path = AddSubmodule(gm, "b0", "fc-merged", MakeLinear(root, 2, 4, true, 3));
+  auto path =
+      AddSubmodule(gm, "b0", "fc-merged", MakeLinear(root, 2, 4, true, 3));
   ASSERT_TRUE(path.ok()) << path.status();
   EXPECT_EQ(*path, "b0.fc_merged");
   // b0 got a private type; b1 is unaffected.
@@ -133,7 +134,8 @@ TEST(ModuleUtilTest, AddsAndRemovesSubmodulesUnderSharedTypes) {
   EXPECT_FALSE(gm.GetSubmodule("b1")->hasattr("fc_merged"));
   EXPECT_TRUE(gm.GetSubmodule("b0.fc_merged").ok());
   // A second one gets a fresh name.
-  auto again = AddSubmodule(gm, "b0", "fc_merged", MakeLinear(root, 2, 4, true, 3));
+  auto again =
+      AddSubmodule(gm, "b0", "fc_merged", MakeLinear(root, 2, 4, true, 3));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, "b0.fc_merged_1");
   ASSERT_TRUE(RemoveAttribute(gm, "b0.fc_merged").ok());
@@ -146,7 +148,8 @@ TEST(ModuleUtilTest, AddsAndRemovesSubmodulesUnderSharedTypes) {
 TEST(ModuleUtilTest, Paths) {
   EXPECT_EQ(SplitParentPath("a.b.c"),
             (std::pair<std::string, std::string>{"a.b", "c"}));
-  EXPECT_EQ(SplitParentPath("c"), (std::pair<std::string, std::string>{"", "c"}));
+  EXPECT_EQ(SplitParentPath("c"),
+            (std::pair<std::string, std::string>{"", "c"}));
   EXPECT_EQ(JoinPath("", "c"), "c");
   EXPECT_EQ(JoinPath("a", "c"), "a.c");
 }
