@@ -45,6 +45,17 @@ TEST(RecipeTest, DocumentedExampleLoads) {
   EXPECT_TRUE(o.scheme.Validate().ok());
 }
 
+TEST(RecipeTest, DocumentedMixedExampleLoads) {
+  absl::StatusOr<recipe::Recipe> r =
+      LoadRecipe("pipelines/testdata/mixed_modifiers.textproto");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->modifiers_size(), 3);
+  EXPECT_TRUE(r->modifiers(0).gptq().actorder());
+  EXPECT_EQ(r->modifiers(0).gptq().scheme().bits(), 4);
+  EXPECT_DOUBLE_EQ(r->modifiers(1).observer().averaging_constant(), 0.1);
+  EXPECT_EQ(r->modifiers(2).rtn().targets(0), "lm_head");
+}
+
 TEST(RecipeTest, AllModifierKindsAndDefaults) {
   absl::StatusOr<recipe::Recipe> r = ParseRecipe(R"pb(
     modifiers {
