@@ -19,14 +19,6 @@ namespace {
 constexpr absl::string_view kInterpreterHeader =
     "The following operation failed in the TorchScript interpreter.";
 
-absl::string_view FirstNonEmptyLine(absl::string_view text) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    line = absl::StripAsciiWhitespace(line);
-    if (!line.empty()) return line;
-  }
-  return "";
-}
-
 // "RuntimeError: msg" -> {"RuntimeError", "msg"}; the prefix must be an
 // identifier ending in "Error" or "Exception" at the start of the line.
 bool SplitPythonErrorLine(absl::string_view line, absl::string_view* type,
@@ -117,9 +109,21 @@ std::string Summary(absl::string_view full) {
       return std::string(message);
     }
   }
-  absl::string_view line = FirstNonEmptyLine(full);
-  if (line.empty()) return "unknown LibTorch error";
-  return std::string(line);
+  // The first non-empty line; when it only introduces the next one
+  // ("aten::relu(Tensor self) -> Tensor:" then "Expected a value of type
+  // ..."), both.
+  std::vector<absl::string_view> lines;
+  for (absl::string_view line : absl::StrSplit(full, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) lines.push_back(line);
+    if (lines.size() == 2) break;
+  }
+  if (lines.empty()) return "unknown LibTorch error";
+  if (lines.size() == 2 && absl::EndsWith(lines[0], ":") &&
+      !absl::StartsWith(lines[1], "File \"")) {
+    return absl::StrCat(lines[0], " ", lines[1]);
+  }
+  return std::string(lines[0]);
 }
 
 }  // namespace
