@@ -272,21 +272,42 @@ absl::Status NoTargetError(const ir::Graph& graph,
                     "with scopes?)");
     return absl::NotFoundError(msg);
   }
-  std::vector<std::pair<std::string, size_t>> types;
-  for (const auto& [type, paths] : by_type)
-    types.push_back({type, paths.size()});
+  // Types whose instances sit in numbered containers ("model.layers.3")
+  // come first: those are the layers; then by instance count.
+  struct TypeCount {
+    std::string type;
+    size_t count;
+    size_t indexed;
+  };
+  std::vector<TypeCount> types;
+  for (const auto& [type, paths] : by_type) {
+    size_t indexed = 0;
+    for (const std::string& path : paths) {
+      absl::string_view last = path;
+      if (size_t dot = last.rfind('.'); dot != absl::string_view::npos) {
+        last.remove_prefix(dot + 1);
+      }
+      indexed += !last.empty() &&
+                 std::all_of(last.begin(), last.end(),
+                             [](char c) { return c >= '0' && c <= '9'; });
+    }
+    types.push_back({type, paths.size(), indexed});
+  }
   std::sort(types.begin(), types.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
+    if (a.indexed != b.indexed) return a.indexed > b.indexed;
+    if (a.count != b.count) return a.count > b.count;
+    return a.type < b.type;
   });
-  bool repeated = types.front().second > 1;
+  const bool repeated = std::any_of(types.begin(), types.end(),
+                                    [](const auto& t) { return t.count > 1; });
   std::vector<std::string> shown;
-  for (const auto& [type, count] : types) {
-    if (repeated && count < 2) break;
+  for (const TypeCount& t : types) {
+    if (repeated && t.count < 2) continue;
     if (shown.size() == 12) {
       shown.push_back("...");
       break;
     }
-    shown.push_back(absl::StrCat(type, " (", count, ")"));
+    shown.push_back(absl::StrCat(t.type, " (", t.count, ")"));
   }
   absl::StrAppend(&msg,
                   repeated ? "; module types with several instances (likely "
