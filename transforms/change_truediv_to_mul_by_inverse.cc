@@ -118,6 +118,7 @@ absl::StatusOr<bool> ChangeTrueDivToMulByInverse::Reverse(
   ir::Graph& graph = gm.graph();
   std::optional<int64_t> app = LatestApplicationId(graph, kName);
   if (!app) return false;
+  RETURN_IF_ERROR(CheckIsLatestApplication(graph, kName, *app));
   const std::vector<ir::Node*> nodes = GetTransformedNodes(graph, kName, *app);
   for (ir::Node* n : nodes) {
     const ir::TransformMark* m = FindMark(*n, kName, *app);

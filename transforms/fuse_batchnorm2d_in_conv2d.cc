@@ -91,6 +91,7 @@ absl::StatusOr<bool> FuseBatchNorm2dInConv2d::Reverse(
     runtime::GraphModule& gm) {
   std::optional<int64_t> app = LatestApplicationId(gm.graph(), kName);
   if (!app) return false;
+  RETURN_IF_ERROR(CheckIsLatestApplication(gm.graph(), kName, *app));
   for (ir::Node* n : GetTransformedNodes(gm.graph(), kName, *app)) {
     RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat(kName, " (reverse)"), [&] {
       return UnfusePair(gm, n, kName, *app);

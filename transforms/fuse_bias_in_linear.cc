@@ -116,6 +116,7 @@ absl::StatusOr<bool> FuseBiasInLinear::Run(runtime::GraphModule& gm) {
 absl::StatusOr<bool> FuseBiasInLinear::Reverse(runtime::GraphModule& gm) {
   std::optional<int64_t> app = LatestApplicationId(gm.graph(), kName);
   if (!app) return false;
+  RETURN_IF_ERROR(CheckIsLatestApplication(gm.graph(), kName, *app));
   std::vector<ir::Node*> linears;
   for (ir::Node* n : GetTransformedNodes(gm.graph(), kName, *app)) {
     const ir::TransformMark* m = FindMark(*n, kName, *app);

@@ -52,6 +52,7 @@ absl::StatusOr<bool> GeluTanhApprox::Reverse(runtime::GraphModule& gm) {
   ir::Graph& graph = gm.graph();
   std::optional<int64_t> app = LatestApplicationId(graph, kName);
   if (!app) return false;
+  RETURN_IF_ERROR(CheckIsLatestApplication(graph, kName, *app));
   for (ir::Node* n : GetTransformedNodes(graph, kName, *app)) {
     const ir::TransformMark* m = FindMark(*n, kName, *app);
     RETURN_IF_ERROR(CheckLastMark(*n, *m));

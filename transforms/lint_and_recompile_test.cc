@@ -1,22 +1,37 @@
 #include "transforms/lint_and_recompile.h"
 
 #include "gtest/gtest.h"
+#include "transforms/fusion_math.h"
 #include "transforms/test_util.h"
 
 namespace tracecut::transforms {
 namespace {
 
-TEST(LintAndRecompileTest, PassesAWellFormedModule) {
+TEST(LintAndRecompileTest, ForwardRunsTheCurrentGraph) {
   torch::jit::Module root = testing::MakeRoot();
   root.register_module("fc", testing::MakeLinear(root, 3, 3, true, 1));
+  root.define(R"(
+def forward(self, x: Tensor) -> Tensor:
+    return x
+)");
   runtime::GraphModule gm = testing::MakeGraphModule(root, R"(graph {
   %x = placeholder[x]()
   %fc = call_module[fc](%x)
-  %output = output[output](%fc)
+  %relu = call_function[aten::relu](%fc)
+  %output = output[output](%relu)
 })");
+  auto before = gm.graph().Clone();
   auto result = LintAndRecompile().Run(gm);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_FALSE(*result);
+  EXPECT_TRUE(ir::StructurallyEqual(gm.graph(), *before));
+  torch::Tensor x = testing::Rand({2, 3}, 5);
+  torch::Tensor y = gm.module().forward({x}).toTensor();
+  auto expected = testing::RunGraph(gm, {x});
+  ASSERT_TRUE(expected.ok());
+  EXPECT_TRUE(fusion_math::BitwiseEqual(y, (*expected)[0]));
+  // The old module still runs its own forward (identity).
+  EXPECT_TRUE(at::equal(root.forward({x}).toTensor(), x));
 }
 
 TEST(LintAndRecompileTest, NamesTheNodeWithADanglingTarget) {

@@ -230,6 +230,7 @@ absl::StatusOr<bool> MergeLinears::Run(runtime::GraphModule& gm) {
 absl::StatusOr<bool> MergeLinears::Reverse(runtime::GraphModule& gm) {
   std::optional<int64_t> app = LatestApplicationId(gm.graph(), kName);
   if (!app) return false;
+  RETURN_IF_ERROR(CheckIsLatestApplication(gm.graph(), kName, *app));
   std::vector<ir::Node*> merged;
   for (ir::Node* n : GetTransformedNodes(gm.graph(), kName, *app)) {
     if (Role(*FindMark(*n, kName, *app)) == kMerged) merged.push_back(n);

@@ -87,6 +87,21 @@ std::vector<ir::Node*> GetTransformedNodes(const ir::Graph& graph,
   return out;
 }
 
+absl::Status CheckIsLatestApplication(const ir::Graph& graph,
+                                      absl::string_view pass, int64_t app) {
+  for (const ir::Node* n : graph.nodes()) {
+    for (const ir::TransformMark& m : n->meta().transforms) {
+      if (MarkApplicationId(m) > app) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot undo ", pass, " (application ", app, "): ", m.pass,
+            " (application ", MarkApplicationId(m), ") changed ", n->Describe(),
+            " later; undo that first"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLastMark(const ir::Node& node,
                            const ir::TransformMark& mark) {
   const auto& marks = node.meta().transforms;

@@ -112,6 +112,14 @@ std::vector<ir::Node*> GetTransformedNodes(const ir::Graph& graph,
                                            absl::string_view pass_name,
                                            int64_t app);
 
+// OK when application `app` of `pass` is the most recent application still
+// marked anywhere in `graph`; otherwise FAILED_PRECONDITION naming a node
+// and the later pass to undo first. Every Reverse starts with this: a later
+// pass may have replaced this pass's nodes (their marks then live only in
+// that pass's snapshots), so undoing out of order is never safe.
+absl::Status CheckIsLatestApplication(const ir::Graph& graph,
+                                      absl::string_view pass, int64_t app);
+
 // OK when `mark` is the last mark on `node` (nothing later rewrote the node),
 // else FAILED_PRECONDITION naming the node and the later pass.
 absl::Status CheckLastMark(const ir::Node& node, const ir::TransformMark& mark);
