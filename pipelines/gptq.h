@@ -119,9 +119,10 @@ absl::StatusOr<GptqResult> GptqQuantize(const at::Tensor& weight,
                                         const at::Tensor& hessian,
                                         const GptqOptions& options);
 
-// Dequantizes with GptqResult's parameters the codes of `fake_quantized`
-// (e.g. result.weight) again, honouring g_idx; fp32 result. For tests and
-// exporters that want to check parameter consistency.
+// Fake-quantizes result.weight again with the result's own scales, zero
+// points and g_idx, in fp32. Equal to result.weight (after a cast to its
+// dtype) when the parameters are consistent with the weights: a check for
+// tests and exporters.
 absl::StatusOr<at::Tensor> GptqRequantize(const GptqResult& result,
                                           const QuantScheme& scheme);
 

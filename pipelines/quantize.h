@@ -64,8 +64,8 @@ struct QuantScheme {
 
   // InvalidArgument naming the bad field.
   absl::Status Validate() const;
-  // "w4a16-sym-g128"-style short description: "int4 sym g128",
-  // "int8 asym per-channel", "int8 sym per-tensor".
+  // Short description: "int4 sym g128", "int8 asym per-channel",
+  // "int8 sym per-tensor".
   std::string ToString() const;
 };
 
