@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -138,8 +139,18 @@ absl::StatusOr<std::vector<int64_t>> SampleFromIValue(
     return std::vector<int64_t>(t.data_ptr<int64_t>(),
                                 t.data_ptr<int64_t>() + t.numel());
   }
-  if (ids.isIntList()) return ids.toIntVector();
-  if (ids.isList() && ids.toListRef().empty()) return std::vector<int64_t>();
+  if (ids.isList()) {
+    std::vector<int64_t> out;
+    for (const c10::IValue& e : ids.toListRef()) {
+      if (!e.isInt()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": token ", out.size(), " is a ", e.tagKind(),
+                         ", expected an int"));
+      }
+      out.push_back(e.toInt());
+    }
+    return out;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       where, ": expected token ids (a tensor or an int list), got ",
       ids.tagKind()));
@@ -224,7 +235,17 @@ absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
                      "': cannot read it as a torch.save file"),
         [&] { return torch::jit::pickle_load(data); });
     if (!value.ok()) {
-      return absl::InvalidArgumentError(value.status().message());
+      std::string hint;
+      if (absl::StrContains(value.status().message(), "Unknown opcode")) {
+        // Python pickles a one-entry dict with SETITEM, which LibTorch's
+        // unpickler does not implement.
+        hint =
+            " (LibTorch reads only part of Python's pickle format: save the "
+            "token ids as one tensor, torch.save(ids, path), or as JSON "
+            "lines)";
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat(value.status().message(), hint));
     }
     return TokensFromIValue(*value, path);
   }

@@ -20,7 +20,11 @@
 //      - an integer tensor [N, seq] (or [seq] for one sample),
 //      - a dict with an "input_ids" tensor,
 //      - a list of 1-D tensors, int lists, or dicts with "input_ids" (each
-//        one sample; all the same length: there is no padding);
+//        one sample; all the same length: there is no padding).
+//    LibTorch's unpickler lacks one opcode Python uses for dicts with a
+//    single entry: a dict holding only "input_ids" cannot be read (the
+//    error says so); tokenizer output ("input_ids" and "attention_mask")
+//    and plain tensors can;
 //  * JSON lines: one sample per line, a JSON array of ints or an object
 //    with "input_ids"; blank lines are skipped.
 //

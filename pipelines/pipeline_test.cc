@@ -388,8 +388,7 @@ TEST(PipelineTest, NaNActivationsNameTheSubgraph) {
         << r.status();
     EXPECT_TRUE(absl::StrContains(r.status().message(), "NaN")) << r.status();
     if (kind == PipelineKind::kSequential) {
-      EXPECT_TRUE(
-          absl::StrContains(r.status().message(), "model.layers.1"))
+      EXPECT_TRUE(absl::StrContains(r.status().message(), "model.layers.1"))
           << r.status();
     }
   }
@@ -399,7 +398,8 @@ TEST(PipelineTest, NaNInputOfAQuantizedLinearNamesIt) {
   const LoadedForCalibration& llama = Fixture("llama");
   CalibrationData data = Data(llama, 2, 0, 2);
   runtime::GraphModule gm = CloneOf(llama);
-  absl::StatusOr<at::Tensor> w = gm.GetTensor("model.layers.0.mlp.up_proj.weight");
+  absl::StatusOr<at::Tensor> w =
+      gm.GetTensor("model.layers.0.mlp.up_proj.weight");
   ASSERT_TRUE(w.ok());
   {
     c10::NoGradGuard no_grad;
@@ -414,8 +414,8 @@ TEST(PipelineTest, NaNInputOfAQuantizedLinearNamesIt) {
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "non-finite"))
       << r.status();
-  EXPECT_TRUE(absl::StrContains(r.status().message(),
-                                "model.layers.0.mlp.down_proj"))
+  EXPECT_TRUE(
+      absl::StrContains(r.status().message(), "model.layers.0.mlp.down_proj"))
       << r.status();
 }
 
