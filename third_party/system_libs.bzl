@@ -2,7 +2,9 @@
 
 # Abseil packages tracecut code may depend on; each becomes
 # @com_google_absl//absl/<pkg>:<target>, all backed by the system shared
-# libraries (linked --as-needed, so unused ones cost nothing).
+# libraries. They are linked --no-as-needed: with --as-needed, symbols that
+# one Abseil library needs from another went missing in dynamically linked
+# tests.
 _ABSL_TARGETS = {
     "absl/algorithm": ["algorithm", "container"],
     "absl/base": ["base", "core_headers"],
@@ -43,7 +45,7 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "absl_all",
-    linkopts = ["-L{dir}", "-Wl,--push-state,--as-needed"] +
+    linkopts = ["-L{dir}", "-Wl,--push-state,--no-as-needed"] +
                {libs} + ["-Wl,--pop-state"],
 )
 """.format(dir = lib_dir, libs = repr(["-l" + l for l in libs])))
@@ -84,11 +86,11 @@ cc_library(
     linkopts = [
         "-L{lib}",
         "-Wl,-rpath,{lib}",
-        "-Wl,--no-as-needed",
+        "-Wl,--push-state,--no-as-needed",
         "-ltorch",
         "-ltorch_cpu",
         "-lc10",
-        "-Wl,--as-needed",
+        "-Wl,--pop-state",
         "-pthread",
     ],
 )
