@@ -204,8 +204,13 @@ class Reader {
 
  private:
   absl::Status NodeError(int i, absl::string_view what) const {
+    // A name that is no identifier may hold any byte: escape it.
+    const std::string& name = proto_.nodes(i).name();
     return absl::InvalidArgumentError(absl::StrCat(
-        "GraphProto node #", i, " %", proto_.nodes(i).name(), ": ", what));
+        "GraphProto node #", i, " %",
+        IsIdentifier(name) ? name
+                           : absl::StrCat("\"", absl::CEscape(name), "\""),
+        ": ", what));
   }
 
   absl::Status ArgError(int node, absl::string_view what) const {

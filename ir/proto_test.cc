@@ -150,10 +150,26 @@ TEST(ProtoTest, RejectsDuplicateAndInvalidNames) {
       "GraphProto node #1 %x: duplicate name; node #0 has it too");
   EXPECT_EQ(
       ErrorAfter([](GraphProto& p) { p.mutable_nodes(1)->set_name("9w"); }),
-      "GraphProto node #1 %9w: name \"9w\" is not an identifier");
+      "GraphProto node #1 %\"9w\": name \"9w\" is not an identifier");
   EXPECT_THAT(
       ErrorAfter([](GraphProto& p) { p.mutable_nodes(1)->set_name(""); }),
       HasSubstr("is not an identifier"));
+}
+
+TEST(ProtoTest, RejectsNonUtf8NamesQuietly) {
+  // Found by fuzzing: while names were proto3 `string`s, libprotobuf logged
+  // an error line to stderr for each non-UTF-8 one it parsed.
+  GraphProto proto;
+  ToProto(*ParseOrDie(kSmall), &proto);
+  proto.mutable_nodes(1)->set_name("w\xff");
+  proto.mutable_nodes(2)->mutable_args(1)->set_node("w\xff");
+  std::string bytes = proto.SerializeAsString();
+  ::testing::internal::CaptureStderr();
+  absl::Status s = DeserializeGraph(bytes).status();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(Message(s),
+            "GraphProto node #1 %\"w\\377\": name \"w\\377\" is not an "
+            "identifier");
 }
 
 TEST(ProtoTest, RejectsArgumentWithoutValue) {

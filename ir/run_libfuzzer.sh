@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds ir/text_fuzzer.cc with clang's libFuzzer, AddressSanitizer and
+# Builds an ir/ fuzz target with clang's libFuzzer, AddressSanitizer and
 # UndefinedBehaviorSanitizer (straight from the sources, outside Bazel, so
-# .bazelrc needs no fuzzing config) and runs it over the seed corpus.
+# .bazelrc needs no fuzzing config) and runs it over its seed corpus.
 #
-#   ir/run_libfuzzer.sh                         # -runs=20000
+#   ir/run_libfuzzer.sh                         # text_fuzzer, -runs=20000
 #   ir/run_libfuzzer.sh -max_total_time=300     # any libFuzzer flags
-#   bazel test //ir:text_libfuzzer_test         # the same, -runs=20000
+#   FUZZ_TARGET=proto ir/run_libfuzzer.sh       # proto_fuzzer instead
+#   bazel test //ir:text_libfuzzer_test         # text, -runs=20000
 #
 # Needs clang++ and libclang-rt-14-dev (libFuzzer runtime) and the system
 # Abseil, all from tools/bootstrap.sh. New corpus entries and crash inputs go
@@ -35,15 +36,36 @@ for lib in "$absl_dir"/libabsl_*.so; do
   absl_libs+=("-l${name%.so}")
 done
 
+target=${FUZZ_TARGET:-text}
+sources=("$root/ir/graph.cc" "$root/ir/verifier.cc" "$root/ir/text.cc")
+extra=()
+case $target in
+  text)
+    dict=(-dict="$root/ir/testdata/text.dict")
+    seeds=$root/ir/testdata/text_corpus
+    ;;
+  proto)
+    # Generate graph.pb.{h,cc} as cc_proto_library would.
+    mkdir -p "$out/gen"
+    protoc --cpp_out="$out/gen" -I"$root" "$root/ir/graph.proto"
+    sources+=("$root/ir/proto.cc" "$out/gen/ir/graph.pb.cc")
+    extra=(-I"$out/gen" -lprotobuf)
+    dict=()
+    seeds=$root/ir/testdata/proto_corpus
+    ;;
+  *)
+    echo "run_libfuzzer: FUZZ_TARGET must be text or proto" >&2
+    exit 1
+    ;;
+esac
+
 start=$SECONDS
 "$cxx" -std=c++17 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-  -I"$root" \
-  "$root/ir/graph.cc" "$root/ir/verifier.cc" "$root/ir/text.cc" \
-  "$root/ir/text_fuzzer.cc" \
-  -o "$out/text_fuzzer" \
-  -L"$absl_dir" -Wl,--as-needed "${absl_libs[@]}"
-echo "run_libfuzzer: built in $((SECONDS - start)) s"
+  -I"$root" "${sources[@]}" "$root/ir/${target}_fuzzer.cc" \
+  -o "$out/${target}_fuzzer" \
+  -L"$absl_dir" -Wl,--as-needed "${absl_libs[@]}" "${extra[@]}"
+echo "run_libfuzzer: built ${target}_fuzzer in $((SECONDS - start)) s"
 
 args=("$@")
 if ((${#args[@]} == 0)); then args=(-runs=20000); fi
@@ -52,11 +74,10 @@ start=$SECONDS
 # The first corpus directory receives new inputs; the seeds stay untouched.
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ASAN_OPTIONS=detect_leaks=1 \
-  "$out/text_fuzzer" \
-  -dict="$root/ir/testdata/text.dict" \
+  "$out/${target}_fuzzer" "${dict[@]}" \
   -artifact_prefix="$out/artifacts/" \
   -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   "${args[@]}" \
-  "$out/corpus" "$root/ir/testdata/text_corpus"
+  "$out/corpus" "$seeds"
 echo "run_libfuzzer: fuzzed for $((SECONDS - start)) s; corpus and" \
   "artifacts in $out"
