@@ -1,0 +1,168 @@
+// Measures tracecut on one TorchScript model and prints one JSON object:
+// load and trace time, runtime latency of the original module, the
+// Interpreter and the lowered module (median of N runs on the same inputs),
+// and PartitionGraph time. bench/run_all.sh compares these with the peers.
+//
+//   bench_main MODEL.pt [--runs=N] [--leaf=TYPE] [--targets=TYPE]
+//              [--partition_reps=N] [--skip_runtime]
+
+#include <torch/script.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "partition/partitioner.h"
+#include "runtime/graph_module.h"
+#include "runtime/interpreter.h"
+#include "runtime/lowering.h"
+#include "tracer/load.h"
+#include "tracer/tracer.h"
+
+namespace tracecut::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "bench_main: %s: %s\n", what,
+                 v.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(v);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds of `runs` calls of `fn`, after two warm-up calls.
+template <typename Fn>
+double TimeMedian(int runs, Fn fn) {
+  fn();
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    Clock::time_point s = Clock::now();
+    fn();
+    t.push_back(SecondsSince(s));
+  }
+  return Median(t);
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_main MODEL.pt [flags]\n");
+    return 2;
+  }
+  std::string path = argv[1];
+  int runs = 20;
+  int partition_reps = 20;
+  bool skip_runtime = false;
+  std::string leaf, targets = "LlamaDecoderLayer";
+  for (int i = 2; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (absl::ConsumePrefix(&a, "--runs=")) {
+      (void)absl::SimpleAtoi(a, &runs);
+    } else if (absl::ConsumePrefix(&a, "--partition_reps=")) {
+      (void)absl::SimpleAtoi(a, &partition_reps);
+    } else if (absl::ConsumePrefix(&a, "--leaf=")) {
+      leaf = std::string(a);
+    } else if (absl::ConsumePrefix(&a, "--targets=")) {
+      targets = std::string(a);
+    } else if (a == "--skip_runtime") {
+      skip_runtime = true;
+    }
+  }
+  torch::NoGradGuard no_grad;
+
+  Clock::time_point s = Clock::now();
+  tracer::LoadedModel model = OrDie(tracer::LoadModel(path), "load");
+  double load_s = SecondsSince(s);
+
+  tracer::TraceOptions base;
+  if (!leaf.empty()) base.leaf_policy.AddTypeOrPath(leaf);
+  tracer::TraceOptions options =
+      OrDie(tracer::WithModelFiles(model, base), "model files");
+  // Trace time: median of 3 (each trace clones the module and walks it).
+  std::vector<double> trace_times;
+  std::optional<runtime::GraphModule> gm;
+  for (int i = 0; i < 3; ++i) {
+    s = Clock::now();
+    gm.emplace(OrDie(tracer::Trace(model.module, options), "trace"));
+    trace_times.push_back(SecondsSince(s));
+  }
+  double trace_s = Median(trace_times);
+  int64_t nodes = 0;
+  for (const ir::Node& n : gm->graph().nodes()) {
+    (void)n;
+    ++nodes;
+  }
+
+  partition::PartitionOptions popts;
+  popts.targets = {targets};
+  std::vector<double> ptimes;
+  size_t subgraphs = 0;
+  for (int i = 0; i < partition_reps; ++i) {
+    s = Clock::now();
+    partition::Partition p =
+        OrDie(partition::PartitionGraph(gm->graph(), popts), "partition");
+    ptimes.push_back(SecondsSince(s));
+    subgraphs = p.subgraphs.size();
+  }
+  double partition_s = Median(ptimes);
+
+  std::string out = absl::StrCat(
+      "{\"model\": \"", path, "\", \"nodes\": ", nodes,
+      ", \"load_s\": ", load_s, ", \"trace_s\": ", trace_s,
+      ", \"partition_s\": ", partition_s, ", \"subgraphs\": ", subgraphs);
+
+  if (!skip_runtime) {
+    tracer::ExampleInputs inputs =
+        OrDie(tracer::ResolveExampleInputs(model.module, options), "inputs");
+    runtime::Interpreter interp =
+        OrDie(runtime::Interpreter::Create(*gm), "interpreter");
+    torch::jit::Module lowered =
+        OrDie(runtime::LowerToTorchScript(*gm), "lower");
+    torch::jit::Module original = model.module;
+    original.eval();
+    std::vector<c10::IValue> in = inputs.values;
+    double orig_s = TimeMedian(runs, [&] { original.forward(in); });
+    double interp_s = TimeMedian(runs, [&] { (void)interp.Run(in); });
+    double lowered_s = TimeMedian(runs, [&] { lowered.forward(in); });
+    // The three must agree, or the timings compare different work.
+    at::Tensor a = original.forward(in).toTuple()->elements()[0].toTensor();
+    c10::IValue iv = OrDie(interp.Run(in), "interpreter run");
+    at::Tensor b = (iv.isTuple() ? iv.toTuple()->elements()[0] : iv).toTensor();
+    c10::IValue lv = lowered.forward(in);
+    at::Tensor c = (lv.isTuple() ? lv.toTuple()->elements()[0] : lv).toTensor();
+    double err_i = (a - b).abs().max().item<double>();
+    double err_l = (a - c).abs().max().item<double>();
+    absl::StrAppend(
+        &out, ", \"runs\": ", runs, ", \"original_s\": ", orig_s,
+        ", \"interpreter_s\": ", interp_s, ", \"lowered_s\": ", lowered_s,
+        ", \"interpreter_max_err\": ", err_i, ", \"lowered_max_err\": ", err_l);
+  }
+  absl::StrAppend(&out, "}");
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace tracecut::bench
+
+int main(int argc, char** argv) { return tracecut::bench::Main(argc, argv); }
