@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Turns bench/run_all.sh's raw JSON lines into RESULTS.md, results.json and
+results.png (a bar chart of ratio / target, drawn with a tiny PNG encoder:
+matplotlib is not installed here).
+
+    report.py RAW.jsonl MACHINE.txt OUT_DIR
+"""
+
+import json
+import struct
+import sys
+import zlib
+
+
+def rows_from(raw):
+    by = {}
+    for r in raw:
+        by[(r["row"], r["layers"])] = r["data"]
+    rows = []
+    ours = next((v for (k, _), v in by.items() if k == "ours_llama"), None)
+    fx = next((v for (k, _), v in by.items() if k == "fx_llama"), None)
+    layers = next((l for (k, l) in by if k == "ours_llama"), 0)
+    if ours and fx:
+        # "lower is better" ratios: ours / peer; target is a bound on it.
+        rows.append({"row": f"1. trace {layers}L llama (trace only)", "ours": ours["trace_s"],
+                     "peer": fx["trace_s"], "peer_name": "torch.fx symbolic_trace",
+                     "ratio": ours["trace_s"] / fx["trace_s"], "target": 1 / 20})
+        rows.append({"row": f"1. load {layers}L llama (ours: torch::jit::load; fx: build nn.Module)",
+                     "ours": ours["load_s"], "peer": fx["build_s"], "peer_name": "python model build",
+                     "ratio": ours["load_s"] / fx["build_s"], "target": None})
+    if ours and "original_s" in ours:
+        rows.append({"row": "2. lowered forward vs original", "ours": ours["lowered_s"],
+                     "peer": ours["original_s"], "peer_name": "TorchScript forward",
+                     "ratio": ours["lowered_s"] / ours["original_s"], "target": 1.05})
+        rows.append({"row": "2. interpreter vs original", "ours": ours["interpreter_s"],
+                     "peer": ours["original_s"], "peer_name": "TorchScript forward",
+                     "ratio": ours["interpreter_s"] / ours["original_s"], "target": 1.3})
+    for (k, n), v in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if k != "ours_partition":
+            continue
+        ref = by.get(("ref_partition", n))
+        if not ref:
+            continue
+        rows.append({"row": f"3. partition {n}L", "ours": v["partition_s"], "peer": ref["partition_s"],
+                     "peer_name": "llm-compressor-style Kahn (Python)",
+                     "ratio": v["partition_s"] / ref["partition_s"], "target": 1 / 50,
+                     "note": f"{v['subgraphs']} subgraphs vs {ref['partitions']} partitions, {ref['nodes']} nodes"})
+    for r in rows:
+        r["met"] = None if r["target"] is None else r["ratio"] <= r["target"]
+    return rows
+
+
+def fmt(x):
+    return f"{x * 1000:.3f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def write_md(rows, machine, raw, path):
+    lines = ["# tracecut benchmarks", "", "Measured by `bench/run_all.sh` in one run (see bench/README.md).",
+             "Ratios are ours / peer (lower is better); the target bounds the ratio", "(≥20× faster = ratio ≤ 0.05).", "",
+             "```", machine.strip(), "```", "",
+             "| row | ours | peer | ratio | target | met? |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        target = "—" if r["target"] is None else f"≤ {r['target']:.3g}"
+        met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        speed = f" ({1 / r['ratio']:.1f}× faster)" if r["ratio"] < 1 else ""
+        lines.append(f"| {r['row']} | {fmt(r['ours'])} | {fmt(r['peer'])} ({r['peer_name']}) | "
+                     f"{r['ratio']:.3g}{speed} | {target} | {met} |")
+    lines += ["", "Notes per row:", ""]
+    for r in rows:
+        if r.get("note"):
+            lines.append(f"* {r['row']}: {r['note']}")
+    lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+# --- A minimal PNG bar chart: one bar per row, height log2(target / ratio),
+# green when the target is met, red when not; grey without a target.
+
+def write_png(rows, path, w=640, h=320):
+    import math
+    px = [[(255, 255, 255)] * w for _ in range(h)]
+    mid = h // 2
+    for x in range(w):
+        px[mid][x] = (0, 0, 0)
+    n = max(1, len(rows))
+    bw = max(4, (w - 20) // n - 6)
+    for i, r in enumerate(rows):
+        if r["target"] is None:
+            v, col = math.log2(1 / r["ratio"]) if r["ratio"] > 0 else 0, (150, 150, 150)
+        else:
+            v = math.log2(r["target"] / r["ratio"]) if r["ratio"] > 0 else 0
+            col = (40, 160, 60) if r["met"] else (200, 50, 50)
+        height = int(max(-mid + 2, min(mid - 2, v * 20)))
+        x0 = 10 + i * (bw + 6)
+        y0, y1 = (mid - height, mid) if height >= 0 else (mid, mid - height)
+        for y in range(y0, y1 + 1):
+            for x in range(x0, min(w, x0 + bw)):
+                px[y][x] = col
+    raw = b"".join(b"\x00" + bytes(c for p in row for c in p) for row in px)
+
+    def chunk(tag, data):
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    with open(path, "wb") as f:
+        f.write(png)
+
+
+def main():
+    raw = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    machine = open(sys.argv[2]).read()
+    out = sys.argv[3]
+    rows = rows_from(raw)
+    with open(f"{out}/results.json", "w") as f:
+        json.dump({"machine": machine, "rows": rows, "raw": raw}, f, indent=1)
+    write_md(rows, machine, raw, f"{out}/RESULTS.md")
+    write_png(rows, f"{out}/results.png")
+
+
+if __name__ == "__main__":
+    main()
