@@ -30,6 +30,7 @@ expect_error() {
   local name="$1" mention="$2" outdir="$3" outfile="$4"
   shift 5
   cases=$((cases + 1))
+  local failures_before=$failures
   local before=""
   [ -d "$outdir" ] && before="$(ls -A "$outdir")"
   local err="$TMP/stderr.txt"
@@ -60,6 +61,9 @@ expect_error() {
       fail "$name" "stray files in $outdir: $(echo "$after" | tr '\n' ' ')"
     fi
   fi
+  if [ "$failures" -eq "$failures_before" ]; then
+    echo "ok [$name] exit $rc: $(head -1 "$err")"
+  fi
 }
 
 # --- Bad model files --------------------------------------------------------
@@ -77,6 +81,9 @@ printf '\x80\x02}q\x00.' >"$BAD/pickle.pt"
 (cd "$BAD" && echo '{}' >data.pkl && zip -q notscript.zip data.pkl 2>/dev/null &&
   mv notscript.zip notscript.pt) || cp "$BAD/text.pt" "$BAD/notscript.pt"
 mkdir -p "$BAD/dir.pt"
+# What torch.save writes: a zip archive holding a pickle, not TorchScript.
+/usr/bin/python3 -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1])" \
+  "$BAD/torch_save.pt" 2>/dev/null || cp "$BAD/notscript.pt" "$BAD/torch_save.pt"
 
 # Wrong-typed configs.
 CFG="$TMP/configs"
@@ -138,7 +145,7 @@ for cmd in $subcommands; do
 
   expect_error "$cmd missing model" "$BAD/missing.pt" "$outdir" "$outfile" -- \
     "$cmd" "$BAD/missing.pt" "${extra[@]}" "${out[@]}"
-  for bad in empty truncated truncated_tail text pickle notscript dir; do
+  for bad in empty truncated truncated_tail text pickle notscript torch_save dir; do
     expect_error "$cmd $bad model" "$BAD/$bad.pt" "$outdir" "$outfile" -- \
       "$cmd" "$BAD/$bad.pt" "${extra[@]}" "${out[@]}"
   done
