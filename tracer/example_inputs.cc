@@ -219,6 +219,10 @@ absl::StatusOr<runtime::GraphModule> TraceFile(const std::string& path,
     return absl::Status(gm.status().code(),
                         absl::StrCat(path, ": ", gm.status().message()));
   }
+  gm->mutable_extra_files() = model.extra_files;
+  if (!options.config_path.empty() && resolved.config.has_value()) {
+    gm->mutable_extra_files()[kConfigJson] = resolved.config->text();
+  }
   return gm;
 }
 

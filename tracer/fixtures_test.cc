@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -20,6 +21,8 @@
 #include "ir/proto.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
+#include "runtime/interpreter.h"
+#include "runtime/lowering.h"
 #include "tracer/hf/json.h"
 #include "tracer/tracer.h"
 
@@ -84,6 +87,75 @@ std::set<std::string> CallModuleTargets(const ir::Graph& g) {
   return out;
 }
 
+// Flattens the tensors of a (nested) output value, in order.
+void Flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) Flatten(e, out);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) Flatten(e, out);
+  }
+}
+
+// Largest absolute difference between two outputs; infinite when their
+// structure or shapes differ.
+double MaxAbsDiff(const c10::IValue& a, const c10::IValue& b) {
+  std::vector<at::Tensor> ta, tb;
+  Flatten(a, ta);
+  Flatten(b, tb);
+  if (ta.size() != tb.size() || ta.empty()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < ta.size(); ++i) {
+    if (ta[i].sizes() != tb[i].sizes() ||
+        ta[i].scalar_type() != tb[i].scalar_type()) {
+      return INFINITY;
+    }
+    double d = (ta[i].to(at::kDouble) - tb[i].to(at::kDouble))
+                   .abs()
+                   .max()
+                   .item<double>();
+    worst = std::max(worst, d);
+  }
+  return worst;
+}
+
+// The original module's forward on the tracer's example inputs.
+c10::IValue Reference(const std::string& stem, const TraceOptions& options,
+                      std::vector<c10::IValue>* inputs_out) {
+  absl::StatusOr<LoadedModel> model = LoadModel(FixturePath(stem));
+  EXPECT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<TraceOptions> resolved = WithModelFiles(*model, options);
+  EXPECT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<ExampleInputs> inputs =
+      ResolveExampleInputs(model->module, *resolved);
+  EXPECT_TRUE(inputs.ok()) << inputs.status();
+  *inputs_out = inputs->values;
+  torch::NoGradGuard no_grad;
+  return model->module.forward(inputs->values);
+}
+
+// Interpreter output of the trace vs the original module, <= 1e-5.
+void ExpectInterpreterMatches(const std::string& stem,
+                              const TraceOptions& options) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath(stem), options);
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  std::vector<c10::IValue> inputs;
+  c10::IValue expected = Reference(stem, options, &inputs);
+  absl::StatusOr<runtime::Interpreter> interp =
+      runtime::Interpreter::Create(*gm);
+  ASSERT_TRUE(interp.ok()) << interp.status() << "\n"
+                           << ir::PrintGraph(gm->graph());
+  absl::StatusOr<c10::IValue> got;
+  {
+    torch::NoGradGuard no_grad;
+    got = interp->Run(inputs);
+  }
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_LE(MaxAbsDiff(expected, *got), 1e-5);
+}
+
 class FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FixtureTest, TracesVerifiesAndMatchesTheModule) {
@@ -106,6 +178,39 @@ TEST_P(FixtureTest, TracesVerifiesAndMatchesTheModule) {
       EXPECT_EQ(n->scope().path(), n->target()) << n->Describe();
     }
   }
+}
+
+TEST_P(FixtureTest, InterpreterMatchesTheModule) {
+  ExpectInterpreterMatches(GetParam(), {});
+}
+
+// Nothing a leaf: torch.nn modules' own TorchScript (BatchNorm's checks,
+// F.* functions, branches on self.training) is inlined too.
+TEST_P(FixtureTest, InterpreterMatchesTheModuleWithoutLeaves) {
+  TraceOptions options;
+  options.leaf_policy = LeafPolicy::None();
+  ExpectInterpreterMatches(GetParam(), options);
+}
+
+TEST_P(FixtureTest, ExportedModelRunsAndMatches) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath(GetParam()), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  const std::string out = TempPath(absl::StrCat(GetParam(), "_traced.pt"));
+  absl::Status saved = runtime::SaveTorchScript(*gm, out);
+  ASSERT_TRUE(saved.ok()) << saved;
+  absl::StatusOr<LoadedModel> reloaded = LoadModel(out);
+  ASSERT_TRUE(reloaded.ok()) << reloaded.status();
+  // The embedded files travel with the model.
+  EXPECT_TRUE(reloaded->config.has_value());
+  std::vector<c10::IValue> inputs;
+  c10::IValue expected = Reference(GetParam(), {}, &inputs);
+  c10::IValue got;
+  {
+    torch::NoGradGuard no_grad;
+    got = reloaded->module.forward(inputs);
+  }
+  EXPECT_LE(MaxAbsDiff(expected, got), 1e-5);
 }
 
 TEST_P(FixtureTest, CallModuleTargetsMatchTorchFx) {
@@ -249,6 +354,7 @@ TEST(ControlFlowTest, DataDependentBranchNamesModuleAndLineThenTracesAsLeaf) {
     gm = TraceFile(FixturePath("dynamic_branch"), options);
     ASSERT_TRUE(gm.ok()) << gm.status();
     EXPECT_TRUE(CallModuleTargets(gm->graph()).count("encoder.block.gate"));
+    ExpectInterpreterMatches("dynamic_branch", options);
   }
 }
 

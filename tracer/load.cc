@@ -102,6 +102,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot load TorchScript model '", path, "': ", FirstLine(e.what())));
   }
+  for (const auto& [name, text] : extra) {
+    if (!text.empty()) loaded.extra_files[name] = text;
+  }
   if (!extra[kConfigJson].empty()) {
     ASSIGN_OR_RETURN(loaded.config,
                      hf::HfConfig::Parse(extra[kConfigJson],

@@ -30,6 +30,9 @@ struct LoadedModel {
   std::optional<hf::HfConfig> config;
   // The embedded tracecut_inputs.json, when present.
   std::optional<hf::InputsFile> inputs;
+  // The raw text of the embedded files that are present (config.json,
+  // tracecut_inputs.json), to carry into what is saved from this model.
+  torch::jit::ExtraFilesMap extra_files;
 };
 
 // Loads `path` on the CPU. Errors (all naming the file):

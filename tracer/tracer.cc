@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -226,9 +227,33 @@ struct SourceInfo {
 };
 
 // Traced graphs record the Python stack as their "source": lines like
-// "path/to/file.py(42): forward". They are not code.
+// "path/to/file.py(42): forward", innermost frame first. They are not code.
 bool LooksLikeTraceStack(absl::string_view text, absl::string_view file) {
   return !file.empty() && absl::StartsWith(text, absl::StrCat(file, "("));
+}
+
+// The frame of a traced stack worth pointing at: the innermost one outside
+// torch's own Python package (operator overloads such as Tensor.__rsub__
+// live there), else the innermost.
+std::optional<std::pair<std::string, int64_t>> ModelFrame(
+    absl::string_view stack) {
+  std::optional<std::pair<std::string, int64_t>> first;
+  for (absl::string_view line : absl::StrSplit(stack, '\n')) {
+    size_t close = line.find("): ");
+    size_t open = line.rfind('(', close);
+    if (close == absl::string_view::npos || open == absl::string_view::npos) {
+      continue;
+    }
+    int64_t lineno;
+    if (!absl::SimpleAtoi(line.substr(open + 1, close - open - 1), &lineno)) {
+      continue;
+    }
+    std::pair<std::string, int64_t> frame(std::string(line.substr(0, open)),
+                                          lineno);
+    if (!first.has_value()) first = frame;
+    if (frame.first.find("/torch/") == std::string::npos) return frame;
+  }
+  return first;
 }
 
 std::optional<SourceInfo> SourceOf(const jit::Node* n) {
@@ -249,7 +274,12 @@ std::optional<SourceInfo> SourceOf(const jit::Node* n) {
       size_t lineno = src->lineno_for_offset(range.start());
       std::string line = src->get_line(lineno).str();
       absl::string_view t = absl::StripAsciiWhitespace(line);
-      if (!LooksLikeTraceStack(t, info.file)) info.line_text = std::string(t);
+      if (!LooksLikeTraceStack(t, info.file)) {
+        info.line_text = std::string(t);
+      } else if (auto frame = ModelFrame(src->text_str().str())) {
+        info.file = frame->first;
+        info.line = frame->second;
+      }
       if (range.end() <= src->size() && range.end() > range.start()) {
         std::string expr = range.text().str();
         if (expr.find('\n') == std::string::npos && expr.size() <= 200 &&

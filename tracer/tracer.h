@@ -83,7 +83,9 @@ absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
 absl::StatusOr<TraceOptions> WithModelFiles(const LoadedModel& model,
                                             TraceOptions options);
 
-// LoadModel + WithModelFiles + Trace.
+// LoadModel + WithModelFiles + Trace. The GraphModule's extra_files() are
+// the model's embedded files, with config.json replaced by
+// options.config_path's text when that is set.
 absl::StatusOr<runtime::GraphModule> TraceFile(const std::string& path,
                                                const TraceOptions& options);
 

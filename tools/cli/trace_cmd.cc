@@ -52,6 +52,9 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
   }
 
   tracer::TraceOptions options;
+  if (args.Has("no-default-leaves")) {
+    options.leaf_policy = tracer::LeafPolicy::None();
+  }
   for (std::string& leaf : args.GetAll("leaf")) {
     options.leaf_policy.AddTypeOrPath(std::move(leaf));
   }
@@ -87,7 +90,8 @@ Subcommand TraceCommand() {
   c.name = "trace";
   c.synopsis =
       "MODEL.pt [--leaf=TYPE_OR_PATH]... [--config=config.json] "
-      "[--format=text|proto|dot|json] [-o FILE] [--json]";
+      "[--no-default-leaves] [--format=text|proto|dot|json] [-o FILE] "
+      "[--json]";
   c.summary = "Trace a TorchScript model into the graph IR.";
   c.description =
       "Walks MODEL.pt's forward with example inputs (its embedded "
@@ -102,6 +106,9 @@ Subcommand TraceCommand() {
                       "keep this module type (LlamaRMSNorm, or qualified) or "
                       "module path/glob (model.layers.*.mlp) as a call_module")
           .Repeated(),
+      FlagSpec::Bool("no-default-leaves",
+                     "inline torch.nn built-ins and Conv1D too (only --leaf "
+                     "modules stay call_module)"),
       FlagSpec::Value("config", "FILE",
                       "HF config.json to use instead of the embedded one"),
       FlagSpec::Value("format", "FORMAT",

@@ -131,6 +131,7 @@ absl::StatusOr<HfConfig> HfConfig::Parse(absl::string_view text,
     RETURN_IF_ERROR(CheckKeys(*v, source, absl::StrCat(sub, ".")));
   }
   HfConfig config(std::move(json), std::move(source));
+  config.text_ = std::string(text);
   if (const Json* v = config.json_.Find("model_type"); v && v->is_string()) {
     config.model_type_ = v->as_string();
   }

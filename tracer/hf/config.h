@@ -38,6 +38,8 @@ class HfConfig {
   static absl::StatusOr<HfConfig> Load(const std::string& path);
 
   const std::string& source() const { return source_; }
+  // The text it was parsed from.
+  const std::string& text() const { return text_; }
   const Json& json() const { return json_; }
 
   // "" when absent.
@@ -68,6 +70,7 @@ class HfConfig {
 
   Json json_;
   std::string source_;
+  std::string text_;
   std::string model_type_;
   std::vector<std::string> architectures_;
 };
