@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "partition/partitioner.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -108,7 +109,7 @@ int Main(int argc, char** argv) {
   }
   double trace_s = Median(trace_times);
   int64_t nodes = 0;
-  for (const ir::Node& n : gm->graph().nodes()) {
+  for (const ir::Node* n : gm->graph().nodes()) {
     (void)n;
     ++nodes;
   }

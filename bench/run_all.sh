@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 ROOT="$PWD"
 PY=/usr/bin/python3
 FLAGS="${BENCH_BAZEL_FLAGS:-}"
+# Bazel startup options, e.g. --output_base=/tmp/bench-ob to avoid waiting on
+# a busy shared server (the disk cache keeps that cheap).
+STARTUP="${BENCH_BAZEL_STARTUP:-}"
 LAYERS=32
 RUNS=20
 if [ "${1:-}" = "--quick" ]; then
@@ -24,8 +27,9 @@ RAW="$WORK/raw.jsonl"
 : >"$RAW"
 
 # shellcheck disable=SC2086
-bazel build $FLAGS //bench:bench_main //tools:tracecut
-BIN="$(bazel info $FLAGS bazel-bin 2>/dev/null)"
+bazel $STARTUP build $FLAGS //bench:bench_main //tools:tracecut
+# shellcheck disable=SC2086
+BIN="$(bazel $STARTUP info $FLAGS bazel-bin 2>/dev/null)"
 BENCH="$BIN/bench/bench_main"
 TRACECUT="$BIN/tools/tracecut"
 GEN="$PY -P $ROOT/tests/fixtures/gen_llama.py"
