@@ -1,4 +1,4 @@
-// activation_max MODEL.pt OUT.json [SAMPLES]
+// print_activation_max MODEL.pt OUT.json [SAMPLES]
 //
 // Calibrates MODEL.pt (a Hugging Face-style TorchScript model with its
 // config.json embedded) one decoder layer at a time on SAMPLES (default 8)
@@ -54,7 +54,7 @@ absl::Status Run(const std::string& model_path, const std::string& out_path,
       pl::PipelineResult run,
       pl::RunPipeline(loaded.model, data, modifiers, results, options));
   RETURN_IF_ERROR(pl::WriteFileAtomically(out_path, act_max.ToJson()));
-  std::cerr << "activation_max: " << run.num_subgraphs << " subgraphs, "
+  std::cerr << "print_activation_max: " << run.num_subgraphs << " subgraphs, "
             << data.batches.size() << " batches, wrote " << out_path << "\n";
   return absl::OkStatus();
 }
@@ -65,12 +65,12 @@ int main(int argc, char** argv) {
   int64_t samples = 8;
   if (argc < 3 || argc > 4 ||
       (argc == 4 && !absl::SimpleAtoi(argv[3], &samples))) {
-    std::cerr << "usage: activation_max MODEL.pt OUT.json [SAMPLES]\n";
+    std::cerr << "usage: print_activation_max MODEL.pt OUT.json [SAMPLES]\n";
     return 2;
   }
   absl::Status status = Run(argv[1], argv[2], samples);
   if (!status.ok()) {
-    std::cerr << "activation_max: " << status << "\n";
+    std::cerr << "print_activation_max: " << status << "\n";
     return 1;
   }
   return 0;
