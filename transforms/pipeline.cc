@@ -108,6 +108,12 @@ bool Pipeline::is_reversible() const {
   return true;
 }
 
+int Pipeline::application_count() const {
+  int n = 0;
+  for (const auto& p : passes_) n += p->application_count();
+  return n;
+}
+
 Transformation& Pipeline::AddPass(std::unique_ptr<Transformation> pass) {
   passes_.push_back(std::move(pass));
   return *passes_.back();
@@ -143,22 +149,38 @@ void Pipeline::MaybeDump(const runtime::GraphModule& gm, absl::string_view pass,
 absl::StatusOr<bool> Pipeline::Run(runtime::GraphModule& gm) {
   records_.clear();
   RETURN_IF_ERROR(Check(gm, ""));
+  // Restored on every return: the pin is only there while a pass runs.
+  const std::optional<int64_t> outer_pin = PinnedApplicationId(gm.graph());
+  struct Unpin {
+    runtime::GraphModule& gm;
+    std::optional<int64_t> pin;
+    ~Unpin() { PinApplicationId(gm.graph(), pin); }
+  } unpin{gm, outer_pin};
+  int64_t app = NextApplicationId(gm.graph());
   bool any = false;
   for (const auto& pass : passes_) {
+    PinApplicationId(gm.graph(), app);
     const absl::Time start = absl::Now();
     absl::StatusOr<bool> changed = runtime::TorchCall(
         absl::StrCat(pass->name()), [&] { return pass->Run(gm); });
     const absl::Duration took = absl::Now() - start;
+    PinApplicationId(gm.graph(), outer_pin);
     if (!changed.ok()) {
       return Annotate(changed.status(),
                       absl::StrCat(pass->name(), " failed: "));
     }
-    records_.push_back({std::string(pass->name()), *changed, took});
+    records_.push_back({std::string(pass->name()), *changed, took, app,
+                        pass->preserves_computation()});
+    app += pass->application_count();
     if (*changed) {
       any = true;
       RETURN_IF_ERROR(Check(gm, pass->name()));
     }
     MaybeDump(gm, pass->name(), *changed);
+    if (options_.after_pass) {
+      absl::Status s = options_.after_pass(records_.back(), gm);
+      if (!s.ok()) return s;
+    }
   }
   return any;
 }
@@ -196,7 +218,7 @@ absl::StatusOr<bool> Pipeline::Reverse(runtime::GraphModule& gm) {
     if (!changed.ok()) {
       return Annotate(changed.status(), absl::StrCat(label, " failed: "));
     }
-    records_.push_back({label, *changed, took});
+    records_.push_back({label, *changed, took, 0, true});
     if (*changed) {
       any = true;
       RETURN_IF_ERROR(Check(gm, label));

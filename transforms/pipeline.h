@@ -54,6 +54,21 @@ absl::Status CheckModuleReferences(const runtime::GraphModule& gm);
 using DumpSink =
     std::function<void(absl::string_view pass, absl::string_view ir_text)>;
 
+// What one pass did in the last Run/Reverse.
+struct PassRecord {
+  std::string name;
+  bool changed = false;
+  absl::Duration time;
+  // The application id the pass ran with (Run only; its marks carry it).
+  int64_t app = 0;
+  bool preserves_computation = true;
+};
+
+// Called after each pass of a Run (after the checks), with what it did and
+// the module as it left it. An error stops the pipeline and is returned.
+using PassObserver = std::function<absl::Status(
+    const PassRecord& record, const runtime::GraphModule& gm)>;
+
 struct PipelineOptions {
   // Run the checkers at the start and after every pass that changed the
   // module. Turning this off is for benchmarks only.
@@ -69,13 +84,9 @@ struct PipelineOptions {
   bool dump_only_if_changed = true;
   // Where dumps go; unset means stderr, headed "// IR after <pass>".
   DumpSink dump_sink;
-};
 
-// What one pass did in the last Run/Reverse.
-struct PassRecord {
-  std::string name;
-  bool changed = false;
-  absl::Duration time;
+  // Observes every pass of Run (the layer-by-layer debugger uses it).
+  PassObserver after_pass;
 };
 
 class Pipeline : public ReversibleTransformation {
@@ -88,6 +99,7 @@ class Pipeline : public ReversibleTransformation {
   bool preserves_computation() const override;
   // All passes are reversible.
   bool is_reversible() const override;
+  int application_count() const override;
 
   // Adds a pass; returns it for further configuration.
   template <typename T, typename... Args>
@@ -104,6 +116,8 @@ class Pipeline : public ReversibleTransformation {
   }
 
   // Runs every pass in order on `gm`, in place (the checks and dumps above).
+  // Pass i uses application id base + (ids used by passes before it), base
+  // being NextApplicationId(gm.graph()) at the start.
   // Returns whether any pass changed it. On error `gm` is left as the
   // failing pass left it; use Apply to keep the input intact.
   absl::StatusOr<bool> Run(runtime::GraphModule& gm) override;
@@ -117,6 +131,9 @@ class Pipeline : public ReversibleTransformation {
   // FAILED_PRECONDITION, before changing anything, when a pass is not
   // reversible.
   absl::StatusOr<bool> Reverse(runtime::GraphModule& gm) override;
+
+  const PipelineOptions& options() const { return options_; }
+  PipelineOptions& mutable_options() { return options_; }
 
   // Per-pass records of the last Run or Reverse, in execution order.
   const std::vector<PassRecord>& records() const { return records_; }

@@ -15,7 +15,27 @@ int64_t MarkApplicationId(const ir::TransformMark& mark) {
   return id;
 }
 
+std::optional<int64_t> PinnedApplicationId(const ir::Graph& graph) {
+  auto it = graph.meta().extra.find(std::string(kPinnedAppKey));
+  if (it == graph.meta().extra.end() ||
+      it->second.kind() != ir::Argument::Kind::kInt) {
+    return std::nullopt;
+  }
+  return it->second.as_int();
+}
+
+void PinApplicationId(ir::Graph& graph, std::optional<int64_t> app) {
+  if (app) {
+    graph.meta().extra[std::string(kPinnedAppKey)] = ir::Argument::Int(*app);
+  } else {
+    graph.meta().extra.erase(std::string(kPinnedAppKey));
+  }
+}
+
 int64_t NextApplicationId(const ir::Graph& graph) {
+  if (std::optional<int64_t> pinned = PinnedApplicationId(graph)) {
+    return *pinned;
+  }
   int64_t max_id = 0;
   for (const ir::Node* n : graph.nodes()) {
     for (const ir::TransformMark& m : n->meta().transforms) {

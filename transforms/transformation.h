@@ -50,6 +50,10 @@ class Transformation {
   // Reverse is usable).
   virtual bool is_reversible() const { return false; }
 
+  // How many application ids (Note [Transform marks]) one Run may use: 1
+  // for a pass, the sum over its passes for a pipeline.
+  virtual int application_count() const { return 1; }
+
   // Rewrites `gm` in place. Returns true when anything changed. A pattern
   // that does not apply is not an error (the pass returns false); errors mean
   // bad input or a bug and name the node involved.
@@ -80,8 +84,21 @@ class ReversibleTransformation : public Transformation {
 // original modules, snapshots of erased nodes (rewrite_util.h), sizes.
 inline constexpr absl::string_view kAppKey = "app";
 
-// The application id the next pass run on `graph` should use.
+// Pipelines pin the id each pass step uses (graph meta extra
+// kPinnedAppKey, present only while the pass runs), so that every subgraph
+// of a partition gives step i the same id and the reassembled graph can be
+// undone step by step (per_subgraph.h).
+inline constexpr absl::string_view kPinnedAppKey = "tracecut.transform_app";
+
+// The application id the next pass run on `graph` should use: the pinned id
+// when there is one, else one more than the largest id of any mark.
 int64_t NextApplicationId(const ir::Graph& graph);
+
+// Pins (or, with nullopt, unpins) the id NextApplicationId returns.
+void PinApplicationId(ir::Graph& graph, std::optional<int64_t> app);
+
+// The pinned id, if any.
+std::optional<int64_t> PinnedApplicationId(const ir::Graph& graph);
 
 // The largest application id among `pass`'s marks, or nullopt.
 std::optional<int64_t> LatestApplicationId(const ir::Graph& graph,
