@@ -66,9 +66,11 @@ def _run_tracecut(ctx, arguments, inputs, outputs, summary, mnemonic, progress_m
     )
 
 def _info(ctx, outputs):
-    """DefaultInfo with every output, and one output group per output."""
+    """Every output in DefaultInfo (as files and as runfiles, so that a test
+    with the target in `data` finds them) and in an output group each."""
+    files = [outputs[kind] for kind in sorted(outputs)]
     return [
-        DefaultInfo(files = depset(outputs.values())),
+        DefaultInfo(files = depset(files), runfiles = ctx.runfiles(files = files)),
         OutputGroupInfo(**{kind: depset([f]) for kind, f in outputs.items()}),
     ]
 
