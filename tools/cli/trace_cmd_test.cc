@@ -1,0 +1,225 @@
+// The `tracecut trace` subcommand through cli::Main: help, usage errors,
+// every output format, --json, and atomic output.
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "ir/proto.h"
+#include "ir/text.h"
+#include "tools/cli/common.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string Fixture(const std::string& stem) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
+                      "/tests/fixtures/", stem, ".pt");
+}
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") out.push_back(name);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result RunTracecut(std::vector<std::string> args) {
+  args.insert(args.begin(), "tracecut");
+  std::ostringstream out, err;
+  Io io{out, err};
+  int code = Main(args, io);
+  return {code, out.str(), err.str()};
+}
+
+int Lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+TEST(TracecutTest, HelpForToolAndSubcommand) {
+  Result r = RunTracecut({"--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("trace"));
+  r = RunTracecut({"trace", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, StartsWith("usage: tracecut trace MODEL.pt"));
+  EXPECT_THAT(r.out, HasSubstr("--leaf=TYPE_OR_PATH"));
+  EXPECT_THAT(r.out, HasSubstr("--json"));
+}
+
+TEST(TracecutTest, UsageErrorsAreOneLineAndExitTwo) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {},
+           {"nope"},
+           {"trace"},
+           {"trace", "a.pt", "b.pt"},
+           {"trace", "a.pt", "--format=svg"},
+           {"trace", "a.pt", "--bogus"},
+           {"trace", "a.pt", "--json=yes"},
+           {"trace", "a.pt", "-o"},
+           {"trace", "a.pt", "--config=a", "--config=b"},
+       }) {
+    Result r = RunTracecut(args);
+    EXPECT_EQ(r.code, 2) << absl::StrJoin(args, " ");
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_THAT(r.err, StartsWith("tracecut")) << r.err;
+  }
+}
+
+TEST(TracecutTest, TraceErrorsAreOneLineAndExitOne) {
+  const std::string dir = TempDir("errors");
+  Result r =
+      RunTracecut({"trace", Fixture("dynamic_branch"), "-o", dir + "/g.txt"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--leaf=encoder.block.gate"));
+  EXPECT_TRUE(ListDir(dir).empty());  // No output, no temp file.
+
+  r = RunTracecut({"trace", dir + "/missing.pt"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.pt"));
+}
+
+TEST(TracecutTest, TextToStdoutParsesBack) {
+  Result r = RunTracecut({"trace", Fixture("llama")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<std::unique_ptr<ir::Graph>> g = ir::ParseGraph(r.out);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_GT((*g)->size(), 100u);
+  EXPECT_EQ(ir::PrintGraph(**g), r.out);
+}
+
+TEST(TracecutTest, EveryFormatToAFile) {
+  const std::string dir = TempDir("formats");
+  for (const char* format : {"text", "proto", "dot", "json"}) {
+    const std::string path = absl::StrCat(dir, "/llama.", format);
+    Result r = RunTracecut({"trace", Fixture("llama"),
+                            absl::StrCat("--format=", format), "-o", path,
+                            "--leaf=LlamaMLP"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(r.out.empty());
+    EXPECT_THAT(r.err, HasSubstr("wrote"));
+    const std::string bytes = ReadFile(path);
+    ASSERT_FALSE(bytes.empty()) << format;
+    if (std::string(format) == "proto") {
+      absl::StatusOr<std::unique_ptr<ir::Graph>> g =
+          ir::DeserializeGraph(bytes);
+      ASSERT_TRUE(g.ok()) << g.status();
+    } else if (std::string(format) == "json") {
+      absl::StatusOr<tracer::hf::Json> j = tracer::hf::Json::Parse(bytes);
+      ASSERT_TRUE(j.ok()) << j.status();
+      EXPECT_GT(j->Find("nodes")->elements().size(), 100u);
+    } else if (std::string(format) == "dot") {
+      EXPECT_THAT(bytes, StartsWith("digraph"));
+    } else {
+      EXPECT_THAT(bytes, HasSubstr("call_module[model.layers.0.mlp]"));
+    }
+  }
+  // Only the outputs: no temporaries left behind.
+  EXPECT_EQ(ListDir(dir).size(), 4u);
+}
+
+TEST(TracecutTest, JsonSummary) {
+  const std::string dir = TempDir("summary");
+  Result r = RunTracecut(
+      {"trace", Fixture("shape_branch"), "--json", "-o", dir + "/g.txt"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<tracer::hf::Json> j = tracer::hf::Json::Parse(r.out);
+  ASSERT_TRUE(j.ok()) << j.status() << r.out;
+  const tracer::hf::Json* counts = j->Find("op_counts");
+  ASSERT_NE(counts, nullptr);
+  EXPECT_EQ(counts->Find("placeholder")->as_int(), 1);
+  EXPECT_EQ(counts->Find("output")->as_int(), 1);
+  EXPECT_EQ(counts->Find("call_module")->as_int(), 1);
+  ASSERT_EQ(j->Find("call_module_targets")->elements().size(), 1u);
+  EXPECT_EQ(j->Find("assumptions")->elements().size(), 2u);
+  EXPECT_EQ(j->Find("output")->as_string(), dir + "/g.txt");
+  EXPECT_FALSE(ReadFile(dir + "/g.txt").empty());
+
+  // --json alone: the summary only.
+  r = RunTracecut({"trace", Fixture("shape_branch"), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(tracer::hf::Json::Parse(r.out).ok());
+}
+
+TEST(WriteOutputTest, AtomicReplaceAndErrors) {
+  const std::string dir = TempDir("atomic");
+  std::ostringstream out, err;
+  Io io{out, err};
+  const std::string path = dir + "/f.txt";
+  ASSERT_TRUE(WriteOutput(path, "one", io).ok());
+  ASSERT_TRUE(WriteOutput(path, "two", io).ok());
+  EXPECT_EQ(ReadFile(path), "two");
+  EXPECT_EQ(ListDir(dir).size(), 1u);
+  absl::Status s = WriteOutput(dir + "/no/such/dir/f.txt", "x", io);
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("no/such/dir/f.txt"));
+  ASSERT_TRUE(WriteOutput("-", "stdout", io).ok());
+  EXPECT_EQ(out.str(), "stdout");
+}
+
+TEST(ParseArgsTest, FlagForms) {
+  std::vector<FlagSpec> flags = {
+      FlagSpec::Value("leaf", "X", "").Repeated(),
+      FlagSpec::Value("output", "FILE", "").Short('o'),
+      FlagSpec::Bool("json", ""),
+  };
+  absl::StatusOr<ParsedArgs> a = ParseArgs(
+      {"m.pt", "--leaf=a", "--leaf", "b", "-oout", "--json", "--", "--literal"},
+      flags);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(a->positional(), ::testing::ElementsAre("m.pt", "--literal"));
+  EXPECT_THAT(a->GetAll("leaf"), ::testing::ElementsAre("a", "b"));
+  EXPECT_EQ(a->Get("output"), "out");
+  EXPECT_TRUE(a->Has("json"));
+  EXPECT_FALSE(a->Has("other"));
+  absl::StatusOr<ParsedArgs> bad = ParseArgs({"--leaf="}, flags);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(IsUsageError(bad.status()));
+}
+
+}  // namespace
+}  // namespace tracecut::cli
