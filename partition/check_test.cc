@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ir/graph.h"
+#include "partition/module_sizes.h"
 #include "partition/partitioner.h"
 #include "partition/subgraph.h"
 #include "runtime/graph_module.h"
@@ -185,6 +186,28 @@ TEST(CheckTest, RunErrorsNameTheSubgraph) {
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("subgraph 1"));
   EXPECT_THAT(r.status().message(), HasSubstr("no_such_op"));
+}
+
+TEST(ModuleSizesTest, TensorsAndLeafModules) {
+  Tiny t = MakeTiny(2);
+  ParamBytesFn bytes = ModuleParamBytes(t.root);
+  EXPECT_EQ(bytes("model.layers.0.w"), 8 * 8 * 4);
+  EXPECT_EQ(bytes("model.layers.0.mlp"), (8 * 8 + 8) * 4);
+  EXPECT_EQ(bytes("model.layers.1"), (8 * 8 + 8 * 8 + 8) * 4);
+  EXPECT_EQ(bytes("scale"), 8 * 4);
+  EXPECT_EQ(bytes("model.layers.7"), std::nullopt);
+  EXPECT_EQ(bytes("scale.x"), std::nullopt);
+
+  PartitionOptions o = Layers();
+  o.param_bytes = bytes;
+  auto p = PartitionGraph(*t.graph, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->subgraphs.size(), 3u);
+  EXPECT_EQ(p->subgraphs[0].param_bytes, 8 * 4);
+  EXPECT_EQ(p->subgraphs[1].param_bytes, (8 * 8 + 8 * 8 + 8) * 4);
+  // The last layer with lm_head (Linear 8 -> 4).
+  EXPECT_EQ(p->subgraphs[2].param_bytes,
+            (8 * 8 + 8 * 8 + 8) * 4 + (4 * 8 + 4) * 4);
 }
 
 TEST(CheckTest, MaxAbsError) {
