@@ -1,0 +1,179 @@
+// The `tracecut partition` subcommand through cli::Main: the HF fixtures
+// split into head + one subgraph per decoder layer with --check passing,
+// --help, and errors for targets matching nothing.
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/cli/common.h"
+#include "tracer/hf/config.h"
+#include "tracer/hf/json.h"
+#include "tracer/load.h"
+
+namespace tracecut::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using tracer::hf::Json;
+
+std::string Fixture(const std::string& stem) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
+                      "/tests/fixtures/", stem, ".pt");
+}
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") out.push_back(name);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result RunTracecut(std::vector<std::string> args) {
+  args.insert(args.begin(), "tracecut");
+  std::ostringstream out, err;
+  Io io{out, err};
+  int code = Main(args, io);
+  return {code, out.str(), err.str()};
+}
+
+int Lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+const Json* Member(const Json& object, const std::string& key) {
+  for (const auto& [k, v] : object.members()) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+int64_t NumHiddenLayers(const std::string& stem) {
+  auto loaded = tracer::LoadModel(Fixture(stem));
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  if (!loaded.ok() || !loaded->config.has_value()) return -1;
+  for (const char* key : {"num_hidden_layers", "n_layer", "num_layers"}) {
+    auto n = loaded->config->FindInt(key);
+    if (n.ok() && n->has_value()) return **n;
+  }
+  return -1;
+}
+
+class PartitionFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PartitionFixtureTest, OneSubgraphPerLayerAndCheckPasses) {
+  const std::string stem = GetParam();
+  const int64_t layers = NumHiddenLayers(stem);
+  ASSERT_GT(layers, 0) << stem << ": no num_hidden_layers in its config";
+
+  Result r = RunTracecut({"partition", Fixture(stem), "--check", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("max abs error"));
+  auto json = Json::Parse(r.out, "stdout");
+  ASSERT_TRUE(json.ok()) << json.status() << "\n" << r.out;
+
+  const Json* subgraphs = Member(*json, "subgraphs");
+  ASSERT_NE(subgraphs, nullptr) << r.out;
+  ASSERT_EQ(static_cast<int64_t>(subgraphs->elements().size()), layers + 1)
+      << r.out;
+
+  // Every target instance's module path appears in exactly one subgraph; the
+  // head (index 0) has none, each later subgraph exactly one.
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i < subgraphs->elements().size(); ++i) {
+    const Json* paths = Member(subgraphs->elements()[i], "module_paths");
+    ASSERT_NE(paths, nullptr);
+    EXPECT_EQ(paths->elements().size(), i == 0 ? 0u : 1u)
+        << stem << " subgraph " << i;
+    for (const Json& p : paths->elements()) ++seen[p.as_string()];
+  }
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), layers);
+  for (const auto& [path, count] : seen) {
+    EXPECT_EQ(count, 1) << path;
+  }
+
+  const Json* check = Member(*json, "check");
+  ASSERT_NE(check, nullptr);
+  const Json* passed = Member(*check, "passed");
+  ASSERT_NE(passed, nullptr);
+  EXPECT_TRUE(passed->as_bool());
+  const Json* error = Member(*check, "max_abs_error");
+  ASSERT_NE(error, nullptr);
+  EXPECT_LE(error->as_double(), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, PartitionFixtureTest,
+                         ::testing::Values("llama", "opt", "gpt2", "bert"));
+
+TEST(PartitionCmdTest, UnknownTargetIsOneLineErrorAndNoOutput) {
+  const std::string dir = TempDir("no_such_layer");
+  const std::string out = dir + "/plan.txt";
+  Result r = RunTracecut(
+      {"partition", Fixture("llama"), "--targets=NoSuchLayer", "-o", out});
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tracecut partition:"));
+  EXPECT_THAT(r.err, HasSubstr("NoSuchLayer"));
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(ListDir(dir).empty());
+}
+
+TEST(PartitionCmdTest, TextAndDotFormats) {
+  Result text = RunTracecut({"partition", Fixture("llama")});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("LlamaDecoderLayer"));
+  Result dot = RunTracecut({"partition", Fixture("llama"), "--format=dot"});
+  ASSERT_EQ(dot.code, 0) << dot.err;
+  EXPECT_THAT(dot.out, HasSubstr("digraph"));
+  Result json = RunTracecut({"partition", Fixture("llama"), "--format=json"});
+  ASSERT_EQ(json.code, 0) << json.err;
+  Result again = RunTracecut({"partition", Fixture("llama"), "--format=json"});
+  EXPECT_EQ(json.out, again.out);
+}
+
+TEST(PartitionCmdTest, Help) {
+  Result r = RunTracecut({"partition", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--targets"));
+  EXPECT_THAT(r.out, HasSubstr("--check"));
+}
+
+TEST(PartitionCmdTest, BadFormatIsUsageError) {
+  Result r = RunTracecut({"partition", Fixture("llama"), "--format=proto"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+}
+
+}  // namespace
+}  // namespace tracecut::cli
