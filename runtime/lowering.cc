@@ -349,7 +349,9 @@ class Lowerer {
                                         : nullptr;
       ASSIGN_OR_RETURN(Value * v, ValueFor(node, *bound[i],
                                            formal ? formal->type() : nullptr));
-      if (formal != nullptr) {
+      // By name, except for vararg schemas (whose extra arguments have no
+      // names, so everything goes positionally).
+      if (formal != nullptr && !schema.is_vararg()) {
         named.emplace_back(formal->name(), v);
       } else {
         named.emplace_back(v);
