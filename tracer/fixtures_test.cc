@@ -2,12 +2,14 @@
 // the original modules, torch.fx's call_module targets and the scopes HF
 // users expect.
 
+#include <sys/stat.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -334,6 +336,54 @@ TEST_F(LlamaTest, CustomLeafByTypeAndGlob) {
   EXPECT_FALSE(targets.count("model.layers.0.mlp.gate_proj"));
 }
 
+// Every node inside a sequential target (HF's no-split module) carries that
+// module in its scope, at the same depth, with the right type.
+class SequentialTargetScopeTest : public ::testing::TestWithParam<std::string> {
+};
+
+TEST_P(SequentialTargetScopeTest, NodesInsideTargetsCarryThem) {
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceFile(FixturePath(GetParam()), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  const ir::Graph& g = gm->graph();
+  auto it = g.meta().extra.find("hf.sequential_targets");
+  ASSERT_NE(it, g.meta().extra.end());
+  ASSERT_EQ(it->second.elements().size(), 1u);
+  const std::string target = it->second.elements()[0].as_string();
+  std::map<std::string, size_t> depth_of;  // Target path -> scope depth.
+  std::map<std::string, int> nodes_in;
+  for (const ir::Node* n : g.nodes()) {
+    const auto& stack = n->scope().stack();
+    for (size_t d = 0; d < stack.size(); ++d) {
+      if (ir::Scope::ShortType(stack[d].type) != target) continue;
+      auto [pos, inserted] = depth_of.emplace(stack[d].path, d);
+      EXPECT_EQ(pos->second, d) << n->Describe();
+      ++nodes_in[stack[d].path];
+    }
+    // Nothing under a target's path is outside its scope.
+    for (const auto& [path, d] : depth_of) {
+      if (n->op() == ir::OpKind::kCallModule &&
+          absl::StartsWith(n->target(), path + ".")) {
+        EXPECT_TRUE(n->scope().Contains(path)) << n->Describe();
+      }
+    }
+  }
+  EXPECT_EQ(depth_of.size(), 2u) << target;  // Two layers in each fixture.
+  for (const auto& [path, count] : nodes_in) EXPECT_GT(count, 5) << path;
+}
+
+INSTANTIATE_TEST_SUITE_P(HfFixtures, SequentialTargetScopeTest,
+                         ::testing::Values("llama", "bert", "gpt2", "opt"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Gpt2Test, Conv1DIsALeafByDefault) {
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(FixturePath("gpt2"), {});
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  std::set<std::string> targets = CallModuleTargets(gm->graph());
+  EXPECT_TRUE(targets.count("transformer.h.0.attn.c_attn"));
+  EXPECT_TRUE(targets.count("transformer.h.1.mlp.c_proj"));
+}
+
 // ---------------------------------------------------------- control flow
 
 TEST(ControlFlowTest, DataDependentBranchNamesModuleAndLineThenTracesAsLeaf) {
@@ -443,6 +493,14 @@ TEST(LoadTest, ZipThatIsNotTorchScript) {
   ASSERT_FALSE(gm.ok());
   EXPECT_THAT(gm.status().message(), HasSubstr("not a TorchScript model"));
   EXPECT_THAT(gm.status().message(), HasSubstr(path));
+}
+
+TEST(LoadTest, Directory) {
+  const std::string path = TempPath("dir.pt");
+  mkdir(path.c_str(), 0755);
+  absl::StatusOr<runtime::GraphModule> gm = TraceFile(path, {});
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("is a directory"));
 }
 
 TEST(LoadTest, EmbeddedFilesAreRead) {

@@ -1,5 +1,7 @@
 #include "tracer/load.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -23,12 +26,20 @@ constexpr char kZipEndOfCentralDir[] = {'P', 'K', 5, 6};
 constexpr size_t kEocdMin = 22;
 constexpr size_t kEocdSearch = kEocdMin + 65535;
 
-// The first line of a LibTorch error, without its C++ backtrace.
+// The first line of a LibTorch error, without its C++ backtrace or the
+// "[enforce fail at file.cc:N] . " prefix of caffe2-style checks.
 std::string FirstLine(const char* what) {
   std::string s = what == nullptr ? "" : what;
   std::vector<std::string> lines = absl::StrSplit(s, '\n');
   for (const std::string& line : lines) {
     absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (absl::StartsWith(t, "[enforce fail at")) {
+      size_t close = t.find(']');
+      if (close != absl::string_view::npos) t.remove_prefix(close + 1);
+      t = absl::StripLeadingAsciiWhitespace(t);
+      if (absl::StartsWith(t, ".")) t.remove_prefix(1);
+      t = absl::StripLeadingAsciiWhitespace(t);
+    }
     if (!t.empty()) return std::string(t);
   }
   return "unknown error";
@@ -37,6 +48,11 @@ std::string FirstLine(const char* what) {
 // Checks the file looks like a complete zip before LibTorch sees it, so each
 // kind of bad file gets its own message.
 absl::Status CheckArchive(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model path '", path, "' is a directory, not a TorchScript .pt file"));
+  }
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cannot open model file '", path,
@@ -86,10 +102,14 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
   try {
     loaded.module = torch::jit::load(path, torch::kCPU, extra);
   } catch (const c10::Error& e) {
+    // The archive is a complete zip (CheckArchive): a reader error means it
+    // does not hold what torch.jit.save writes.
     std::string first = FirstLine(e.what_without_backtrace());
     if (first.find("constants.pkl") != std::string::npos ||
         first.find("bytecode.pkl") != std::string::npos ||
-        first.find("code/") != std::string::npos) {
+        first.find("code/") != std::string::npos ||
+        first.find("PytorchStreamReader") != std::string::npos ||
+        first.find("not in a subdirectory") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model file '", path,
           "' is a zip archive but not a TorchScript model (was it saved with "

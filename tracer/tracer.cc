@@ -1028,6 +1028,21 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
     inputs.push_back(v);
   }
 
+  // Lists built in the graph are tracked element by element; an operator
+  // that writes into one (other than append, handled above) would make
+  // that view stale.
+  const std::vector<c10::Argument>& formals = schema->arguments();
+  for (size_t i = 0; i < inputs.size() && i < formals.size(); ++i) {
+    const c10::AliasInfo* alias = formals[i].alias_info();
+    if (inputs[i]->elems && !inputs[i]->is_tuple && alias != nullptr &&
+        alias->isWrite()) {
+      return NodeError(
+          n, absl::StrCat("in-place list operation ", OperatorName(*schema),
+                          " on a list built in the model is not "
+                          "supported"));
+    }
+  }
+
   // Shadow execution (Note [Shadow execution]).
   auto op_it = operations_.find(n);
   if (op_it == operations_.end()) {
@@ -1085,7 +1100,6 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
   }
 
   std::vector<Argument> args;
-  const std::vector<c10::Argument>& formals = schema->arguments();
   for (size_t i = 0; i < inputs.size(); ++i) {
     c10::TypePtr type =
         i < formals.size() ? formals[i].real_type() : n->input(i)->type();

@@ -398,6 +398,19 @@ def forward(self, x):
   EXPECT_THAT(cat->meta().outputs[0].shape, ElementsAre(6));
 }
 
+TEST(TracerTest, InPlaceListOperationsOnBuiltListsAreRejected) {
+  torch::jit::Module root = MakeModule("Net", R"(
+def forward(self, x):
+    parts: List[Tensor] = [x, x]
+    parts.insert(0, x * 2.0)
+    return torch.cat(parts)
+)");
+  absl::StatusOr<runtime::GraphModule> gm =
+      Trace(root, WithInput("x", torch::ones({2})));
+  ASSERT_FALSE(gm.ok());
+  EXPECT_THAT(gm.status().message(), HasSubstr("aten::insert.t"));
+}
+
 TEST(TracerTest, ScalarTypeArgumentsBecomeDTypes) {
   torch::jit::Module root = MakeModule("Net", R"(
 def forward(self, x):
