@@ -347,6 +347,29 @@ def forward(self, x, mask: Optional[Tensor] = None):
   EXPECT_THAT(gm->graph().meta().assumptions, IsEmpty());
 }
 
+TEST(TracerTest, NonTensorInputsAreSpecialisedConstants) {
+  torch::jit::Module root = MakeModule("Net", R"(
+def forward(self, x, repeats: int, scale: float = 0.5):
+    for i in range(repeats):
+        x = x * scale
+    return x
+)");
+  TraceOptions options = WithInput("x", torch::ones({2}));
+  options.example_inputs["repeats"] = int64_t{3};
+  absl::StatusOr<runtime::GraphModule> gm = Trace(root, options);
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  EXPECT_EQ(gm->graph().placeholders().size(), 3u);
+  EXPECT_THAT(gm->graph().meta().assumptions,
+              ElementsAre("input repeats == 3", "input scale == 0.5"));
+  int muls = 0;
+  for (const ir::Node* n : gm->graph().nodes()) {
+    if (n->target() != "aten::mul.Scalar") continue;
+    ++muls;
+    EXPECT_EQ(n->args()[1], ir::Argument::Double(0.5));
+  }
+  EXPECT_EQ(muls, 3);
+}
+
 TEST(TracerTest, TuplesBuiltInTheGraphAreForwardedOpResultsUseGetitem) {
   torch::jit::Module pair = MakeModule("Pair", R"(
 def forward(self, x):
