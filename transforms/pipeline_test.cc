@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "ir/proto.h"
 #include "ir/text.h"
 #include "transforms/change_truediv_to_mul_by_inverse.h"
 #include "transforms/eliminate_dead_code.h"
@@ -239,6 +240,22 @@ TEST(PipelineTest, MarksSurviveTheTextFormForReverse) {
       GetTransformedNodes(reloaded.graph(), FuseBatchNorm2dInConv2d::kName)
           .size(),
       1u);
+  ASSERT_TRUE(pipeline.Reverse(reloaded).value());
+  EXPECT_EQ(DiffGraphModules(reloaded, original), "");
+}
+
+TEST(PipelineTest, MarksSurviveTheProtobufFormForReverse) {
+  runtime::GraphModule original = MakeModel();
+  Pipeline pipeline;
+  pipeline.AddPass<MergeLinears>();
+  pipeline.AddPass<ChangeTrueDivToMulByInverse>();
+  auto out = pipeline.Apply(original);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto bytes = ir::SerializeGraph(out->graph());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto back = ir::DeserializeGraph(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  runtime::GraphModule reloaded(out->module(), std::move(back).value());
   ASSERT_TRUE(pipeline.Reverse(reloaded).value());
   EXPECT_EQ(DiffGraphModules(reloaded, original), "");
 }
