@@ -302,12 +302,6 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
                                absl::StrFormat("%016x", Fnv1a64(RecipeText(r))),
                                "; targets ", absl::StrJoin(targets, ","));
 
-  progress->Note(absl::StrFormat(
-      "calibrating %s (%d nodes) with %s: %d samples x %d tokens in %d "
-      "batches, %s pipeline",
-      options.model_path, gm.graph().size(), source, data.num_samples,
-      data.seq_len, data.batches.size(), PipelineKindName(p.kind)));
-
   // A run directory this run creates is removed again if the run fails.
   const bool run_dir_existed =
       p.kind == PipelineKind::kBasic || IsDirectory(p.run_dir);

@@ -771,6 +771,11 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
     }
   }
 
+  progress_->Note(absl::StrFormat(
+      "%s pipeline: %d subgraphs, %d calibration batches (%d samples x %d "
+      "tokens)%s",
+      PipelineKindName(options_.kind), n, num_batches, data_.num_samples,
+      data_.seq_len, options_.propagate_error ? "" : ", no error propagation"));
   int64_t units = 0;
   for (int i = start; i < n; ++i) {
     units += num_batches + 1 + (options_.propagate_error ? num_batches : 0);

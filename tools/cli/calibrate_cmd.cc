@@ -1,0 +1,210 @@
+// `tracecut calibrate MODEL.pt --recipe=RECIPE.textproto -o OUT.pt`:
+// sequential calibration (GPTQ, RTN, observers) of a TorchScript model.
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "ir/status_macros.h"
+#include "pipelines/calibrate.h"
+#include "pipelines/progress.h"
+#include "pipelines/recipe.h"
+#include "tools/cli/common.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::cli {
+namespace {
+
+using pipelines::CalibrateOptions;
+using pipelines::CalibrateOutcome;
+using tracer::hf::Json;
+
+absl::StatusOr<int64_t> IntFlag(const ParsedArgs& args, absl::string_view name,
+                                int64_t fallback, int64_t min) {
+  std::optional<std::string> v = args.Get(name);
+  if (!v.has_value()) return fallback;
+  int64_t out = 0;
+  if (!absl::SimpleAtoi(*v, &out) || out < min) {
+    return UsageError(absl::StrCat("--", name, " needs an integer >= ", min,
+                                   ", got '", *v, "'"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<bool>> BoolFlag(const ParsedArgs& args,
+                                             absl::string_view name) {
+  std::optional<std::string> v = args.Get(name);
+  if (!v.has_value()) return std::optional<bool>();
+  if (*v == "true" || *v == "1") return std::optional<bool>(true);
+  if (*v == "false" || *v == "0") return std::optional<bool>(false);
+  return UsageError(
+      absl::StrCat("--", name, " is true or false, got '", *v, "'"));
+}
+
+// "0.0841" or "-" for a missing number.
+std::string Num(const Json* v) {
+  if (v == nullptr || !v->is_number()) return "-";
+  return absl::StrFormat("%.4g", v->as_double());
+}
+
+absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
+  CalibrateOptions o;
+  o.model_path = args.positional()[0];
+  std::optional<std::string> recipe_path = args.Get("recipe");
+  if (!recipe_path.has_value()) {
+    return UsageError("--recipe=RECIPE.textproto is required");
+  }
+  std::optional<std::string> output = args.Get("output");
+  if (!output.has_value()) return UsageError("-o OUT.pt is required");
+  o.output_path = *output;
+  if (args.Has("data") == args.Has("synthetic")) {
+    return UsageError("give exactly one of --data=FILE and --synthetic=N");
+  }
+  o.data_path = args.Get("data").value_or("");
+  ASSIGN_OR_RETURN(o.synthetic_samples, IntFlag(args, "synthetic", 0, 1));
+  ASSIGN_OR_RETURN(o.synthetic_seq_len, IntFlag(args, "seq-len", 16, 1));
+  ASSIGN_OR_RETURN(int64_t seed, IntFlag(args, "seed", 0, 0));
+  o.seed = static_cast<uint64_t>(seed);
+  ASSIGN_OR_RETURN(o.batch_size, IntFlag(args, "batch-size", 1, 1));
+  if (std::optional<std::string> p = args.Get("pipeline")) {
+    absl::StatusOr<pipelines::PipelineKind> kind =
+        pipelines::ParsePipelineKind(*p);
+    if (!kind.ok()) return UsageError(kind.status().message());
+    o.pipeline = *kind;
+  }
+  ASSIGN_OR_RETURN(o.propagate_error, BoolFlag(args, "propagate-error"));
+  if (std::optional<std::string> t = args.Get("targets")) {
+    o.sequential_targets = absl::StrSplit(*t, ',', absl::SkipEmpty());
+  }
+  o.report_path = args.Get("report").value_or("");
+  o.run_dir = args.Get("run-dir").value_or("");
+  o.resume = args.Has("resume");
+  o.keep_run_dir = args.Has("keep-run-dir");
+  ASSIGN_OR_RETURN(int64_t stop, IntFlag(args, "stop-after", -1, 0));
+  o.stop_after_subgraph = static_cast<int>(stop);
+  o.report_run_section = !args.Has("deterministic-report");
+
+  ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipe(*recipe_path));
+  o.recipe_source = *recipe_path;
+
+  const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
+  pipelines::Progress progress(&io.err, live);
+  o.progress = &progress;
+  ASSIGN_OR_RETURN(CalibrateOutcome out, pipelines::Calibrate(o));
+
+  const std::string run_dir =
+      o.run_dir.empty() ? o.output_path + ".run" : o.run_dir;
+  if (out.stopped) {
+    if (args.Has("json")) {
+      Json j = Json::MakeObject();
+      j.Set("stopped", Json(true));
+      j.Set("stopped_after_subgraph", Json(static_cast<int64_t>(stop)));
+      j.Set("run_dir", Json(run_dir));
+      io.out << j.Dump(2) << "\n";
+    }
+    io.err << "tracecut calibrate: stopped after subgraph " << stop + 1 << "/"
+           << out.pipeline.num_subgraphs << "; checkpoint in " << run_dir
+           << " (rerun with --resume)\n";
+    return absl::OkStatus();
+  }
+  if (args.Has("json")) {
+    io.out << out.report.Dump(2) << "\n";
+  }
+  const Json* summary = out.report.Find("summary");
+  io.err << "tracecut calibrate: wrote " << o.output_path;
+  if (!o.report_path.empty()) io.err << " and " << o.report_path;
+  if (summary != nullptr) {
+    io.err << " (" << summary->Find("weights_quantized")->as_int()
+           << " weights quantized, mean output error "
+           << Num(summary->Find("mean_output_error"));
+    const Json* rtn = summary->Find("mean_rtn_output_error");
+    if (rtn != nullptr && rtn->is_number()) {
+      io.err << ", RTN would be " << Num(rtn);
+    }
+    io.err << ")";
+  }
+  io.err << "\n";
+  return absl::OkStatus();
+}
+
+Subcommand CalibrateCommand() {
+  Subcommand c;
+  c.name = "calibrate";
+  c.synopsis =
+      "MODEL.pt --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
+      "[--pipeline=sequential|layer_sequential|basic] [--resume] -o OUT.pt "
+      "[--report=FILE] [--json]";
+  c.summary = "Calibrate and quantize a model (GPTQ, RTN, observers).";
+  c.description =
+      "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
+      "the Hugging Face config's decoder layers) and calibrates it subgraph "
+      "by subgraph: a pass over all batches with the modifiers' hooks, their "
+      "compression step, then (with error propagation, the default) a pass "
+      "with the compressed weights whose outputs feed the next subgraph. "
+      "Activations between subgraphs live in an intermediates cache (the "
+      "recipe's cache budget spills to disk). OUT.pt is a TorchScript model "
+      "with quantize-dequantized weights and the parameters as buffers "
+      "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
+      "--report writes a JSON report (scales, zero points, per-layer output "
+      "error against round-to-nearest, timings).\n\n"
+      "--data reads token ids: a torch.save file (an int tensor [N, seq], or "
+      "tokenizer-style dicts with input_ids) or JSON lines (one array of "
+      "ints per line). --synthetic=N draws N deterministic samples of "
+      "--seq-len tokens from the config's vocabulary.\n\n"
+      "After each subgraph a checkpoint goes to OUT.pt.run/ (--run-dir); a "
+      "killed run continues with --resume and gives byte-identical output. "
+      "A run that fails removes what it wrote.";
+  c.flags = {
+      FlagSpec::Value("recipe", "FILE",
+                      "calibration recipe (pipelines/recipe.proto, text "
+                      "format; see docs/pipelines.md)"),
+      FlagSpec::Value("data", "FILE", "token ids: torch.save file or .jsonl"),
+      FlagSpec::Value("synthetic", "N",
+                      "N random samples from the model's vocabulary"),
+      FlagSpec::Value("seq-len", "N", "tokens per synthetic sample (16)"),
+      FlagSpec::Value("seed", "N", "seed of the synthetic samples (0)"),
+      FlagSpec::Value("batch-size", "N", "samples per calibration batch (1)"),
+      FlagSpec::Value("pipeline", "NAME",
+                      "sequential, layer_sequential or basic (default: the "
+                      "recipe's)"),
+      FlagSpec::Value("propagate-error", "BOOL",
+                      "feed later subgraphs the compressed subgraphs' "
+                      "outputs (default: the recipe's, true)"),
+      FlagSpec::Value("targets", "TYPE,...",
+                      "sequential targets (default: the recipe's, else the "
+                      "HF config's)"),
+      FlagSpec::Value("output", "OUT.pt", "the calibrated model").Short('o'),
+      FlagSpec::Value("report", "FILE", "write the JSON report here"),
+      FlagSpec::Bool("deterministic-report",
+                     "leave timings and cache statistics out of the report "
+                     "(then identical runs give identical bytes)"),
+      FlagSpec::Value("run-dir", "DIR",
+                      "checkpoint directory (default OUT.pt.run)"),
+      FlagSpec::Bool("resume",
+                     "continue from the checkpoint in the run directory"),
+      FlagSpec::Bool("keep-run-dir", "keep the checkpoints after success"),
+      FlagSpec::Value("stop-after", "K",
+                      "stop after subgraph K (0-based) as if killed there, "
+                      "leaving its checkpoint (for testing --resume)"),
+      FlagSpec::Bool("json", "print the report on stdout"),
+  };
+  c.min_positional = 1;
+  c.max_positional = 1;
+  c.run = RunCalibrate;
+  return c;
+}
+
+const bool kRegistered = RegisterSubcommand(CalibrateCommand());
+
+}  // namespace
+}  // namespace tracecut::cli

@@ -1,0 +1,240 @@
+// `tracecut calibrate` and `tracecut demo` through cli::Main: help, usage
+// errors, outputs, --json, stop/resume, and one-line errors without output.
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/cli/common.h"
+#include "tracer/hf/json.h"
+
+namespace tracecut::cli {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string Runfile(const std::string& rel) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
+                      "/", rel);
+}
+
+std::string Llama() { return Runfile("tests/fixtures/llama.pt"); }
+std::string Recipe() {
+  return Runfile("pipelines/testdata/gptq_w4g128.textproto");
+}
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != "..") out.push_back(name);
+    }
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Result RunTracecut(std::vector<std::string> args) {
+  args.insert(args.begin(), "tracecut");
+  std::ostringstream out, err;
+  Io io{out, err};
+  int code = Main(args, io);
+  return {code, out.str(), err.str()};
+}
+
+std::string LastLine(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+TEST(CalibrateCmdTest, Help) {
+  Result r = RunTracecut({"calibrate", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, StartsWith("usage: tracecut calibrate MODEL.pt"));
+  for (const char* flag : {"--recipe", "--data", "--synthetic", "--pipeline",
+                           "--resume", "--report", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+  r = RunTracecut({"demo", "--help"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("tracecut-demo-out"));
+  r = RunTracecut({"--help"});
+  EXPECT_THAT(r.out, HasSubstr("calibrate"));
+  EXPECT_THAT(r.out, HasSubstr("demo"));
+}
+
+TEST(CalibrateCmdTest, UsageErrors) {
+  const std::string out = TempDir("usage") + "/m.pt";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"calibrate"},
+           {"calibrate", Llama(), "--synthetic=4", "-o", out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "-o", out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=4"},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=4",
+            "--data=x.jsonl", "-o", out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=0", "-o",
+            out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=4",
+            "--pipeline=fast", "-o", out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=4",
+            "--propagate-error=maybe", "-o", out},
+       }) {
+    Result r = RunTracecut(args);
+    EXPECT_EQ(r.code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
+    EXPECT_THAT(r.err, StartsWith("tracecut calibrate")) << r.err;
+  }
+}
+
+TEST(CalibrateCmdTest, WritesModelReportAndJson) {
+  const std::string dir = TempDir("ok");
+  Result r =
+      RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                   "--synthetic=8", "--batch-size=4", "-o", dir + "/m.pt",
+                   "--report=" + dir + "/r.json", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>({"m.pt", "r.json"}));
+  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->Dump(2) + "\n", ReadFile(dir + "/r.json"));
+  EXPECT_EQ(json->Find("summary")->Find("weights_quantized")->as_int(), 14);
+  EXPECT_THAT(r.err, HasSubstr("subgraph 3/3 model.layers.1"));
+  EXPECT_THAT(LastLine(r.err),
+              StartsWith("tracecut calibrate: wrote " + dir + "/m.pt"));
+}
+
+TEST(CalibrateCmdTest, StopThenResumeMatchesUninterrupted) {
+  const std::string full = TempDir("cmd_full");
+  const std::string part = TempDir("cmd_part");
+  auto args = [&](const std::string& dir) {
+    return std::vector<std::string>{"calibrate",
+                                    Llama(),
+                                    "--recipe=" + Recipe(),
+                                    "--synthetic=8",
+                                    "--batch-size=2",
+                                    "--deterministic-report",
+                                    "-o",
+                                    dir + "/m.pt",
+                                    "--report=" + dir + "/r.json"};
+  };
+  Result a = RunTracecut(args(full));
+  ASSERT_EQ(a.code, 0) << a.err;
+  std::vector<std::string> stop = args(part);
+  stop.push_back("--stop-after=0");
+  Result s = RunTracecut(stop);
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_THAT(LastLine(s.err), HasSubstr("stopped after subgraph 1/3"));
+  EXPECT_EQ(ListDir(part), std::vector<std::string>({"m.pt.run"}));
+  std::vector<std::string> resume = args(part);
+  resume.push_back("--resume");
+  Result b = RunTracecut(resume);
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_THAT(b.err, HasSubstr("resuming from"));
+  EXPECT_TRUE(ReadFile(full + "/m.pt") == ReadFile(part + "/m.pt"));
+  EXPECT_EQ(ReadFile(full + "/r.json"), ReadFile(part + "/r.json"));
+  EXPECT_EQ(ListDir(part), std::vector<std::string>({"m.pt", "r.json"}));
+}
+
+TEST(CalibrateCmdTest, ErrorsAreOneLineAndLeaveNothing) {
+  const std::string dir = TempDir("errors");
+  const std::string bad_recipe =
+      WriteFile(dir + "/bad.textproto", "modifiers { gptq { scheme { bits: ");
+  const std::string no_match = WriteFile(
+      dir + "/nomatch.textproto",
+      "modifiers { gptq { scheme { bits: 4 } targets: \"Conv2d\" } }");
+  const std::string data = WriteFile(dir + "/ids.jsonl", "[1, 2, 999]\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  } cases[] = {
+      {{"--recipe=" + bad_recipe, "--synthetic=4"}, "bad.textproto:1:"},
+      {{"--recipe=" + no_match, "--synthetic=4"},
+       "targets [Conv2d] match no leaf module"},
+      {{"--recipe=" + Recipe(), "--data=" + data},
+       "token id 999 at sample 0, position 2"},
+      {{"--recipe=" + Recipe(), "--synthetic=4", "--targets=GPT2Block"},
+       "GPT2Block"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"calibrate", Llama(), "-o",
+                                     dir + "/out/m.pt",
+                                     "--report=" + dir + "/out/r.json"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    mkdir((dir + "/out").c_str(), 0755);
+    Result r = RunTracecut(args);
+    EXPECT_EQ(r.code, 1) << absl::StrJoin(args, " ");
+    EXPECT_THAT(LastLine(r.err), StartsWith("tracecut calibrate: "));
+    EXPECT_THAT(LastLine(r.err), HasSubstr(c.expected)) << r.err;
+    EXPECT_TRUE(ListDir(dir + "/out").empty()) << r.err;
+  }
+}
+
+TEST(CalibrateCmdTest, DemoRunsAndWritesOutputs) {
+  const std::string dir = TempDir("demo");
+  Result r =
+      RunTracecut({"demo", "--samples=16", "-o", dir + "/out", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("partition: 3 subgraphs"));
+  EXPECT_THAT(r.err, HasSubstr("final-logit relative error"));
+  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  ASSERT_TRUE(json.ok()) << json.status() << r.out;
+  const tracer::hf::Json* results = json->Find("results");
+  ASSERT_NE(results, nullptr);
+  double gptq =
+      results->Find("gptq")->Find("final_logit_relative_error")->as_double();
+  double rtn =
+      results->Find("rtn")->Find("final_logit_relative_error")->as_double();
+  EXPECT_GT(gptq, 0);
+  EXPECT_GT(rtn, 0);
+  EXPECT_EQ(ListDir(dir + "/out"),
+            std::vector<std::string>(
+                {"llama-gptq-w4g128.pt", "llama-gptq-w4g128.report.json",
+                 "llama-rtn-w4g128.pt", "llama-rtn-w4g128.report.json",
+                 "summary.json"}));
+}
+
+}  // namespace
+}  // namespace tracecut::cli
