@@ -222,7 +222,11 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     return absl::InvalidArgumentError(
         "give exactly one of --data=FILE and --synthetic=N");
   }
-  RETURN_IF_ERROR(ValidateRecipe(options.recipe, options.recipe_source));
+  const bool extras_only =
+      options.recipe.modifiers_size() == 0 && !options.extra_modifiers.empty();
+  if (!extras_only) {
+    RETURN_IF_ERROR(ValidateRecipe(options.recipe, options.recipe_source));
+  }
   Progress silent = Progress::Silent();
   Progress* progress = options.progress != nullptr ? options.progress : &silent;
 
@@ -257,10 +261,17 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
                    MakeCalibrationData(tokens, ModelInputNames(gm),
                                        options.batch_size, source));
 
-  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Modifier>> owned,
-                   BuildModifiers(options.recipe));
+  std::vector<std::unique_ptr<Modifier>> owned;
+  if (!extras_only) {
+    ASSIGN_OR_RETURN(owned, BuildModifiers(options.recipe));
+  }
   std::vector<Modifier*> modifiers;
   for (const auto& m : owned) modifiers.push_back(m.get());
+  for (Modifier* m : options.extra_modifiers) {
+    if (m == nullptr)
+      return absl::InvalidArgumentError("a null extra modifier");
+    modifiers.push_back(m);
+  }
 
   // Pipeline options.
   const recipe::Recipe& r = options.recipe;

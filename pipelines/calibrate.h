@@ -61,6 +61,9 @@ std::vector<std::string> ModelInputNames(const runtime::GraphModule& model);
 struct CalibrateOptions {
   std::string model_path;
   recipe::Recipe recipe;
+  // Modifiers of the caller's own (not owned), run after the recipe's. With
+  // any, the recipe may have no modifiers of its own.
+  std::vector<Modifier*> extra_modifiers;
   std::string recipe_source = "<recipe>";  // For the report.
 
   // Exactly one of: a token file (calibration_data.h) or synthetic tokens.

@@ -205,6 +205,46 @@ TEST(CalibrateTest, KilledThenResumedRunGivesIdenticalBytes) {
   EXPECT_EQ(report_a, ReadFile(o.report_path));
 }
 
+// A modifier of the caller's own, after (or instead of) the recipe's.
+class CountCalls : public Modifier {
+ public:
+  std::string name() const override { return "count-calls"; }
+  bool WantsModule(absl::string_view path,
+                   absl::string_view type) const override {
+    return true;
+  }
+  absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) override {
+    ++calls;
+    return absl::OkStatus();
+  }
+  absl::Status OnSubgraphEnd(RunContext& ctx,
+                             const SubgraphInfo& subgraph) override {
+    ++subgraphs;
+    return absl::OkStatus();
+  }
+  int64_t calls = 0;
+  int subgraphs = 0;
+};
+
+TEST(CalibrateTest, ExtraModifiersRunAfterTheRecipe) {
+  std::string dir = TempDir("extra");
+  CalibrateOptions o = Base(dir);
+  CountCalls count;
+  o.extra_modifiers = {&count};
+  absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(count.subgraphs, 3);
+  EXPECT_EQ(count.calls, 3 * 18);  // 3 batches x 18 leaf-module calls.
+
+  // Alone, with a recipe that has no modifiers.
+  o.recipe.clear_modifiers();
+  CountCalls alone;
+  o.extra_modifiers = {&alone};
+  out = Calibrate(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(alone.calls, 3 * 18);
+}
+
 TEST(CalibrateTest, ResumeWithoutCheckpointStartsAfresh) {
   std::string dir = TempDir("fresh_resume");
   CalibrateOptions o = Base(dir);
