@@ -4,9 +4,10 @@
 # way another team would, and checks what Bazel's caching promises:
 #
 #   1. `bazel test //...` in the consumer from a clean output base, offline
-#      (test results not taken from the disk cache):
-#      tracecut's libraries and CLI, the tracecut_* rules over a tiny Llama,
-#      the consumer's own modifier and its test;
+#      (test results not taken from the disk cache): tracecut's libraries
+#      and CLI, the tracecut_* rules over a tiny Llama (trace, partition
+#      with its SVG drawing, calibrate), the consumer's own modifier in a
+#      calibrate binary and in a program, and the consumer's tests;
 #   2. after restarting the server, `bazel build //...` runs no action;
 #   3. after a change to the model's input (its seed), `bazel build //...`
 #      re-runs exactly the actions that depend on it (rerun_check.py; an
@@ -41,14 +42,19 @@ tmp=${TEST_TMPDIR:-$(mktemp -d)}
 home=$(getent passwd "$(id -u)" | cut -d: -f6)
 disk_cache=${TRACECUT_DISK_CACHE:-$home/.cache/tracecut-bazel-disk}
 
-# A copy of the consumer workspace (the test edits its model input), with
-# @tracecut pointed at this source tree.
+# A snapshot of the source tree as @tracecut (it must not change between
+# the builds compared below, whatever happens in the checkout meanwhile),
+# and a copy of the consumer workspace (the test edits its model input).
+src=$tmp/tracecut
 work=$tmp/consumer
-rm -rf "$work"
-mkdir -p "$work"
-tar -C "$root/examples/consumer" --exclude='./bazel-*' --exclude=./user.bazelrc -cf - . | tar -C "$work" -xf -
+rm -rf "$src" "$work"
+mkdir -p "$src" "$work"
+tar -C "$root" --exclude=./.git --exclude='./bazel-*' --exclude=./user.bazelrc \
+  --exclude=./examples/consumer -cf - . | tar -C "$src" -xf -
+tar -C "$root/examples/consumer" --exclude='./bazel-*' --exclude=./user.bazelrc -cf - . |
+  tar -C "$work" -xf -
 {
-  echo "build --override_repository=tracecut=$root"
+  echo "build --override_repository=tracecut=$src"
   if [[ $disk_cache != none ]]; then
     echo "build --disk_cache=$disk_cache"
   else
@@ -68,7 +74,7 @@ bz() {
 }
 trap 'bz shutdown >/dev/null 2>&1 || true' EXIT
 
-log "tracecut source tree: $root"
+log "tracecut source tree: $root (snapshot in $src)"
 log "disk cache: $disk_cache"
 log "consumer copy: $work, output base: $ob (clean)"
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,23 @@ absl::Status ActivationMax::OnModuleCall(RunContext& ctx,
   return absl::OkStatus();
 }
 
+absl::Status ActivationMax::OnSubgraphEnd(RunContext& ctx,
+                                          const SubgraphInfo& subgraph) {
+  if (layers_.empty()) return absl::OkStatus();
+  const Layer& layer = layers_.back();
+  for (const auto& [path, max_abs] : layer.modules) {
+    tracecut::pipelines::ModuleRecord& record = ctx.results().Module(path);
+    if (record.type.empty()) {
+      const tracecut::pipelines::LeafModule* leaf = ctx.FindLeaf(path);
+      if (leaf != nullptr) record.type = leaf->type;
+      record.subgraph = subgraph.index;
+    }
+    record.notes.push_back(absl::StrFormat(
+        "max |output| %.4g (%s: %.4g)", max_abs, layer.label, layer.max_abs));
+  }
+  return absl::OkStatus();
+}
+
 std::string ActivationMax::ToJson() const {
   std::vector<std::string> layers;
   for (const Layer& layer : layers_) {
@@ -57,6 +75,10 @@ std::string ActivationMax::ToJson() const {
   }
   return absl::StrCat("{\n  \"layers\": [\n", absl::StrJoin(layers, ",\n"),
                       "\n  ]\n}\n");
+}
+
+std::unique_ptr<tracecut::pipelines::Modifier> MakeActivationMax() {
+  return std::make_unique<ActivationMax>();
 }
 
 }  // namespace consumer
