@@ -1,0 +1,386 @@
+// `tracecut transform MODEL.pt --passes=...`: trace a TorchScript model, run
+// named passes (transforms/registry.h) on the whole graph or per subgraph,
+// and save the result atomically as a .pt. `tracecut debug MODEL.pt
+// --passes=...`: the layer-by-layer debugger (transforms/debugger.h).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "ir/graph.h"
+#include "ir/status_macros.h"
+#include "partition/check.h"
+#include "partition/partitioner.h"
+#include "runtime/graph_module.h"
+#include "runtime/interpreter.h"
+#include "runtime/lowering.h"
+#include "tools/cli/common.h"
+#include "tracer/hf/config.h"
+#include "tracer/hf/json.h"
+#include "tracer/load.h"
+#include "tracer/tracer.h"
+#include "transforms/debugger.h"
+#include "transforms/per_subgraph.h"
+#include "transforms/per_subgraph_internal.h"
+#include "transforms/pipeline.h"
+#include "transforms/registry.h"
+
+namespace tracecut::cli {
+namespace {
+
+using tracer::hf::Json;
+
+constexpr double kTolerance = 1e-5;
+
+std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
+  std::vector<std::string> out;
+  for (const std::string& v : values) {
+    for (absl::string_view item : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+      std::string s(item);
+      s.erase(0, s.find_first_not_of(' '));
+      s.erase(s.find_last_not_of(' ') + 1);
+      if (!s.empty()) out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+std::string FormatError(double e) { return absl::StrFormat("%.3e", e); }
+
+// The pipeline of --passes; unknown names are usage errors listing the
+// known passes.
+absl::StatusOr<std::unique_ptr<transforms::Pipeline>> PipelineFromFlag(
+    const ParsedArgs& args) {
+  std::vector<std::string> names = SplitAll(args.GetAll("passes"));
+  if (names.empty()) {
+    return UsageError(
+        absl::StrCat("--passes=NAME,... is required; known passes: ",
+                     absl::StrJoin(transforms::RegisteredPassNames(), ", ")));
+  }
+  auto pipeline = std::make_unique<transforms::Pipeline>("transform");
+  for (const std::string& name : names) {
+    absl::StatusOr<std::unique_ptr<transforms::Transformation>> pass =
+        transforms::MakePass(name);
+    if (!pass.ok()) {
+      return UsageError(
+          absl::StrCat("unknown pass '", name, "'; known passes: ",
+                       absl::StrJoin(transforms::RegisteredPassNames(), ", ")));
+    }
+    pipeline->AddPass(*std::move(pass));
+  }
+  return pipeline;
+}
+
+struct Traced {
+  tracer::LoadedModel loaded;
+  tracer::TraceOptions options;
+  std::optional<runtime::GraphModule> gm;
+};
+
+absl::StatusOr<Traced> TraceModel(const ParsedArgs& args) {
+  Traced t;
+  if (args.Has("no-default-leaves")) {
+    t.options.leaf_policy = tracer::LeafPolicy::None();
+  }
+  for (std::string& leaf : args.GetAll("leaf")) {
+    t.options.leaf_policy.AddTypeOrPath(std::move(leaf));
+  }
+  if (std::optional<std::string> config = args.Get("config")) {
+    t.options.config_path = *config;
+  }
+  ASSIGN_OR_RETURN(t.loaded, tracer::LoadModel(args.positional()[0]));
+  ASSIGN_OR_RETURN(t.options,
+                   tracer::WithModelFiles(t.loaded, std::move(t.options)));
+  ASSIGN_OR_RETURN(runtime::GraphModule gm,
+                   tracer::Trace(t.loaded.module, t.options));
+  t.gm.emplace(std::move(gm));
+  return t;
+}
+
+// Partition options from --targets/--ignore, falling back to HF defaults.
+absl::StatusOr<partition::PartitionOptions> PartitionFromFlags(
+    const ParsedArgs& args, const Traced& t, bool required) {
+  partition::PartitionOptions popts;
+  std::optional<tracer::hf::HfDefaults> defaults;
+  if (t.options.config.has_value()) {
+    defaults = tracer::hf::DefaultsFor(*t.options.config);
+  }
+  popts.targets = SplitAll(args.GetAll("targets"));
+  if (popts.targets.empty() && required && defaults.has_value()) {
+    popts.targets = defaults->sequential_targets;
+  }
+  if (popts.targets.empty() && required) {
+    return UsageError(absl::StrCat("no sequential targets known for ",
+                                   args.positional()[0],
+                                   "; give --targets=TYPE,..."));
+  }
+  if (defaults.has_value()) {
+    popts.ignore = defaults->ignore;
+  } else {
+    popts.ignore = {"lm_head"};
+  }
+  return popts;
+}
+
+struct PassSummary {
+  std::string name;
+  bool changed = false;
+  int64_t touched = 0;
+};
+
+absl::Status RunTransform(const ParsedArgs& args, Io& io) {
+  const std::string model = args.positional()[0];
+  const bool json = args.Has("json");
+  const bool check = args.Has("check");
+  std::optional<std::string> output = args.Get("output");
+  ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
+                   PipelineFromFlag(args));
+  if (!output.has_value() || output->empty() || *output == "-") {
+    return UsageError("-o OUT.pt is required (a file path)");
+  }
+
+  ASSIGN_OR_RETURN(Traced t, TraceModel(args));
+  const runtime::GraphModule& gm = *t.gm;
+  const bool per_subgraph = args.Has("targets");
+
+  std::vector<PassSummary> passes;
+  std::optional<runtime::GraphModule> result;
+  std::optional<transforms::PerSubgraphResult> sub_result;
+  if (per_subgraph) {
+    ASSIGN_OR_RETURN(partition::PartitionOptions popts,
+                     PartitionFromFlags(args, t, /*required=*/true));
+    ASSIGN_OR_RETURN(transforms::PerSubgraphResult r,
+                     transforms::RunPerSubgraph(gm, *pipeline, popts));
+    for (const auto& pass : pipeline->passes()) {
+      passes.push_back({std::string(pass->name()), false, 0});
+    }
+    for (const transforms::SubgraphRunReport& s : r.subgraphs) {
+      for (size_t i = 0; i < s.passes.size() && i < passes.size(); ++i) {
+        passes[i].changed |= s.passes[i].changed;
+        passes[i].touched += s.passes[i].touched_nodes.size();
+      }
+    }
+    result.emplace(std::move(r.module));
+  } else {
+    ASSIGN_OR_RETURN(runtime::GraphModule work, gm.Clone());
+    {
+      transforms::internal::ObserverScope scope(
+          *pipeline,
+          [&](const transforms::PassRecord& r,
+              const runtime::GraphModule& m) -> absl::Status {
+            passes.push_back(
+                {r.name, r.changed,
+                 static_cast<int64_t>(transforms::internal::TouchedNodes(
+                                          m.graph(), r.name, r.app)
+                                          .size())});
+            return absl::OkStatus();
+          });
+      RETURN_IF_ERROR(pipeline->Run(work).status());
+    }
+    result.emplace(std::move(work));
+  }
+
+  std::optional<double> max_error;
+  if (check) {
+    ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
+                     tracer::ResolveExampleInputs(t.loaded.module, t.options));
+    ASSIGN_OR_RETURN(runtime::Interpreter before,
+                     runtime::Interpreter::Create(gm));
+    ASSIGN_OR_RETURN(runtime::Interpreter after,
+                     runtime::Interpreter::Create(*result));
+    ASSIGN_OR_RETURN(c10::IValue a, before.Run(inputs.values));
+    ASSIGN_OR_RETURN(c10::IValue b, after.Run(inputs.values));
+    ASSIGN_OR_RETURN(double e, partition::MaxAbsError(a, b));
+    max_error = e;
+    if (!(e <= kTolerance)) {
+      return absl::InternalError(
+          absl::StrCat("check failed: max abs error ", FormatError(e), " > ",
+                       FormatError(kTolerance), " after ",
+                       absl::StrJoin(SplitAll(args.GetAll("passes")), ",")));
+    }
+  }
+
+  runtime::SaveOptions save;
+  save.include_extra_files = true;
+  save.extra_files = t.loaded.extra_files;
+  for (const auto& [k, v] : result->extra_files()) save.extra_files.erase(k);
+  RETURN_IF_ERROR(runtime::SaveTorchScript(*result, *output, save));
+
+  if (json) {
+    Json summary = Json::MakeObject();
+    summary.Set("model", Json(model));
+    summary.Set("output", Json(*output));
+    summary.Set("per_subgraph", Json(per_subgraph));
+    Json list = Json::MakeArray();
+    for (const PassSummary& p : passes) {
+      Json e = Json::MakeObject();
+      e.Set("pass", Json(p.name));
+      e.Set("changed", Json(p.changed));
+      e.Set("touched_nodes", Json(p.touched));
+      list.Append(std::move(e));
+    }
+    summary.Set("passes", std::move(list));
+    summary.Set("max_abs_error",
+                max_error.has_value() ? Json(*max_error) : Json());
+    io.out << summary.Dump(2) << "\n";
+  }
+  if (max_error.has_value()) {
+    io.err << "tracecut transform: check passed, max abs error "
+           << FormatError(*max_error) << "\n";
+  }
+  if (!json) {
+    for (const PassSummary& p : passes) {
+      io.err << "tracecut transform: " << p.name << ": "
+             << (p.changed ? "changed" : "unchanged") << ", " << p.touched
+             << " nodes touched\n";
+    }
+    io.err << "tracecut transform: wrote " << *output << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunDebug(const ParsedArgs& args, Io& io) {
+  const bool json = args.Has("json");
+  ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
+                   PipelineFromFlag(args));
+  transforms::DebugOptions dopts;
+  if (std::optional<std::string> tol = args.Get("tolerance")) {
+    if (!absl::SimpleAtod(*tol, &dopts.tolerance) || !(dopts.tolerance >= 0)) {
+      return UsageError(
+          absl::StrCat("--tolerance wants a number >= 0, not '", *tol, "'"));
+    }
+  }
+  dopts.absolute = args.Has("absolute");
+  ASSIGN_OR_RETURN(Traced t, TraceModel(args));
+  ASSIGN_OR_RETURN(dopts.partition,
+                   PartitionFromFlags(args, t, /*required=*/true));
+  ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
+                   tracer::ResolveExampleInputs(t.loaded.module, t.options));
+  ASSIGN_OR_RETURN(
+      transforms::DebugReport report,
+      transforms::DebugPipeline(*t.gm, *pipeline, inputs.values, dopts));
+
+  auto label = [&](int index) {
+    for (const transforms::DebugSubgraph& s : report.subgraphs) {
+      if (s.index == index) {
+        return absl::StrCat("#", index, " (",
+                            s.module_paths.empty()
+                                ? "head"
+                                : absl::StrJoin(s.module_paths, ", "),
+                            ")");
+      }
+    }
+    return absl::StrCat("#", index);
+  };
+  std::string verdict;
+  if (report.first_exceeding >= 0) {
+    const transforms::DebugStep& s = report.steps[report.first_exceeding];
+    verdict = absl::StrCat(
+        "first over tolerance ", FormatError(report.tolerance), ": subgraph ",
+        label(s.subgraph), ", pass ", s.pass, " (max abs ",
+        FormatError(s.max_abs), ", max rel ", FormatError(s.max_rel), ")");
+  } else {
+    verdict =
+        absl::StrCat("all within tolerance ", FormatError(report.tolerance));
+  }
+  if (json) {
+    io.out << report.ToJson() << "\n";
+    io.err << "tracecut debug: " << verdict << "\n";
+    return absl::OkStatus();
+  }
+  io.out << absl::StrFormat("%-32s %-36s %10s %10s %7s\n", "subgraph", "pass",
+                            "max_abs", "max_rel", "touched");
+  for (const transforms::DebugStep& s : report.steps) {
+    io.out << absl::StrFormat("%-32s %-36s %10s %10s %7d%s\n",
+                              label(s.subgraph), s.pass, FormatError(s.max_abs),
+                              FormatError(s.max_rel), s.touched_nodes.size(),
+                              s.exceeds ? "  !" : "");
+  }
+  io.out << verdict << "\n";
+  return absl::OkStatus();
+}
+
+std::vector<FlagSpec> TraceFlags() {
+  return {
+      FlagSpec::Value("passes", "NAME,...", "passes to run, in order")
+          .Repeated(),
+      FlagSpec::Value("targets", "TYPE,...",
+                      "module types that start a subgraph (run the passes "
+                      "per subgraph)")
+          .Repeated(),
+      FlagSpec::Value("leaf", "TYPE_OR_PATH",
+                      "keep this module type or path/glob as a call_module "
+                      "when tracing")
+          .Repeated(),
+      FlagSpec::Bool("no-default-leaves",
+                     "inline torch.nn built-ins and Conv1D too"),
+      FlagSpec::Value("config", "FILE",
+                      "HF config.json to use instead of the embedded one"),
+      FlagSpec::Bool("json", "print a JSON summary on stdout"),
+  };
+}
+
+Subcommand TransformCommand() {
+  Subcommand c;
+  c.name = "transform";
+  c.synopsis =
+      "MODEL.pt --passes=NAME,... [--targets=TYPE,...] "
+      "[--leaf=TYPE_OR_PATH]... "
+      "[--check] [--json] -o OUT.pt";
+  c.summary = "Run named transform passes on a traced model and save it.";
+  c.description =
+      "Traces MODEL.pt as `tracecut trace` does, runs the passes named by "
+      "--passes as one pipeline (on the whole graph, or on each subgraph of "
+      "the partition at --targets), and saves the result atomically to "
+      "OUT.pt, keeping the model's embedded files. --check runs the original "
+      "and the result on the model's example inputs and fails beyond 1e-5.";
+  c.flags = TraceFlags();
+  c.flags.push_back(FlagSpec::Bool(
+      "check", "compare original and result on the example inputs"));
+  c.flags.push_back(
+      FlagSpec::Value("output", "FILE", "where to save the .pt").Short('o'));
+  c.min_positional = 1;
+  c.max_positional = 1;
+  c.run = RunTransform;
+  return c;
+}
+
+Subcommand DebugCommand() {
+  Subcommand c;
+  c.name = "debug";
+  c.synopsis =
+      "MODEL.pt --passes=NAME,... [--targets=TYPE,...] [--tolerance=1e-5] "
+      "[--absolute] [--json]";
+  c.summary = "Find which pass breaks which layer, layer by layer.";
+  c.description =
+      "Partitions the traced model at --targets (default: from the HF "
+      "config), runs the passes on each subgraph alone and compares each "
+      "subgraph's outputs on its cached inputs before and after every pass. "
+      "Prints a table (or the report as JSON) and the first (subgraph, pass) "
+      "over --tolerance (relative unless --absolute). Exits 0 either way.";
+  c.flags = TraceFlags();
+  c.flags.push_back(
+      FlagSpec::Value("tolerance", "X", "flag steps above this error (1e-5)"));
+  c.flags.push_back(
+      FlagSpec::Bool("absolute", "compare absolute instead of relative error"));
+  c.min_positional = 1;
+  c.max_positional = 1;
+  c.run = RunDebug;
+  return c;
+}
+
+const bool kTransformRegistered = RegisterSubcommand(TransformCommand());
+const bool kDebugRegistered = RegisterSubcommand(DebugCommand());
+
+}  // namespace
+}  // namespace tracecut::cli
