@@ -67,6 +67,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   std::optional<std::string> output = args.Get("output");
   if (!output.has_value()) return UsageError("-o OUT.pt is required");
   o.output_path = *output;
+  RETURN_IF_ERROR(CheckOutputPath(o.output_path));
   if (args.Has("data") == args.Has("synthetic")) {
     return UsageError("give exactly one of --data=FILE and --synthetic=N");
   }
@@ -87,6 +88,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     o.sequential_targets = absl::StrSplit(*t, ',', absl::SkipEmpty());
   }
   o.report_path = args.Get("report").value_or("");
+  if (!o.report_path.empty()) RETURN_IF_ERROR(CheckOutputPath(o.report_path));
   o.run_dir = args.Get("run-dir").value_or("");
   o.resume = args.Has("resume");
   o.keep_run_dir = args.Has("keep-run-dir");

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <utility>
 
@@ -334,6 +335,23 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
     unlink(tmp.c_str());
     return absl::DataLossError(absl::StrCat(
         "cannot write '", path, "': rename failed: ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputPath(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write '", path, "': it is a directory"));
+  }
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) return absl::OkStatus();
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("cannot write '", path, "': '",
+                                            dir.string(),
+                                            "' is not an existing directory"));
   }
   return absl::OkStatus();
 }

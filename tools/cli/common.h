@@ -120,6 +120,11 @@ std::string SubcommandHelp(const Subcommand& command);
 absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
                          Io& io);
 
+// Fails, naming `path`, when an output could not be written there later (it
+// is a directory, or its directory is missing): long runs check this before
+// doing any work.
+absl::Status CheckOutputPath(const std::string& path);
+
 }  // namespace tracecut::cli
 
 #endif  // TRACECUT_TOOLS_CLI_COMMON_H_
