@@ -307,6 +307,7 @@ def _tracecut_transform_impl(ctx):
     args = ctx.actions.args()
     args.add("transform")
     args.add(ctx.file.model)
+    extra_inputs = _leaf_args(ctx, args)
     _comma_flag(args, "passes", ctx.attr.passes)
     _comma_flag(args, "targets", ctx.attr.targets)
     if ctx.attr.check:
@@ -315,7 +316,7 @@ def _tracecut_transform_impl(ctx):
     _run_tracecut(
         ctx,
         [args],
-        [ctx.file.model],
+        [ctx.file.model] + extra_inputs,
         [ctx.outputs.out],
         ctx.outputs.summary,
         "TracecutTransform",
@@ -328,15 +329,11 @@ tracecut_transform = rule(
     doc = """Runs transformation passes over a model (`tracecut transform`).
 
 Outputs `<name>.pt` (the transformed TorchScript model, loadable by LibTorch
-and Python torch) and `<name>.summary.json`. Output groups: `model`,
-`summary`.
+and Python torch, and by the other rules) and `<name>.summary.json` (what
+each pass changed, per subgraph with `targets`, and the --check error).
+Output groups: `model`, `summary`.
 """,
-    attrs = {
-        "model": attr.label(
-            mandatory = True,
-            allow_single_file = [".pt"],
-            doc = "The TorchScript model (.pt).",
-        ),
+    attrs = dict(_TRACE_ATTRS, **{
         "passes": attr.string_list(
             mandatory = True,
             doc = "Pass names, run in order (`tracecut transform --help` " +
@@ -352,7 +349,7 @@ and Python torch) and `<name>.summary.json`. Output groups: `model`,
                   "original's beyond tolerance (--check).",
         ),
         "tracecut": _tracecut_attr(),
-    },
+    }),
     outputs = {
         "out": "%{name}.pt",
         "summary": "%{name}.summary.json",

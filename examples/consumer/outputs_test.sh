@@ -13,7 +13,8 @@ summary=tiny_llama_ir.summary.json
 [[ $(head -1 "$ir") == "graph {" ]] || fail "$ir is not IR text"
 grep -q '"hf.sequential_targets" = \["LlamaDecoderLayer"\]' "$ir" ||
   fail "$ir does not name the decoder layers as sequential targets"
-python3 - "$summary" tiny_llama_mlp_leaves.json tiny_llama_plan tiny_llama_gptq_w4.report.json <<'PY'
+python3 - "$summary" tiny_llama_mlp_leaves.json tiny_llama_plan tiny_llama_gptq_w4.report.json \
+  tiny_llama_merged_ir.summary.json <<'PY'
 import json, sys
 
 summary = json.load(open(sys.argv[1]))
@@ -42,5 +43,10 @@ report = json.load(open(sys.argv[4]))
 methods = {m["path"]: m["weight"]["method"] for m in report["modules"] if m.get("weight")}
 assert methods["model.layers.1.self_attn.q_proj"] == "gptq", methods
 assert "lm_head" not in methods or methods["lm_head"] != "gptq", methods
+
+# merge-linears left one merged projection where q, k and v were.
+merged = json.load(open(sys.argv[5]))["call_module_targets"]
+assert not any(t.endswith(".q_proj") for t in merged), merged
+assert any("merged" in t for t in merged), merged
 PY
 echo "outputs_test: OK"
