@@ -45,12 +45,86 @@ def rows_from(raw):
                      "peer_name": "llm-compressor-style Kahn (Python)",
                      "ratio": v["partition_s"] / ref["partition_s"], "target": 1 / 50,
                      "note": f"{v['subgraphs']} subgraphs vs {ref['partitions']} partitions, {ref['nodes']} nodes"})
+    rows += rows_4_to_6(by)
     for r in rows:
         r["met"] = None if r["target"] is None else r["ratio"] <= r["target"]
     return rows
 
 
-def fmt(x):
+def mib(x):
+    return f"{x / 2**20:.1f} MiB"
+
+
+def rows_4_to_6(by):
+    """Rows of pipeline_bench, transforms_bench, gptq_bench and gptq_ref.py."""
+    rows = []
+    get = lambda k: next((v for (kk, _), v in by.items() if kk == k), None)
+    layers = next((l for (k, l) in by if k == "pipeline_sequential"), 0)
+    plain, seq, basic = get("pipeline_plain"), get("pipeline_sequential"), get("pipeline_basic")
+    if plain and seq:
+        work = (f"{layers}L hidden-512 llama, {seq['samples']}x{seq['seq']} tokens in {seq['batches']} batches, "
+                f"median of {seq['runs']}")
+        rows.append({"row": "4. sequential pipeline (no-op modifier) vs plain forward", "ours": seq["seconds"],
+                     "peer": plain["seconds"], "peer_name": "TorchScript forward over the same batches",
+                     "ratio": seq["seconds"] / plain["seconds"], "target": 1.15,
+                     "note": f"{work}; {seq['subgraphs']} subgraphs; the no-op modifier receives "
+                             f"{seq['linear_calls_per_pass']} Linear calls per pass; intermediates cache peak "
+                             f"{mib(seq['cache_peak_bytes'])}, at most {mib(seq['cache_max_bytes_between_subgraphs'])} "
+                             f"between subgraphs, {seq['cache_bytes_spilled']} bytes spilled"})
+    if seq and basic:
+        rows.append({"row": "4. peak RSS: sequential vs basic pipeline", "ours": seq["peak_rss_bytes"],
+                     "peer": basic["peak_rss_bytes"], "peer_name": "basic pipeline", "unit": "bytes",
+                     "ratio": seq["peak_rss_bytes"] / basic["peak_rss_bytes"], "target": None,
+                     "note": f"VmHWM of separate processes (each loads and traces the model); basic "
+                             f"{basic['seconds']:.3f} s per pass"
+                             + (f"; plain forward process {mib(plain['peak_rss_bytes'])}" if plain else "")})
+    for name in ("cnn", "bert"):
+        t = get(f"transforms_{name}")
+        if not t:
+            continue
+        errs = ", ".join(f"{v} {t['max_err_' + v]:.2g}" for v in ("ofi", "ours", "ours_frozen", "ours_ofi"))
+        rows.append({"row": f"5. {name}: ours transformed + frozen vs optimize_for_inference",
+                     "ours": t["ours_frozen_s"], "peer": t["ofi_s"],
+                     "peer_name": "torch::jit::optimize_for_inference(freeze(original))",
+                     "ratio": t["ours_frozen_s"] / t["ofi_s"], "target": 1.0,
+                     "note": f"passes {t['passes']}; original {fmt(t['original_s'])}, ours lowered unfrozen "
+                             f"{fmt(t['ours_s'])}, ours + optimize_for_inference {fmt(t['ours_ofi_s'])}; "
+                             f"max |err| vs original (|out| max {t['output_abs_max']:.3g}): {errs}"})
+        rows.append({"row": f"5. {name}: ours transformed (lowered) vs original", "ours": t["ours_s"],
+                     "peer": t["original_s"], "peer_name": "original TorchScript module",
+                     "ratio": t["ours_s"] / t["original_s"], "target": None})
+    g, ref = get("gptq_solve"), get("gptq_solve_ref")
+    if g and ref:
+        diff = max(l["max_weight_diff"] for l in ref["layers"])
+        frac = max(l["frac_weights_differing"] for l in ref["layers"])
+        shapes = ", ".join(f"{l['name'].rsplit('.', 1)[-1]} {l['rows']}x{l['columns']}" for l in g["layers"])
+        per = "; ".join(f"{a['name'].rsplit('.', 1)[-1]} {fmt(a['seconds'])} vs {fmt(b['seconds'])}"
+                        for a, b in zip(g["layers"], ref["layers"]))
+        rows.append({"row": f"6. GPTQ solve, {len(g['layers'])} Linears of {g['layer']}", "ours": g["total_s"],
+                     "peer": ref["total_s"], "peer_name": "gptq_ref.py (fasterquant, torch)",
+                     "ratio": g["total_s"] / ref["total_s"], "target": 1.0,
+                     "note": f"{shapes}; W{g['bits']} g{g['group_size']} act_order={g['act_order']} "
+                             f"damp {g['damp']} block {g['block_size']}; H from {g['samples']}x{g['seq']} tokens; "
+                             f"max |W_ours - W_ref| {diff:.3g} (at most {frac:.2%} of weights differ); "
+                             f"per layer: {per}"})
+    for name in ("llama", "opt"):
+        lg = get(f"gptq_logits_{name}")
+        if not lg:
+            continue
+        rows.append({"row": f"6. {name}: final-logit error GPTQ vs RTN (W{lg['bits']} g{lg['group_size']})",
+                     "ours": lg["gptq_rel_err"], "peer": lg["rtn_rel_err"], "peer_name": "round-to-nearest",
+                     "unit": "", "ratio": lg["gptq_rel_err"] / lg["rtn_rel_err"], "target": 0.7,
+                     "note": f"relative error of the final logits vs fp32 on {lg['eval_samples']} held-out "
+                             f"synthetic sequences (seed 1234); calibration {lg['samples']}x{lg['seq']} tokens "
+                             f"(seed 0), sequential, act_order={lg['act_order']}, damp {lg['damp']}"})
+    return rows
+
+
+def fmt(x, unit="s"):
+    if unit == "bytes":
+        return mib(x)
+    if unit != "s":
+        return f"{x:.4g}"
     return f"{x * 1000:.3f} ms" if x < 1 else f"{x:.2f} s"
 
 
@@ -62,8 +136,9 @@ def write_md(rows, machine, raw, path):
     for r in rows:
         target = "—" if r["target"] is None else f"≤ {r['target']:.3g}"
         met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        speed = f" ({1 / r['ratio']:.1f}× faster)" if r["ratio"] < 1 else ""
-        lines.append(f"| {r['row']} | {fmt(r['ours'])} | {fmt(r['peer'])} ({r['peer_name']}) | "
+        speed = f" ({1 / r['ratio']:.1f}× faster)" if r["ratio"] < 1 and r.get("unit", "s") == "s" else ""
+        unit = r.get("unit", "s")
+        lines.append(f"| {r['row']} | {fmt(r['ours'], unit)} | {fmt(r['peer'], unit)} ({r['peer_name']}) | "
                      f"{r['ratio']:.3g}{speed} | {target} | {met} |")
     lines += ["", "Notes per row:", ""]
     for r in rows:

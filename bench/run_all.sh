@@ -4,22 +4,32 @@
 #
 #   bench/run_all.sh [--quick]     # --quick: 8-layer model, fewer runs
 #
-# Builds with the repository's default configuration (fastbuild): building
-# LibTorch-heavy code with -c opt from scratch takes too long on small
-# machines; set BENCH_BAZEL_FLAGS="-c opt" to measure optimised code.
+# Builds with -c opt (optimised C++ is what users run); BENCH_BAZEL_FLAGS
+# overrides it (BENCH_BAZEL_FLAGS=" " for the default fastbuild).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 PY=/usr/bin/python3
-FLAGS="${BENCH_BAZEL_FLAGS:-}"
+FLAGS="${BENCH_BAZEL_FLAGS:--c opt}"
 # Bazel startup options, e.g. --output_base=/tmp/bench-ob to avoid waiting on
 # a busy shared server (the disk cache keeps that cheap).
 STARTUP="${BENCH_BAZEL_STARTUP:-}"
 LAYERS=32
 RUNS=20
+# Row 4: calibration batches; row 5: timed calls; row 6: GPTQ problem size.
+P_SAMPLES=16
+P_RUNS=3
+T_RUNS=200
+G_HIDDEN=1024
+G_REPS=3
 if [ "${1:-}" = "--quick" ]; then
   LAYERS=8
   RUNS=10
+  P_SAMPLES=8
+  P_RUNS=2
+  T_RUNS=50
+  G_HIDDEN=512
+  G_REPS=1
 fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -27,7 +37,9 @@ RAW="$WORK/raw.jsonl"
 : >"$RAW"
 
 # shellcheck disable=SC2086
-bazel $STARTUP build $FLAGS //bench:bench_main //tools:tracecut
+bazel $STARTUP build $FLAGS //bench:bench_main //tools:tracecut \
+  //bench:pipeline_bench //bench:transforms_bench //bench:gptq_bench \
+  //tests/fixtures:models
 # shellcheck disable=SC2086
 BIN="$(bazel $STARTUP info $FLAGS bazel-bin 2>/dev/null)"
 BENCH="$BIN/bench/bench_main"
@@ -48,6 +60,28 @@ for n in 8 16 32 64 128; do
   "$TRACECUT" trace "$m" --leaf=LlamaDecoderLayer --format=json -o "$WORK/p${n}.json"
   echo "{\"row\": \"ours_partition\", \"layers\": $n, \"data\": $("$BENCH" "$m" --leaf=LlamaDecoderLayer --skip_runtime --partition_reps=20)}" >>"$RAW"
   echo "{\"row\": \"ref_partition\", \"layers\": $n, \"data\": $($PY -P bench/reference/partition_ref.py "$WORK/p${n}.json" --reps=3)}" >>"$RAW"
+done
+
+echo "== row 4: sequential calibration overhead, ${LAYERS}-layer hidden-512 Llama" >&2
+# One process per mode, so that each peak RSS is that mode's alone.
+for mode in plain sequential basic; do
+  echo "{\"row\": \"pipeline_$mode\", \"layers\": $LAYERS, \"data\": $("$BIN/bench/pipeline_bench" "$MODEL" --mode=$mode --samples=$P_SAMPLES --seq=64 --batch=4 --runs=$P_RUNS)}" >>"$RAW"
+done
+
+echo "== row 5: transforms vs optimize_for_inference (cnn, bert fixtures)" >&2
+FIX="$BIN/tests/fixtures"
+CNN_PASSES=fuse-batchnorm2d-in-conv2d,eliminate-dead-code
+BERT_PASSES=merge-linears,change-truediv-to-mul-by-inverse,eliminate-dead-code
+echo "{\"row\": \"transforms_cnn\", \"layers\": 0, \"data\": $("$BIN/bench/transforms_bench" "$FIX/cnn.pt" --passes=$CNN_PASSES --runs=$T_RUNS)}" >>"$RAW"
+echo "{\"row\": \"transforms_bert\", \"layers\": 0, \"data\": $("$BIN/bench/transforms_bench" "$FIX/bert.pt" --passes=$BERT_PASSES --runs=$T_RUNS)}" >>"$RAW"
+
+echo "== row 6: GPTQ solve vs the Python fasterquant; GPTQ vs RTN logits" >&2
+GM="$WORK/llama_gptq.pt"
+$GEN --layers 2 --hidden "$G_HIDDEN" --out "$GM"
+echo "{\"row\": \"gptq_solve\", \"layers\": 2, \"data\": $("$BIN/bench/gptq_bench" solve "$GM" --out="$WORK/gptq_problems.pt" --reps=$G_REPS)}" >>"$RAW"
+echo "{\"row\": \"gptq_solve_ref\", \"layers\": 2, \"data\": $($PY -P bench/reference/gptq_ref.py "$WORK/gptq_problems.pt" --reps=$G_REPS)}" >>"$RAW"
+for m in llama opt; do
+  echo "{\"row\": \"gptq_logits_$m\", \"layers\": 2, \"data\": $("$BIN/bench/gptq_bench" logits "$FIX/$m.pt")}" >>"$RAW"
 done
 
 {
