@@ -30,14 +30,48 @@ constexpr struct {
     {OpKind::kOutput, "output"},
 };
 
+// Distinct-node collector: nodes read a handful of operands, so a linear
+// scan beats a hash set until the list gets long (a graph's output node, a
+// cat of many tensors); only then does it switch to one.
+class NodeCollector {
+ public:
+  explicit NodeCollector(std::vector<Node*>& out) : out_(out) {
+    if (out_.size() >= kLinearLimit) seen_.insert(out_.begin(), out_.end());
+  }
+
+  void Add(Node* n) {
+    if (!seen_.empty()) {
+      if (seen_.insert(n).second) out_.push_back(n);
+      return;
+    }
+    for (Node* m : out_) {
+      if (m == n) return;
+    }
+    out_.push_back(n);
+    if (out_.size() == kLinearLimit) seen_.insert(out_.begin(), out_.end());
+  }
+
+  // Depth first, left to right (Argument::ForEachNode's order), without a
+  // std::function per node.
+  void Visit(const Argument& a) {
+    if (a.is_node()) {
+      Add(a.node());
+    } else if (a.is_sequence()) {
+      for (const Argument& e : a.elements()) Visit(e);
+    }
+  }
+
+ private:
+  static constexpr size_t kLinearLimit = 16;
+  std::vector<Node*>& out_;
+  absl::flat_hash_set<Node*> seen_;
+};
+
 void CollectNodes(const std::vector<Argument>& args, const Kwargs& kwargs,
                   std::vector<Node*>& out) {
-  absl::flat_hash_set<Node*> seen(out.begin(), out.end());
-  auto add = [&](Node* n) {
-    if (seen.insert(n).second) out.push_back(n);
-  };
-  for (const Argument& a : args) a.ForEachNode(add);
-  for (const auto& [key, a] : kwargs) a.ForEachNode(add);
+  NodeCollector c(out);
+  for (const Argument& a : args) c.Visit(a);
+  for (const auto& [key, a] : kwargs) c.Visit(a);
 }
 
 }  // namespace
@@ -148,24 +182,31 @@ bool operator==(const Argument& a, const Argument& b) {
 
 const std::string& Scope::path() const {
   static const std::string* const kEmpty = new std::string();
-  return stack_.empty() ? *kEmpty : stack_.back().path;
+  return stack_ == nullptr ? *kEmpty : stack_->back().path;
 }
 
 const std::string& Scope::type() const {
   static const std::string* const kEmpty = new std::string();
-  return stack_.empty() ? *kEmpty : stack_.back().type;
+  return stack_ == nullptr ? *kEmpty : stack_->back().type;
 }
 
 std::string Scope::short_type() const { return ShortType(type()); }
 
+const std::vector<ScopeEntry>& Scope::EmptyStack() {
+  static const auto* const kEmpty = new std::vector<ScopeEntry>();
+  return *kEmpty;
+}
+
 Scope Scope::Push(ScopeEntry entry) const {
-  Scope s = *this;
-  s.stack_.push_back(std::move(entry));
-  return s;
+  std::vector<ScopeEntry> stack;
+  stack.reserve(depth() + 1);
+  stack = this->stack();
+  stack.push_back(std::move(entry));
+  return Scope(std::move(stack));
 }
 
 bool Scope::Contains(absl::string_view path) const {
-  for (const ScopeEntry& e : stack_) {
+  for (const ScopeEntry& e : stack()) {
     if (e.path == path) return true;
   }
   return false;
@@ -236,6 +277,10 @@ absl::Status Node::CheckOperands(const std::vector<Argument>& args,
                                  const Kwargs& kwargs) const {
   std::vector<Node*> refs;
   CollectNodes(args, kwargs, refs);
+  return CheckRefs(refs);
+}
+
+absl::Status Node::CheckRefs(const std::vector<Node*>& refs) const {
   for (Node* n : refs) {
     if (n == nullptr) {
       return absl::InvalidArgumentError(
@@ -256,6 +301,10 @@ absl::Status Node::CheckOperands(const std::vector<Argument>& args,
 
 void Node::UpdateUses(const std::vector<Node*>& old_inputs) {
   std::vector<Node*> now = inputs();
+  if (old_inputs.empty()) {
+    for (Node* n : now) n->users_.push_back(this);
+    return;
+  }
   absl::flat_hash_set<Node*> now_set(now.begin(), now.end());
   absl::flat_hash_set<Node*> old_set(old_inputs.begin(), old_inputs.end());
   for (Node* n : old_inputs) {
@@ -345,10 +394,11 @@ std::vector<Node*> Graph::placeholders() const {
 }
 
 std::string Graph::UniqueName(absl::string_view hint) const {
-  std::string base;
-  for (char c : hint) {
-    base.push_back(absl::ascii_isalnum(static_cast<unsigned char>(c)) ? c
-                                                                      : '_');
+  // One allocation, then in-place sanitising (names are usually already
+  // identifiers: copies of another graph's nodes).
+  std::string base(hint);
+  for (char& c : base) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '_';
   }
   if (base.empty()) base = "_";
   if (absl::ascii_isdigit(static_cast<unsigned char>(base[0]))) {
@@ -417,14 +467,17 @@ absl::StatusOr<Node*> Graph::AddNode(OpKind op, std::string target,
   auto pos = insert_before_ == nullptr ? nodes_.end() : insert_before_->self_;
   raw->self_ = nodes_.insert(pos, std::move(node));
   AssignOrder(raw);
-  if (absl::Status s = raw->CheckOperands(args, kwargs); !s.ok()) {
+  std::vector<Node*> refs;
+  CollectNodes(args, kwargs, refs);
+  if (absl::Status s = raw->CheckRefs(refs); !s.ok()) {
     nodes_.erase(raw->self_);
     return s;
   }
   by_name_[raw->name_] = raw;
   raw->args_ = std::move(args);
   raw->kwargs_ = std::move(kwargs);
-  raw->UpdateUses({});
+  // A new node: each distinct input gains it as a user once.
+  for (Node* n : refs) n->users_.push_back(raw);
   return raw;
 }
 

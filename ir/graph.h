@@ -147,14 +147,23 @@ struct ScopeEntry {
 
 // The module stack from the root to the module a node belongs to, outermost
 // first (torch.fx's nn_module_stack). path()/type() give the innermost entry.
+//
+// Scopes are immutable and shared: copying one (every node of a layer has
+// the same stack, and partitioning copies every node) costs a reference
+// count, not 2 * depth string copies.
 class Scope {
  public:
   Scope() = default;
-  explicit Scope(std::vector<ScopeEntry> stack) : stack_(std::move(stack)) {}
+  explicit Scope(std::vector<ScopeEntry> stack)
+      : stack_(stack.empty() ? nullptr
+                             : std::make_shared<const std::vector<ScopeEntry>>(
+                                   std::move(stack))) {}
 
-  const std::vector<ScopeEntry>& stack() const { return stack_; }
-  bool empty() const { return stack_.empty(); }
-  size_t depth() const { return stack_.size(); }
+  const std::vector<ScopeEntry>& stack() const {
+    return stack_ != nullptr ? *stack_ : EmptyStack();
+  }
+  bool empty() const { return stack_ == nullptr; }
+  size_t depth() const { return stack_ != nullptr ? stack_->size() : 0; }
 
   // Innermost module path and qualified type; "" when the stack is empty.
   const std::string& path() const;
@@ -174,12 +183,15 @@ class Scope {
   static std::string ShortType(absl::string_view qualified);
 
   friend bool operator==(const Scope& a, const Scope& b) {
-    return a.stack_ == b.stack_;
+    return a.stack_ == b.stack_ || a.stack() == b.stack();
   }
   friend bool operator!=(const Scope& a, const Scope& b) { return !(a == b); }
 
  private:
-  std::vector<ScopeEntry> stack_;
+  static const std::vector<ScopeEntry>& EmptyStack();
+
+  // Null when empty; never mutated once built.
+  std::shared_ptr<const std::vector<ScopeEntry>> stack_;
 };
 
 // Shape/dtype/device of one tensor value. A dimension of -1 is unknown.
@@ -299,6 +311,8 @@ class Node {
 
   absl::Status CheckOperands(const std::vector<Argument>& args,
                              const Kwargs& kwargs) const;
+  // CheckOperands on the distinct nodes already collected from them.
+  absl::Status CheckRefs(const std::vector<Node*>& refs) const;
   void UpdateUses(const std::vector<Node*>& old_inputs);
 
   Graph* graph_;

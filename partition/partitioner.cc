@@ -369,37 +369,118 @@ absl::Status OrderError(const ir::Node* node, const Instance& reader,
   return absl::FailedPreconditionError(msg);
 }
 
-// Inputs and users of every node as indices in graph order, computed once
-// (Node::inputs() builds a fresh vector on every call).
+// Inputs, users and operand references of every node as indices in graph
+// order, computed once: after this, nothing looks a node up by pointer.
 struct Adjacency {
   std::vector<int> in_begin, in;
   std::vector<int> use_begin, use;
+  // Every node reference in the operands, with repeats, in
+  // Argument::ForEachNode order (args, then kwargs): CopyArgument consumes
+  // them in the same order.
+  std::vector<int> ref_begin, ref;
 
   absl::Span<const int> Inputs(int i) const {
     return absl::MakeConstSpan(in).subspan(in_begin[i],
                                            in_begin[i + 1] - in_begin[i]);
   }
+  // Sorted by index. Callers only take minima, maxima and sets over users,
+  // so the IR's use-list order does not matter.
   absl::Span<const int> Users(int i) const {
     return absl::MakeConstSpan(use).subspan(use_begin[i],
                                             use_begin[i + 1] - use_begin[i]);
   }
+  const int* Refs(int i) const { return ref.data() + ref_begin[i]; }
 };
 
-Adjacency BuildAdjacency(
-    const std::vector<const ir::Node*>& nodes,
-    const absl::flat_hash_map<const ir::Node*, int>& index) {
-  Adjacency a;
-  a.in_begin.reserve(nodes.size() + 1);
-  a.use_begin.reserve(nodes.size() + 1);
-  for (const ir::Node* n : nodes) {
-    a.in_begin.push_back(static_cast<int>(a.in.size()));
-    for (const ir::Node* m : n->inputs()) a.in.push_back(index.at(m));
-    a.use_begin.push_back(static_cast<int>(a.use.size()));
-    for (const ir::Node* u : n->users()) a.use.push_back(index.at(u));
+// The position of `node` in `nodes` (a graph's nodes in order), by binary
+// search on the graph's order: cheaper than hashing every reference.
+int IndexOf(const std::vector<const ir::Node*>& nodes, const ir::Node* node) {
+  int lo = 0, hi = static_cast<int>(nodes.size());
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2;
+    if (nodes[mid]->IsBefore(node)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
   }
+  return lo;
+}
+
+absl::Status CollectRefs(const ir::Argument& a,
+                         const std::vector<const ir::Node*>& nodes,
+                         std::vector<int>& out) {
+  if (a.is_node()) {
+    int j = IndexOf(nodes, a.node());
+    if (j == static_cast<int>(nodes.size()) || nodes[j] != a.node()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition: operand %", a.node()->name(), " is not in the graph"));
+    }
+    out.push_back(j);
+  } else if (a.is_sequence()) {
+    for (const ir::Argument& e : a.elements()) {
+      RETURN_IF_ERROR(CollectRefs(e, nodes, out));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Adjacency> BuildAdjacency(
+    const std::vector<const ir::Node*>& nodes) {
+  const int n = static_cast<int>(nodes.size());
+  Adjacency a;
+  a.in_begin.reserve(n + 1);
+  a.ref_begin.reserve(n + 1);
+  a.ref.reserve(2 * n);
+  a.in.reserve(2 * n);
+  std::vector<int> mark(n, -1);
+  std::vector<int> use_count(n, 0);
+  for (int i = 0; i < n; ++i) {
+    a.ref_begin.push_back(static_cast<int>(a.ref.size()));
+    a.in_begin.push_back(static_cast<int>(a.in.size()));
+    for (const ir::Argument& arg : nodes[i]->args()) {
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, a.ref));
+    }
+    for (const auto& [key, arg] : nodes[i]->kwargs()) {
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, a.ref));
+    }
+    for (size_t k = a.ref_begin[i]; k < a.ref.size(); ++k) {
+      int j = a.ref[k];
+      if (mark[j] != i) {
+        mark[j] = i;
+        a.in.push_back(j);
+        ++use_count[j];
+      }
+    }
+  }
+  a.ref_begin.push_back(static_cast<int>(a.ref.size()));
   a.in_begin.push_back(static_cast<int>(a.in.size()));
-  a.use_begin.push_back(static_cast<int>(a.use.size()));
+  // Users by counting sort over the inputs.
+  a.use_begin.assign(n + 1, 0);
+  for (int j = 0; j < n; ++j)
+    a.use_begin[j + 1] = a.use_begin[j] + use_count[j];
+  a.use.resize(a.use_begin[n]);
+  std::vector<int> fill(a.use_begin.begin(), a.use_begin.end() - 1);
+  for (int i = 0; i < n; ++i) {
+    for (int j : a.Inputs(i)) a.use[fill[j]++] = i;
+  }
   return a;
+}
+
+// A copy of `a` whose k-th node reference is replaced by copy[refs[k]],
+// advancing `refs` past the references it used.
+ir::Argument CopyArgument(const ir::Argument& a, const int*& refs,
+                          const std::vector<ir::Node*>& copy) {
+  if (a.is_node()) return ir::Argument::Ref(copy[*refs++]);
+  if (!a.is_sequence()) return a;
+  std::vector<ir::Argument> elements;
+  elements.reserve(a.elements().size());
+  for (const ir::Argument& e : a.elements()) {
+    elements.push_back(CopyArgument(e, refs, copy));
+  }
+  return a.kind() == ir::Argument::Kind::kTuple
+             ? ir::Argument::Tuple(std::move(elements))
+             : ir::Argument::List(std::move(elements));
 }
 
 bool IsCompute(const ir::Node* n) {
@@ -498,23 +579,30 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   const int num_nodes = static_cast<int>(graph.size());
   std::vector<const ir::Node*> nodes;
   nodes.reserve(num_nodes);
-  absl::flat_hash_map<const ir::Node*, int> index;
-  index.reserve(num_nodes);
-  for (const ir::Node* n : graph.nodes()) {
-    index[n] = static_cast<int>(nodes.size());
-    nodes.push_back(n);
-  }
+  for (const ir::Node* n : graph.nodes()) nodes.push_back(n);
   auto op = [&](int i) { return nodes[i]->op(); };
-  const Adjacency adj = BuildAdjacency(nodes, index);
-  const int out = index.at(output);
+  ASSIGN_OR_RETURN(Adjacency adj, BuildAdjacency(nodes));
+  const int out = IndexOf(nodes, output);
 
   // 1. Target instances.
   ModuleMatcher matcher(targets, ignore);
   std::vector<int> inst(num_nodes, -1);
   std::vector<Instance> instances;
   absl::flat_hash_map<std::string, int> instance_of;
+  // Consecutive nodes of one module have the same scope stack (often the
+  // same shared one: ir::Scope copies share it), so a run of them is
+  // matched once.
+  const std::vector<ir::ScopeEntry>* memo_stack = nullptr;
+  int memo_inst = -1;
   for (int i = 0; i < num_nodes; ++i) {
     if (!IsCompute(nodes[i])) continue;
+    const std::vector<ir::ScopeEntry>* stack = &nodes[i]->scope().stack();
+    const bool leaf = op(i) == ir::OpKind::kCallModule;
+    if (!leaf && memo_stack != nullptr &&
+        (stack == memo_stack || *stack == *memo_stack)) {
+      inst[i] = memo_inst;
+      continue;
+    }
     std::optional<ModuleRef> chosen;
     int pattern = -1;
     ForEachModule(nodes[i], [&](const ModuleRef& m) {
@@ -527,6 +615,10 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
       }
       return true;
     });
+    if (!leaf) {
+      memo_stack = stack;
+      memo_inst = -1;
+    }
     if (!chosen) continue;
     auto [it, inserted] = instance_of.try_emplace(
         chosen->path, static_cast<int>(instances.size()));
@@ -537,6 +629,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
       instances[it->second].type = std::string(chosen->type);
     }
     inst[i] = it->second;
+    if (!leaf) memo_inst = it->second;
   }
   if (instances.empty()) return NoTargetError(graph, options);
   const int num_slots = static_cast<int>(instances.size()) + 1;
@@ -624,6 +717,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   // 4. Parameter reads per slot and their sizes.
   absl::flat_hash_map<absl::string_view, int> param_id;
   std::vector<std::optional<int64_t>> param_size;
+  std::vector<int> node_param(num_nodes, -1);
   auto intern = [&](const ir::Node* n) {
     auto [it, inserted] =
         param_id.try_emplace(n->target(), static_cast<int>(param_size.size()));
@@ -641,22 +735,24 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   };
   std::vector<std::vector<int>> slot_params(num_slots);
   {
-    absl::flat_hash_set<std::pair<int, int>> seen;
-    auto add = [&](int s, int id) {
-      if (seen.insert({s, id}).second) slot_params[s].push_back(id);
-    };
+    // (slot, parameter) pairs, deduplicated by sorting: only sums over a
+    // slot's parameters are taken, so their order within a slot is free.
+    std::vector<std::pair<int, int>> reads;
     for (int i = 0; i < num_nodes; ++i) {
-      const ir::Node* n = nodes[i];
-      if (n->op() == ir::OpKind::kGetAttr) {
-        int id = intern(n);
-        add(slot[i], id);
+      if (op(i) == ir::OpKind::kGetAttr) {
+        int id = node_param[i] = intern(nodes[i]);
+        reads.push_back({slot[i], id});
         for (int u : adj.Users(i)) {
-          if (u != out) add(slot[u], id);
+          if (u != out) reads.push_back({slot[u], id});
         }
-      } else if (n->op() == ir::OpKind::kCallModule) {
-        add(slot[i], intern(n));
+      } else if (op(i) == ir::OpKind::kCallModule) {
+        int id = node_param[i] = intern(nodes[i]);
+        reads.push_back({slot[i], id});
       }
     }
+    std::sort(reads.begin(), reads.end());
+    reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+    for (const auto& [s, id] : reads) slot_params[s].push_back(id);
   }
   auto known_bytes = [&](int id) { return param_size[id].value_or(0); };
   int unknown_sizes = 0;
@@ -748,15 +844,19 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   // get_attr copies were appended out of order.
   for (auto& m : members) std::sort(m.begin(), m.end());
 
-  // 7. Build the subgraphs.
+  // 7. Build the subgraphs. copy[j] is node j's counterpart in the
+  // subgraph being built (valid where copied_in[j] == s).
   Partition partition;
   partition.subgraphs.resize(num_sg);
   std::vector<int> seen(num_nodes, -1);
   std::vector<int> param_stamp(param_size.size(), -1);
+  std::vector<ir::Node*> copy(num_nodes, nullptr);
+  std::vector<int> copied_in(num_nodes, -1);
+  std::vector<int> inputs;
   for (int s = 0; s < num_sg; ++s) {
     Subgraph& sub = partition.subgraphs[s];
     sub.index = s;
-    std::vector<int> inputs;
+    inputs.clear();
     for (int i : members[s]) {
       for (int j : adj.Inputs(i)) {
         if (op(j) == ir::OpKind::kGetAttr) continue;  // Read here too.
@@ -770,8 +870,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
     std::sort(inputs.begin(), inputs.end());
 
     auto g = std::make_unique<ir::Graph>();
-    absl::flat_hash_map<const ir::Node*, ir::Node*> map;
-    map.reserve(inputs.size() + members[s].size());
+    sub.input_names.reserve(inputs.size());
     for (int j : inputs) {
       const ir::Node* m = nodes[j];
       bool model_input = m->op() == ir::OpKind::kPlaceholder;
@@ -785,45 +884,54 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
       } else {
         p->meta().outputs = m->meta().outputs;
       }
-      map[m] = p;
+      copy[j] = p;
+      copied_in[j] = s;
       sub.input_names.push_back(m->name());
       if (last_reader[j] == s && !read_by_output[j]) {
         sub.last_use.push_back(m->name());
       }
     }
-    auto remap = [&](ir::Node* n) -> ir::Node* {
-      auto it = map.find(n);
-      return it == map.end() ? n : it->second;  // AddNode rejects the rest.
-    };
     std::vector<ir::Argument> outs;
     int64_t bytes = 0;
     for (int i : members[s]) {
       const ir::Node* n = nodes[i];
+      const int* refs = adj.Refs(i);
+      for (const int* r = refs; r != adj.Refs(i + 1); ++r) {
+        if (copied_in[*r] != s) {
+          return absl::InternalError(absl::StrCat(
+              "partition: ", n->Describe(), " reads ", nodes[*r]->Describe(),
+              ", which subgraph ", s, " neither computes nor receives"));
+        }
+      }
       std::vector<ir::Argument> args;
       args.reserve(n->args().size());
-      for (const ir::Argument& a : n->args()) args.push_back(a.MapNodes(remap));
-      ir::Kwargs kwargs;
-      for (const auto& [k, v] : n->kwargs()) {
-        kwargs.emplace_back(k, v.MapNodes(remap));
+      for (const ir::Argument& a : n->args()) {
+        args.push_back(CopyArgument(a, refs, copy));
       }
-      absl::StatusOr<ir::Node*> copy = g->AddNode(
+      ir::Kwargs kwargs;
+      kwargs.reserve(n->kwargs().size());
+      for (const auto& [k, v] : n->kwargs()) {
+        kwargs.emplace_back(k, CopyArgument(v, refs, copy));
+      }
+      absl::StatusOr<ir::Node*> added = g->AddNode(
           n->op(), n->target(), std::move(args), std::move(kwargs), n->name());
-      if (!copy.ok()) {
+      if (!added.ok()) {
         return absl::InternalError(
             absl::StrCat("partition: cannot copy ", n->Describe(),
-                         " into subgraph ", s, ": ", copy.status().message()));
+                         " into subgraph ", s, ": ", added.status().message()));
       }
-      if ((*copy)->name() != n->name()) {
-        return absl::InternalError(
-            absl::StrCat("partition: ", n->Describe(), " was renamed to '",
-                         (*copy)->name(), "' in subgraph ", s));
+      ir::Node* c = *added;
+      if (c->name() != n->name()) {
+        return absl::InternalError(absl::StrCat("partition: ", n->Describe(),
+                                                " was renamed to '", c->name(),
+                                                "' in subgraph ", s));
       }
-      (*copy)->set_scope(n->scope());
-      (*copy)->meta() = n->meta();
-      map[n] = *copy;
-      if (n->op() == ir::OpKind::kGetAttr ||
-          n->op() == ir::OpKind::kCallModule) {
-        int id = param_id.at(n->target());
+      c->set_scope(n->scope());
+      c->meta() = n->meta();
+      copy[i] = c;
+      copied_in[i] = s;
+      if (node_param[i] >= 0) {
+        int id = node_param[i];
         if (param_stamp[id] != s) {
           param_stamp[id] = s;
           bytes += known_bytes(id);
@@ -841,7 +949,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
         }
       }
       if (escapes) {
-        outs.push_back(ir::Argument::Ref(*copy));
+        outs.push_back(ir::Argument::Ref(c));
         sub.output_names.push_back(n->name());
       }
     }
@@ -849,6 +957,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
     sub.graph = std::move(g);
     sub.param_bytes = bytes;
   }
+  partition.home.reserve(num_nodes);
   for (int i = 0; i < num_nodes; ++i) {
     ++partition.subgraphs[home[i]].node_count;
     partition.home[nodes[i]->name()] = home[i];
