@@ -53,13 +53,16 @@ $GEN --layers "$LAYERS" --hidden 512 --out "$MODEL"
 echo "{\"row\": \"ours_llama\", \"layers\": $LAYERS, \"data\": $("$BENCH" "$MODEL" --runs="$RUNS" --partition_reps=5)}" >>"$RAW"
 echo "{\"row\": \"fx_llama\", \"layers\": $LAYERS, \"data\": $($PY -P bench/fx_trace_ref.py --layers "$LAYERS" --hidden 512)}" >>"$RAW"
 
-echo "== row 3: partition curve (hidden 64, decoder layers as leaves)" >&2
+echo "== row 3: partition curve (hidden 64, decoder layers as leaves; then traced through: *_full)" >&2
 for n in 8 16 32 64 128; do
   m="$WORK/llama_p${n}.pt"
   $GEN --layers "$n" --hidden 64 --out "$m"
   "$TRACECUT" trace "$m" --leaf=LlamaDecoderLayer --format=json -o "$WORK/p${n}.json"
   echo "{\"row\": \"ours_partition\", \"layers\": $n, \"data\": $("$BENCH" "$m" --leaf=LlamaDecoderLayer --skip_runtime --partition_reps=20)}" >>"$RAW"
-  echo "{\"row\": \"ref_partition\", \"layers\": $n, \"data\": $($PY -P bench/reference/partition_ref.py "$WORK/p${n}.json" --reps=3)}" >>"$RAW"
+  echo "{\"row\": \"ref_partition\", \"layers\": $n, \"data\": $($PY -P bench/reference/partition_ref.py "$WORK/p${n}.json" --reps=5)}" >>"$RAW"
+  "$TRACECUT" trace "$m" --format=json -o "$WORK/f${n}.json"
+  echo "{\"row\": \"ours_partition_full\", \"layers\": $n, \"data\": $("$BENCH" "$m" --skip_runtime --partition_reps=10)}" >>"$RAW"
+  echo "{\"row\": \"ref_partition_full\", \"layers\": $n, \"data\": $($PY -P bench/reference/partition_ref.py "$WORK/f${n}.json" --reps=3)}" >>"$RAW"
 done
 
 echo "== row 4: sequential calibration overhead, ${LAYERS}-layer hidden-512 Llama" >&2

@@ -32,8 +32,9 @@
 //   another, or an outer target whose own nodes surround an inner target
 //   under kInnermost), PartitionGraph fails naming both module paths.
 //
-// Runs in time linear in the graph's size (plus pattern matching once per
-// distinct module path).
+// Runs in time linear in the graph's size, up to a binary search per
+// operand reference (plus pattern matching once per distinct module path);
+// the subgraphs share the original's scope stacks (see ir::Scope).
 
 #include <cstdint>
 #include <functional>
