@@ -1,6 +1,7 @@
 #include "pipelines/calibration_data.h"
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fstream>
@@ -26,6 +27,12 @@ namespace {
 using tracer::hf::Json;
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  // Reading a directory through a filebuf throws std::ios_base::failure.
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration data '", path, "': is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(

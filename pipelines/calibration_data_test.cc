@@ -122,6 +122,16 @@ TEST(CalibrationDataTest, MissingAndEmptyFiles) {
       << t.status();
 }
 
+TEST(CalibrationDataTest, DirectoryIsAStatusNotAThrow) {
+  // A filebuf reading a directory throws std::ios_base::failure.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp");
+  absl::StatusOr<at::Tensor> t = LoadTokenFile(dir);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(t.status().message(), "is a directory"))
+      << t.status();
+}
+
 TEST(CalibrationDataTest, CheckTokensNamesTheOffendingId) {
   at::Tensor ids = at::zeros({3, 8}, at::kLong);
   ids[2][5] = 300;

@@ -9,62 +9,7 @@
 
 set -u
 
-RUNFILES="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-tracecut}"
-TRACECUT="$RUNFILES/tools/tracecut"
-FIXTURES="$RUNFILES/tests/fixtures"
-TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-MODEL="$FIXTURES/llama.pt"
-
-failures=0
-cases=0
-
-fail() {
-  echo "FAIL [$1]: $2"
-  failures=$((failures + 1))
-}
-
-# expect_error NAME MENTION OUTDIR OUTFILE -- ARGS...
-# Runs tracecut ARGS; OUTDIR is checked for leftovers (it must hold exactly
-# what it held before), OUTFILE must not exist afterwards.
-expect_error() {
-  local name="$1" mention="$2" outdir="$3" outfile="$4"
-  shift 5
-  cases=$((cases + 1))
-  local failures_before=$failures
-  local before=""
-  [ -d "$outdir" ] && before="$(ls -A "$outdir")"
-  local err="$TMP/stderr.txt"
-  "$TRACECUT" "$@" >/dev/null 2>"$err"
-  local rc=$?
-  if [ "$rc" -eq 0 ]; then
-    fail "$name" "exit 0 (expected an error): tracecut $*"
-  elif [ "$rc" -ge 128 ]; then
-    fail "$name" "killed by a signal (exit $rc): tracecut $*; stderr: $(head -c 500 "$err")"
-  fi
-  local lines
-  lines=$(grep -c '' "$err")
-  if [ ! -s "$err" ]; then
-    fail "$name" "empty stderr: tracecut $*"
-  elif [ "$lines" -ne 1 ]; then
-    fail "$name" "stderr has $lines lines, expected 1: tracecut $*"
-    sed 's/^/    | /' "$err" | head -20
-  elif ! grep -qF -- "$mention" "$err"; then
-    fail "$name" "stderr does not mention '$mention': $(cat "$err")"
-  fi
-  if [ -n "$outfile" ] && [ -e "$outfile" ]; then
-    fail "$name" "left an output file $outfile"
-  fi
-  if [ -d "$outdir" ]; then
-    local after
-    after="$(ls -A "$outdir")"
-    if [ "$before" != "$after" ]; then
-      fail "$name" "stray files in $outdir: $(echo "$after" | tr '\n' ' ')"
-    fi
-  fi
-  if [ "$failures" -eq "$failures_before" ]; then
-    echo "ok [$name] exit $rc: $(head -1 "$err")"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/bad_input_lib.sh"
 
 # --- Bad model files --------------------------------------------------------
 BAD="$TMP/models"

@@ -72,6 +72,20 @@ std::string FlagLabel(const FlagSpec& f) {
   return label;
 }
 
+// Outputs are written to a temporary file renamed over the path: over a
+// device or FIFO (e.g. -o /dev/null or /dev/full, as root) that would
+// replace the node itself with a regular file.
+absl::Status CheckNotSpecialFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) &&
+      !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot write '", path,
+        "': it exists and is not a regular file (a device, FIFO or socket)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 FlagSpec FlagSpec::Value(std::string name, std::string value_name,
@@ -262,6 +276,13 @@ int Main(const std::vector<std::string>& argv, Io& io) {
       status = command->run(*parsed, io);
     }
   }
+  if (status.ok()) {
+    // What a command printed must have reached stdout (e.g. not a full disk
+    // or a closed pipe): a lost report is an error, not a success.
+    io.out.flush();
+    if (!io.out)
+      status = absl::DataLossError("cannot write to standard output");
+  }
   if (status.ok()) return 0;
   std::string message(status.message());
   std::replace(message.begin(), message.end(), '\n', ' ');
@@ -283,6 +304,7 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
     return io.out ? absl::OkStatus()
                   : absl::DataLossError("cannot write to standard output");
   }
+  if (absl::Status s = CheckNotSpecialFile(path); !s.ok()) return s;
   std::string dir = ".";
   if (size_t slash = path.rfind('/'); slash != std::string::npos) {
     dir = slash == 0 ? "/" : path.substr(0, slash);
@@ -346,13 +368,25 @@ absl::Status CheckOutputPath(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot write '", path, "': it is a directory"));
   }
+  if (absl::Status s = CheckNotSpecialFile(path); !s.ok()) return s;
   fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) return absl::OkStatus();
+  if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat("cannot write '", path, "': '",
                                             dir.string(),
                                             "' is not an existing directory"));
   }
+  // Permission bits do not stop root, and /proc or /sys refuse new files
+  // whatever the bits say: create (and remove) a file to know.
+  std::string probe = (dir / ".tracecut-probe.XXXXXX").string();
+  int fd = mkstemp(probe.data());
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write '", path, "': cannot create a file in '",
+                     dir.string(), "': ", std::strerror(errno)));
+  }
+  close(fd);
+  unlink(probe.c_str());
   return absl::OkStatus();
 }
 

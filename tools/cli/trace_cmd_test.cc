@@ -201,6 +201,25 @@ TEST(WriteOutputTest, AtomicReplaceAndErrors) {
   EXPECT_EQ(out.str(), "stdout");
 }
 
+TEST(WriteOutputTest, SpecialFilesAreNotReplaced) {
+  // A rename over a FIFO (or a device such as /dev/null, as root) would
+  // replace the node with a regular file.
+  const std::string dir = TempDir("special");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  std::ostringstream out, err;
+  Io io{out, err};
+  absl::Status s = WriteOutput(fifo, "x", io);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr(fifo));
+  s = CheckOutputPath(fifo);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  struct stat st;
+  ASSERT_EQ(stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"fifo"});
+}
+
 TEST(ParseArgsTest, FlagForms) {
   std::vector<FlagSpec> flags = {
       FlagSpec::Value("leaf", "X", "").Repeated(),

@@ -148,6 +148,8 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   if (!output.has_value() || output->empty() || *output == "-") {
     return UsageError("-o OUT.pt is required (a file path)");
   }
+  // Before tracing, so a bad -o fails fast (and never replaces a device).
+  RETURN_IF_ERROR(CheckOutputPath(*output));
 
   ASSIGN_OR_RETURN(Traced t, TraceModel(args));
   const runtime::GraphModule& gm = *t.gm;

@@ -78,6 +78,34 @@ TEST(TransformCmdTest, UnknownPassIsOneLineAndWritesNothing) {
   EXPECT_FALSE(Exists(out));
 }
 
+TEST(TransformCmdTest, OutputOverAFifoFailsBeforeTracing) {
+  const std::string fifo = TempDir("fifo") + "/out.pt";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  Result r = RunTracecut({"transform", Fixture("cnn"),
+                          "--passes=eliminate-dead-code", "-o", fifo});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("'" + fifo + "': it exists and is not a"));
+  struct stat st;
+  ASSERT_EQ(stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));  // Not replaced by a regular file.
+}
+
+// debug reports on stdout only: a report that cannot be written fails.
+TEST(TransformCmdTest, DebugWithUnwritableStdoutFails) {
+  std::ostringstream out, err;
+  out.setstate(std::ios::badbit);  // As a full disk or a closed pipe would.
+  Io io{out, err};
+  int code =
+      Main({"tracecut", "debug", Fixture("llama"),
+            "--passes=eliminate-dead-code", "--targets=LlamaDecoderLayer"},
+           io);
+  const std::string e = err.str();
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+  EXPECT_THAT(e, HasSubstr("cannot write to standard output"));
+}
+
 // The tanh approximation is ~7.6e-7 relative on BERT's layers: within the
 // default 1e-5, so a tighter tolerance makes the first layer exceed.
 TEST(TransformCmdTest, DebugFlagsGeluTanhApproxOnBert) {

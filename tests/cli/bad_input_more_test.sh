@@ -1,0 +1,209 @@
+#!/bin/bash
+# More of the `tracecut` bad-input matrix (bad_input_test.sh has the model,
+# config, recipe and data basics for every subcommand): transform and debug
+# flags, read-only output locations, full disks for outputs and for the
+# intermediates cache's spill files, unwritable stdout, and more kinds of bad
+# calibration data and recipes. Same contract, checked by expect_error
+# (bad_input_lib.sh): exit 1..127, one stderr line naming the offending file
+# or flag, no output, temporary or spill file left behind.
+
+set -u
+
+source "$(dirname "${BASH_SOURCE[0]}")/bad_input_lib.sh"
+
+OUT="$TMP/out"
+mkdir -p "$OUT"
+O="$OUT/out.pt"
+DEC=LlamaDecoderLayer
+RECIPE_OK="$TMP/recipe_ok.textproto"
+cat >"$RECIPE_OK" <<'RECIPE_EOF'
+modifiers {
+  gptq {
+    scheme { bits: 4 group_size: 128 symmetric: true }
+    targets: "Linear"
+    ignore: "lm_head"
+  }
+}
+pipeline: SEQUENTIAL
+sequential_targets: "LlamaDecoderLayer"
+RECIPE_EOF
+
+# --- transform and debug ----------------------------------------------------
+for cmd in transform debug; do
+  out=()
+  [ "$cmd" = transform ] && out=(-o "$O")
+  expect_error "$cmd unknown pass" "no-such-pass" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" --passes=eliminate-dead-code,no-such-pass "${out[@]}"
+  expect_error "$cmd empty --passes" "--passes" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" --passes= "${out[@]}"
+  expect_error "$cmd no --passes" "--passes" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" "${out[@]}"
+  expect_error "$cmd unknown --targets" "NoSuchLayer" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" --passes=eliminate-dead-code --targets=NoSuchLayer "${out[@]}"
+  expect_error "$cmd empty --targets" "--targets" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" --passes=eliminate-dead-code --targets= "${out[@]}"
+  expect_error "$cmd unknown flag" "--no-such-flag" "$OUT" "$O" -- \
+    "$cmd" "$MODEL" --passes=eliminate-dead-code --no-such-flag "${out[@]}"
+done
+expect_error "transform no -o" "-o" "$OUT" "" -- \
+  transform "$MODEL" --passes=eliminate-dead-code
+expect_error "transform -o -" "-o" "$OUT" "" -- \
+  transform "$MODEL" --passes=eliminate-dead-code -o -
+for tol in abc -1 nan; do
+  expect_error "debug --tolerance=$tol" "--tolerance" "$OUT" "" -- \
+    debug "$MODEL" --passes=eliminate-dead-code "--tolerance=$tol"
+done
+
+# --- Read-only output locations ---------------------------------------------
+# Tests run as root, which chmod does not stop: /proc and /sys refuse new
+# files whatever the permission bits say, so they stand in for read-only
+# directories.
+for ro in /proc /sys; do
+  [ -d "$ro" ] || continue
+  f="$ro/tracecut_bad_input_out"
+  expect_error "trace -o in $ro" "$f" "$OUT" "$f" -- trace "$MODEL" -o "$f"
+  expect_error "partition -o in $ro" "$f" "$OUT" "$f" -- \
+    partition "$MODEL" --targets=$DEC --json -o "$f"
+  expect_error "transform -o in $ro" "$f" "$OUT" "$f" -- \
+    transform "$MODEL" --passes=eliminate-dead-code -o "$f"
+  expect_error "calibrate -o in $ro" "$f" "$OUT" "$f" -- \
+    calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$f"
+  expect_error "calibrate --report in $ro" "$f" "$OUT" "$O" -- \
+    calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O" \
+    "--report=$f"
+done
+
+# An existing FIFO as the output: outputs are renamed into place, which
+# would replace the node (for /dev/null or /dev/full, as root, the device
+# itself; a FIFO in the test's directory is the harmless stand-in).
+FIFO="$TMP/fifo_dir/out.fifo"
+mkdir -p "$(dirname "$FIFO")"
+mkfifo "$FIFO"
+for cmd in trace partition transform calibrate; do
+  case $cmd in
+    trace) args=(trace "$MODEL") ;;
+    partition) args=(partition "$MODEL" --targets=$DEC) ;;
+    transform) args=(transform "$MODEL" --passes=eliminate-dead-code) ;;
+    calibrate) args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2) ;;
+  esac
+  expect_error "$cmd -o FIFO" "$FIFO" "$(dirname "$FIFO")" "" -- \
+    "${args[@]}" -o "$FIFO"
+  if [ ! -p "$FIFO" ]; then
+    fail "$cmd -o FIFO" "the FIFO was replaced"
+    rm -f "$FIFO"
+    mkfifo "$FIFO"
+  fi
+done
+
+# --- Full disk ----------------------------------------------------------------
+# FILE_LIMIT_KB runs tracecut under `ulimit -f` with SIGXFSZ ignored: writes
+# past the limit fail with EFBIG, as on a full disk, for that process only.
+FILE_LIMIT_KB=1 expect_error "trace -o, disk full" "$O" "$OUT" "$O" -- \
+  trace "$MODEL" -o "$O"
+FILE_LIMIT_KB=1 expect_error "partition -o, disk full" "$OUT/plan.json" \
+  "$OUT" "$OUT/plan.json" -- \
+  partition "$MODEL" --targets=$DEC --json -o "$OUT/plan.json"
+FILE_LIMIT_KB=16 expect_error "transform -o, disk full" "$O" "$OUT" "$O" -- \
+  transform "$MODEL" --passes=eliminate-dead-code -o "$O"
+# The checkpoints in OUT.pt.run/ or the model itself hit the limit; nothing
+# of either may stay.
+FILE_LIMIT_KB=64 ALLOW_PROGRESS=1 expect_error "calibrate -o, disk full" "$O" \
+  "$OUT" "$O" -- calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O"
+
+# The intermediates cache spilling to a full disk: a budget of 0 bytes
+# sends every activation to a spill file, the first write fails.
+SPILL="$TMP/spill"
+mkdir -p "$SPILL"
+spill_recipe() {
+  sed '/^cache/d' "$RECIPE_OK"
+  echo "cache { memory_budget_bytes: $1 spill_dir: \"$2\" }"
+}
+spill_recipe 0 "$SPILL" >"$TMP/recipe_spill.textproto"
+FILE_LIMIT_KB=1 ALLOW_PROGRESS=1 ALSO_EMPTY="$SPILL" expect_error \
+  "calibrate spill, disk full" "$SPILL/" "$OUT" "$O" -- \
+  calibrate "$MODEL" "--recipe=$TMP/recipe_spill.textproto" --synthetic=2 -o "$O"
+# A spill directory that cannot be created.
+spill_recipe 0 /proc/tracecut_spill >"$TMP/recipe_spill_proc.textproto"
+ALLOW_PROGRESS=1 expect_error "calibrate spill dir in /proc" \
+  "/proc/tracecut_spill" "$OUT" "$O" -- \
+  calibrate "$MODEL" "--recipe=$TMP/recipe_spill_proc.textproto" \
+  --synthetic=2 -o "$O"
+
+# Stdout on a full disk (/dev/full opened for writing, never replaced).
+if [ -c /dev/full ]; then
+  STDOUT_TO=/dev/full expect_error "trace to stdout, disk full" \
+    "standard output" "$OUT" "" -- trace "$MODEL"
+  STDOUT_TO=/dev/full expect_error "partition --json to stdout, disk full" \
+    "standard output" "$OUT" "" -- partition "$MODEL" --targets=$DEC --json
+  STDOUT_TO=/dev/full expect_error "debug to stdout, disk full" \
+    "standard output" "$OUT" "" -- \
+    debug "$MODEL" --passes=eliminate-dead-code --targets=$DEC
+fi
+
+# --- Calibration data ---------------------------------------------------------
+D="$TMP/data"
+mkdir -p "$D"
+/usr/bin/python3 - "$D" <<'PY' 2>/dev/null
+import sys, torch
+d = sys.argv[1]
+torch.save(torch.zeros(0, 16, dtype=torch.int64), f"{d}/zero_samples.pt")
+torch.save(torch.zeros(2, 0, dtype=torch.int64), f"{d}/zero_length.pt")
+torch.save(torch.tensor(5), f"{d}/scalar.pt")
+torch.save(torch.full((2, 16), float("nan")), f"{d}/nan.pt")
+torch.save(torch.full((2, 16), float("inf")), f"{d}/inf.pt")
+torch.save(torch.randint(0, 256, (2, 16)).to(torch.int8), f"{d}/int8_wraps.pt")
+torch.save(torch.randint(0, 2, (2, 16)).bool(), f"{d}/bool.pt")
+torch.save(torch.randint(0, 256, (2, 100)), f"{d}/too_long.pt")
+torch.save([], f"{d}/empty_list.pt")
+PY
+: >"$D/empty.jsonl"
+printf '\n\n' >"$D/blank_lines.jsonl"
+echo '[]' >"$D/empty_row.jsonl"
+printf '[1, 2.5, 3]\n' >"$D/fraction.jsonl"
+printf '[1, NaN]\n' >"$D/nan.jsonl"
+printf '[1, 1e400]\n' >"$D/huge.jsonl"
+printf '[1, 2]\n[1, 2, 3]\n' >"$D/ragged.jsonl"
+printf '{"ids": [1, 2]}\n' >"$D/no_input_ids.jsonl"
+mkdir -p "$D/directory.pt"
+for f in zero_samples.pt zero_length.pt scalar.pt nan.pt inf.pt \
+  int8_wraps.pt bool.pt too_long.pt empty_list.pt empty.jsonl \
+  blank_lines.jsonl empty_row.jsonl fraction.jsonl nan.jsonl huge.jsonl \
+  ragged.jsonl no_input_ids.jsonl directory.pt; do
+  [ -e "$D/$f" ] || continue  # python3-torch missing: the .pt cases.
+  expect_error "calibrate data $f" "$D/$f" "$OUT" "$O" -- \
+    calibrate "$MODEL" "--recipe=$RECIPE_OK" "--data=$D/$f" -o "$O"
+done
+for flag in --synthetic=0 --synthetic=-1 --synthetic=abc --batch-size=0 \
+  --seq-len=0 --seq-len=-3 --seq-len=100000; do
+  name=${flag%%=*}
+  extra=(--synthetic=2)
+  [ "$name" = --synthetic ] && extra=()
+  expect_error "calibrate $flag" "${name#--}" "$OUT" "$O" -- \
+    calibrate "$MODEL" "--recipe=$RECIPE_OK" "${extra[@]}" "$flag" -o "$O"
+done
+expect_error "calibrate --data and --synthetic" "--synthetic" "$OUT" "$O" -- \
+  calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 "--data=$D/nan.pt" \
+  -o "$O"
+
+# --- Recipes ------------------------------------------------------------------
+R="$TMP/recipes"
+mkdir -p "$R"
+sed 's/SEQUENTIAL/SEQUENTAIL/' "$RECIPE_OK" >"$R/enum_typo.textproto"
+sed 's/bits: 4/bits: 9/' "$RECIPE_OK" >"$R/bits_9.textproto"
+sed 's/bits: 4/bits: "four"/' "$RECIPE_OK" >"$R/bits_string.textproto"
+sed 's/targets: "Linear"//' "$RECIPE_OK" >"$R/no_targets.textproto"
+spill_recipe -5 "$SPILL" >"$R/negative_budget.textproto"
+sed '/^cache/d' "$RECIPE_OK" >"$R/bad_device.textproto"
+echo 'cache { offload_device: "gpu" }' >>"$R/bad_device.textproto"
+echo 'pipeline: BASIC' >"$R/no_modifiers.textproto"
+printf 'modifiers { gptq { scheme { bits: 4 } targets: "Linear" } }\x00\xff\n' \
+  >"$R/binary_junk.textproto"
+mkdir -p "$R/directory.textproto"
+for r in enum_typo bits_9 bits_string no_targets negative_budget bad_device \
+  no_modifiers binary_junk directory; do
+  expect_error "calibrate recipe $r" "$R/$r.textproto" "$OUT" "$O" -- \
+    calibrate "$MODEL" "--recipe=$R/$r.textproto" --synthetic=2 -o "$O"
+done
+
+echo "$cases cases, $failures failures"
+[ "$failures" -eq 0 ]
