@@ -139,6 +139,34 @@ TEST(ScopeTest, DemanglesAndShortens) {
   EXPECT_FALSE(s.Contains("model"));
 }
 
+TEST(ScopeTest, SharedCopiesStayIndependent) {
+  Scope a = Scope().Push({"", "M"});
+  Scope b = a;
+  b = b.Push({"m", "x.L"});
+  EXPECT_EQ(a.depth(), 1u);
+  EXPECT_EQ(b.depth(), 2u);
+  EXPECT_EQ(a, Scope(std::vector<ScopeEntry>{{"", "M"}}));
+  EXPECT_NE(a, b);
+  EXPECT_EQ(Scope(), Scope(std::vector<ScopeEntry>{}));
+  EXPECT_TRUE(Scope(std::vector<ScopeEntry>{}).empty());
+  EXPECT_EQ(Scope().path(), "");
+}
+
+// Past a few operands, duplicates are found by a hash set instead of a scan.
+TEST(GraphTest, ManyOperandsGiveDistinctInputsInOrder) {
+  Graph g;
+  std::vector<Node*> xs;
+  std::vector<Argument> refs;
+  for (int i = 0; i < 40; ++i) {
+    xs.push_back(*g.Placeholder("x" + std::to_string(i)));
+    refs.push_back(Argument::Ref(xs.back()));
+  }
+  for (int i = 39; i >= 0; --i) refs.push_back(Argument::Ref(xs[i]));
+  Node* cat = *g.CallFunction("aten::cat", {Argument::List(refs)});
+  EXPECT_EQ(cat->inputs(), xs);
+  for (Node* x : xs) EXPECT_THAT(x->users(), ElementsAre(cat));
+}
+
 TEST(ArgumentTest, EqualityAndMapping) {
   Small s;
   Argument a = Argument::List({Argument::Ref(s.x), Argument::Double(0.5),

@@ -392,10 +392,22 @@ struct Adjacency {
   const int* Refs(int i) const { return ref.data() + ref_begin[i]; }
 };
 
-// The position of `node` in `nodes` (a graph's nodes in order), by binary
-// search on the graph's order: cheaper than hashing every reference.
-int IndexOf(const std::vector<const ir::Node*>& nodes, const ir::Node* node) {
-  int lo = 0, hi = static_cast<int>(nodes.size());
+// The position of `node` in `nodes` (a graph's nodes in order), searching
+// [0, before) by the graph's order: operands are mostly recent nodes, so it
+// gallops back from `before` and then bisects, cheaper than hashing every
+// reference. Returns `before` when the node is not there.
+int IndexOf(const std::vector<const ir::Node*>& nodes, const ir::Node* node,
+            int before) {
+  int hi = before;
+  int lo = before - 1;
+  int step = 1;
+  while (lo > 0 && node->IsBefore(nodes[lo])) {
+    hi = lo;
+    step *= 2;
+    lo = std::max(0, hi - step);
+  }
+  lo = std::max(lo, 0);
+  // The first position in [lo, hi) not before `node`.
   while (lo < hi) {
     int mid = lo + (hi - lo) / 2;
     if (nodes[mid]->IsBefore(node)) {
@@ -404,22 +416,25 @@ int IndexOf(const std::vector<const ir::Node*>& nodes, const ir::Node* node) {
       hi = mid;
     }
   }
-  return lo;
+  return lo < before && nodes[lo] == node ? lo : before;
 }
 
+// Appends the positions of the nodes `a` references (operands of node
+// `user`, which they must precede).
 absl::Status CollectRefs(const ir::Argument& a,
-                         const std::vector<const ir::Node*>& nodes,
+                         const std::vector<const ir::Node*>& nodes, int user,
                          std::vector<int>& out) {
   if (a.is_node()) {
-    int j = IndexOf(nodes, a.node());
-    if (j == static_cast<int>(nodes.size()) || nodes[j] != a.node()) {
+    int j = IndexOf(nodes, a.node(), user);
+    if (j == user) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "partition: operand %", a.node()->name(), " is not in the graph"));
+          "partition: operand %", a.node()->name(), " of ",
+          nodes[user]->Describe(), " is not an earlier node of the graph"));
     }
     out.push_back(j);
   } else if (a.is_sequence()) {
     for (const ir::Argument& e : a.elements()) {
-      RETURN_IF_ERROR(CollectRefs(e, nodes, out));
+      RETURN_IF_ERROR(CollectRefs(e, nodes, user, out));
     }
   }
   return absl::OkStatus();
@@ -439,10 +454,10 @@ absl::StatusOr<Adjacency> BuildAdjacency(
     a.ref_begin.push_back(static_cast<int>(a.ref.size()));
     a.in_begin.push_back(static_cast<int>(a.in.size()));
     for (const ir::Argument& arg : nodes[i]->args()) {
-      RETURN_IF_ERROR(CollectRefs(arg, nodes, a.ref));
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, i, a.ref));
     }
     for (const auto& [key, arg] : nodes[i]->kwargs()) {
-      RETURN_IF_ERROR(CollectRefs(arg, nodes, a.ref));
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, i, a.ref));
     }
     for (size_t k = a.ref_begin[i]; k < a.ref.size(); ++k) {
       int j = a.ref[k];
@@ -582,7 +597,7 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   for (const ir::Node* n : graph.nodes()) nodes.push_back(n);
   auto op = [&](int i) { return nodes[i]->op(); };
   ASSIGN_OR_RETURN(Adjacency adj, BuildAdjacency(nodes));
-  const int out = IndexOf(nodes, output);
+  const int out = IndexOf(nodes, output, num_nodes);
 
   // 1. Target instances.
   ModuleMatcher matcher(targets, ignore);

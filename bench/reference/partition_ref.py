@@ -47,7 +47,8 @@ node in graph order inside it (by nn_module_stack): Kahn's algorithm then
 advances the partition exactly where the instance ends, as it does after a
 leaf target. The output says which ("mode": "leaf" or "scope").
 
-Prints JSON: load_s (json.load), build_s (fx graph, untimed), partition_s,
+Prints JSON: load_s (json.load), build_s (fx graph, untimed), partition_s
+(median wall time), partition_min_s, cpu_s (median thread CPU time),
 codegen_s, partitions, targets, nodes, mode.
 """
 
@@ -329,17 +330,20 @@ def main():
     model, gm = build_fx(graph_json)
     build_s = time.perf_counter() - start
     target_names = args.targets.split(",")
-    times = []
+    times, cpu = [], []
     for _ in range(max(1, args.reps)):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         subgraphs, num_targets, mode = partition(model, gm, target_names)
+        cpu.append(time.thread_time() - cpu_start)
         times.append(time.perf_counter() - start)
     start = time.perf_counter()
     for s in subgraphs:
         s.graph.python_code("self")
     codegen_s = time.perf_counter() - start
     print(json.dumps({"load_s": load_s, "build_s": build_s,
-                      "partition_s": statistics.median(times), "codegen_s": codegen_s,
+                      "partition_s": statistics.median(times), "partition_min_s": min(times),
+                      "cpu_s": statistics.median(cpu),
+                      "codegen_s": codegen_s,
                       "partitions": len(subgraphs), "targets": num_targets,
                       "nodes": len(gm.graph.nodes), "mode": mode}))
 
