@@ -105,7 +105,7 @@ def rows_4_to_6(by):
                      "ratio": g["total_s"] / ref["total_s"], "target": 1.0,
                      "note": f"{shapes}; W{g['bits']} g{g['group_size']} act_order={g['act_order']} "
                              f"damp {g['damp']} block {g['block_size']}; H from {g['samples']}x{g['seq']} tokens; "
-                             f"max |W_ours - W_ref| {diff:.3g} (at most {frac:.2%} of weights differ); "
+                             f"max |W_ours - W_ref| {diff:.3g} (at most {frac:.2%} of weights differ by more than 1e-3 max|W|); "
                              f"per layer: {per}"})
     for name in ("llama", "opt"):
         lg = get(f"gptq_logits_{name}")
