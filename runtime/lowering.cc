@@ -634,14 +634,30 @@ absl::Status SaveModuleAtomically(
   absl::Cleanup remove_tmp = [&tmp] { unlink(tmp.c_str()); };
   // mkstemp makes the file 0600; a saved model is readable like others.
   fchmod(fd, 0644);
-  close(fd);
-  RETURN_IF_ERROR(TorchCall(context, [&] { module.save(tmp, extra_files); }));
-  fd = open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    const int rc = fsync(fd);
-    const int err = errno;
+  // Serialized in memory, written here: LibTorch's file writer throws from
+  // its destructor when a write fails (a full disk), which terminates.
+  std::ostringstream bytes;
+  absl::Status serialized =
+      TorchCall(context, [&] { module.save(bytes, extra_files); });
+  if (!serialized.ok()) {
     close(fd);
-    if (rc != 0) return ErrnoStatus(err, context);
+    return serialized;
+  }
+  const std::string data = std::move(bytes).str();
+  for (size_t done = 0; done < data.size();) {
+    ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      close(fd);
+      return ErrnoStatus(err, context);
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int synced = fsync(fd);
+  const int sync_err = errno;
+  if (close(fd) != 0 || synced != 0) {
+    return ErrnoStatus(synced != 0 ? sync_err : errno, context);
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
     return ErrnoStatus(errno, context);

@@ -1,5 +1,7 @@
 #include "runtime/lowering.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <torch/script.h>
 #include <unistd.h>
@@ -342,6 +344,27 @@ TEST(SaveTest, FailureLeavesNoPartialFileAndKeepsTheOldOne) {
   std::string content((std::istreambuf_iterator<char>(in)),
                       std::istreambuf_iterator<char>());
   EXPECT_EQ(content, "previous model");
+}
+
+TEST(SaveTest, FullDiskIsAStatusAndLeavesNoFile) {
+  std::string dir = TempDir();
+  std::string path = dir + "/full.pt";
+  GraphModule gm(MakeMlp(), MlpGraph());
+  // A file size limit makes writes past 1 KiB fail with EFBIG, as a full
+  // disk would (LibTorch's own file writer terminated the process then).
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+  absl::Status s = SaveTorchScript(gm, path);
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(Msg(s), HasSubstr("cannot save '" + path + "'"));
+  EXPECT_THAT(Msg(s), HasSubstr("File too large"));
+  EXPECT_TRUE(ListDir(dir).empty());
 }
 
 }  // namespace

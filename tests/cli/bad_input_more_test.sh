@@ -102,7 +102,7 @@ FILE_LIMIT_KB=1 expect_error "trace -o, disk full" "$O" "$OUT" "$O" -- \
   trace "$MODEL" -o "$O"
 FILE_LIMIT_KB=1 expect_error "partition -o, disk full" "$OUT/plan.json" \
   "$OUT" "$OUT/plan.json" -- \
-  partition "$MODEL" --targets=$DEC --json -o "$OUT/plan.json"
+  partition "$MODEL" --targets=$DEC --format=json -o "$OUT/plan.json"
 FILE_LIMIT_KB=16 expect_error "transform -o, disk full" "$O" "$OUT" "$O" -- \
   transform "$MODEL" --passes=eliminate-dead-code -o "$O"
 # The checkpoints in OUT.pt.run/ or the model itself hit the limit; nothing
@@ -176,9 +176,13 @@ done
 for flag in --synthetic=0 --synthetic=-1 --synthetic=abc --batch-size=0 \
   --seq-len=0 --seq-len=-3 --seq-len=100000; do
   name=${flag%%=*}
+  mention=${name#--}
+  # Checked against the model, not the flag parser: the message names the
+  # length (and the model's limit), not the flag.
+  [ "$flag" = --seq-len=100000 ] && mention="100000 tokens"
   extra=(--synthetic=2)
   [ "$name" = --synthetic ] && extra=()
-  expect_error "calibrate $flag" "${name#--}" "$OUT" "$O" -- \
+  expect_error "calibrate $flag" "$mention" "$OUT" "$O" -- \
     calibrate "$MODEL" "--recipe=$RECIPE_OK" "${extra[@]}" "$flag" -o "$O"
 done
 expect_error "calibrate --data and --synthetic" "--synthetic" "$OUT" "$O" -- \
