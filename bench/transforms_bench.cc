@@ -16,7 +16,7 @@
 // (max_err_* = max |difference|), so the timings compare the same work.
 // Times are the median over --runs of the mean of --inner back-to-back calls,
 // after 5 warm-up calls (TorchScript's profiling executor optimises on the
-// first calls).
+// first calls); the variants take turns run by run.
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/script.h>
@@ -124,24 +124,32 @@ int Main(int argc, char** argv) {
                                    {"ours_ofi", &ours_ofi}};
   const std::vector<c10::IValue>& in = inputs.values;
   at::Tensor reference;
+  auto call = [&](Variant& v) {
+    return OrDie(
+        runtime::TorchCall(v.name, [&] { return v.module->forward(in); }),
+        kTool, v.name);
+  };
   for (Variant& v : variants) {
-    auto call = [&] {
-      return OrDie(
-          runtime::TorchCall(v.name, [&] { return v.module->forward(in); }),
-          kTool, v.name);
-    };
-    for (int i = 0; i < 5; ++i) call();
-    at::Tensor out = FirstTensor(call());
+    for (int i = 0; i < 5; ++i) call(v);
+    at::Tensor out = FirstTensor(call(v));
     if (!reference.defined()) reference = out;
     v.max_err = (out.to(at::kDouble) - reference.to(at::kDouble))
                     .abs()
                     .max()
                     .item<double>();
-    v.seconds = TimeMedian(runs, 0,
-                           [&] {
-                             for (int i = 0; i < inner; ++i) call();
-                           }) /
-                inner;
+  }
+  // Round-robin: run r times every variant in turn, so that load from other
+  // processes on the machine falls on all variants alike.
+  std::vector<std::vector<double>> times(variants.size());
+  for (int r = 0; r < runs; ++r) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      Clock::time_point start = Clock::now();
+      for (int i = 0; i < inner; ++i) call(variants[k]);
+      times[k].push_back(SecondsSince(start) / inner);
+    }
+  }
+  for (size_t k = 0; k < variants.size(); ++k) {
+    variants[k].seconds = Median(times[k]);
   }
   std::string out = absl::StrCat(
       "{\"model\": \"", path, "\", \"passes\": \"", passes,
