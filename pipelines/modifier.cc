@@ -287,7 +287,22 @@ absl::Status RunContext::UpdateTensor(absl::string_view path,
   RETURN_IF_ERROR(
       runtime::TorchCall(absl::StrCat("updating '", path, "'"), [&] {
         c10::NoGradGuard no_grad;
-        target.copy_(value);
+        // A new tensor, not a write into `target`: a traced module shares
+        // its tensors with the module it was traced from (tracer::Trace).
+        // Every attribute holding `target` (tied weights) gets it.
+        at::Tensor fresh = at::empty_like(target, at::MemoryFormat::Preserve);
+        fresh.copy_(value);
+        fresh.set_requires_grad(target.requires_grad());
+        for (const torch::jit::Module& m : model_->module().modules()) {
+          const c10::intrusive_ptr<c10::ivalue::Object>& object = m._ivalue();
+          for (size_t i = 0; i < object->slots().size(); ++i) {
+            const c10::IValue& slot = object->getSlot(i);
+            if (slot.isTensor() && slot.toTensor().unsafeGetTensorImpl() ==
+                                       target.unsafeGetTensorImpl()) {
+              object->setSlot(i, fresh);
+            }
+          }
+        }
       }));
   updated_.insert(std::string(path));
   ++update_count_;

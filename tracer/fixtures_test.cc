@@ -251,6 +251,20 @@ TEST_P(FixtureTest, TracingTwiceIsByteIdentical) {
   EXPECT_EQ(*pa, *pb);
 }
 
+TEST_P(FixtureTest, MetaShadowGivesTheGraphOfRealExecution) {
+  TraceOptions meta;
+  meta.shadow = TraceOptions::Shadow::kMeta;
+  TraceOptions real;
+  real.shadow = TraceOptions::Shadow::kReal;
+  absl::StatusOr<runtime::GraphModule> a =
+      TraceFile(FixturePath(GetParam()), meta);
+  absl::StatusOr<runtime::GraphModule> b =
+      TraceFile(FixturePath(GetParam()), real);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(ir::PrintGraph(a->graph()), ir::PrintGraph(b->graph()));
+}
+
 INSTANTIATE_TEST_SUITE_P(AllFixtures, FixtureTest, ::testing::ValuesIn(Stems()),
                          [](const auto& info) { return info.param; });
 

@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -46,6 +47,24 @@ using ir::Argument;
 // shape-only as long as x's shape is. A condition with `data` set cannot be
 // decided by tracing and is reported; one without is decided on the example
 // inputs, and recorded as an assumption when it was not a plain constant.
+//
+// Meta mode (TraceOptions::Shadow::kMeta, tried first by default): values
+// with `data` set are meta tensors. Tensor inputs become meta tensors of the
+// same sizes, strides and dtypes; an operator with any `data` input runs on
+// meta twins of all its tensors (a `cpu` device argument becomes `meta`,
+// results report `cpu`), which gives the same shapes, dtypes and `shape`
+// provenance without the arithmetic or copies of the weights. Values without
+// `data` (constants, sizes, aranges and masks built from sizes) still run for
+// real: they are cheap and their values may feed shapes and conditions. What
+// needs the values of data is refused -- a non-tensor result of a `data`
+// input other than shape/meta queries (.item(), int(t), str(t)), operators
+// whose output shape depends on data, operators without a meta kernel, and
+// non-CPU tensors -- and kAuto traces again in real mode, so graphs, shapes
+// and errors are always those of real execution. Leaf modules run with meta
+// twins of their tensors swapped into our clone's objects for the call.
+// Since nothing real runs on the parameters, the clone shares them with the
+// caller's module unless the graph or a leaf module may write to module
+// state (then they are copied; see Trace).
 
 struct Value;
 using Seq = std::vector<Value>;
@@ -133,6 +152,16 @@ bool HasDataDependentShape(c10::Symbol kind) {
   return kinds->contains(kind);
 }
 
+const c10::Symbol kWhere = c10::Symbol::fromQualString("aten::where");
+
+// Thrown when meta execution cannot stand in for real execution (Note
+// [Shadow execution]); becomes an error status like any operator failure.
+class MetaRefusal : public std::runtime_error {
+ public:
+  explicit MetaRefusal(const std::string& what)
+      : std::runtime_error(absl::StrCat("meta execution: ", what)) {}
+};
+
 bool ContainsTensor(const c10::IValue& v) {
   if (v.isTensor()) return true;
   if (v.isList()) {
@@ -176,7 +205,9 @@ void CollectMeta(const c10::IValue& v, std::vector<ir::TensorMeta>& out) {
     ir::TensorMeta m;
     m.shape = t.sizes().vec();
     m.dtype = DTypeName(t.scalar_type());
-    m.device = t.device().str();
+    // Meta tensors only exist as stand-ins for CPU tensors (Note [Shadow
+    // execution]).
+    m.device = t.is_meta() ? std::string("cpu") : t.device().str();
     out.push_back(std::move(m));
   } else if (v.isList()) {
     for (const c10::IValue& e : v.toListRef()) CollectMeta(e, out);
@@ -320,10 +351,15 @@ std::string FirstLine(const std::string& s) {
 
 class Tracer {
  public:
-  Tracer(jit::Module root, const TraceOptions& options, ir::Graph& graph)
-      : root_(std::move(root)), options_(options), graph_(graph) {}
+  Tracer(jit::Module root, const TraceOptions& options, ir::Graph& graph,
+         bool meta)
+      : root_(std::move(root)), options_(options), graph_(graph), meta_(meta) {}
 
   absl::Status Run(const ExampleInputs& inputs);
+
+  // Meta mode: whether the traced graph or a leaf module it calls may write
+  // to module state, so the clone must not share tensors with the caller.
+  bool MayWriteModuleState() const { return state_writes_ || leaf_writes_; }
 
  private:
   using Env = absl::node_hash_map<const jit::Value*, Value>;
@@ -366,6 +402,27 @@ class Tracer {
                                 const jit::Node* origin);
   absl::Status EliminateDeadCode();
 
+  // Meta mode (Note [Shadow execution]). The meta twin of a CPU tensor (one
+  // per tensor), `v` with every tensor a twin and `cpu` devices `meta`, and
+  // an operator's result with meta devices reported as `cpu`.
+  at::Tensor MetaTwin(const at::Tensor& t);
+  c10::IValue ToMeta(const c10::IValue& v);
+  c10::IValue FromMeta(c10::IValue v);
+  // A CPU stand-in for a meta tensor: zeros of its shape (one element,
+  // expanded); for operators without meta kernels. Other values unchanged.
+  c10::IValue ToZeros(const c10::IValue& v);
+  // Runs operation `op` of `n` on `inputs` in meta mode; its results.
+  jit::Stack RunOnMeta(const jit::Node* n, const c10::FunctionSchema& schema,
+                       jit::Operation& op, const std::vector<Value*>& inputs);
+  // Leaf module `m`'s forward in meta mode.
+  c10::IValue RunLeafOnMeta(const jit::Module& m, jit::Method& forward,
+                            std::vector<c10::IValue> args);
+  // Whether any method of `m`'s module tree may write to module state.
+  bool MayWrite(const jit::Module& m);
+  // Whether the code of `m`'s tree may read tensor values (so it cannot run
+  // on zeros in place of the real values).
+  bool MayReadData(const jit::Module& m);
+
   // "module 'model.layers.0' (LlamaDecoderLayer), prim::If at file:12"
   std::string Where(const jit::Node* n) const;
   absl::Status NodeError(const jit::Node* n, absl::string_view what) const;
@@ -386,7 +443,398 @@ class Tracer {
   absl::flat_hash_map<const jit::Node*, jit::Operation> operations_;
   absl::flat_hash_set<std::string> assumed_;
   int depth_ = 0;
+  const bool meta_;
+  // Real tensor -> its meta twin; the real one is kept so its address stays
+  // unique.
+  absl::flat_hash_map<const c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>>
+      twins_;
+  absl::flat_hash_map<const c10::ClassType*, bool> type_writes_;
+  absl::flat_hash_map<const c10::ClassType*, bool> type_reads_;
+  // Operators / leaf types that failed for lack of meta kernels: they run on
+  // zeros at once.
+  absl::flat_hash_set<const c10::FunctionSchema*> zeros_ops_;
+  absl::flat_hash_set<const c10::ClassType*> zeros_leaves_;
+  bool leaf_writes_ = false;
+  // Storages of module tensors' meta twins: an in-place operator on a
+  // tensor with one of them writes module state.
+  absl::flat_hash_set<const c10::StorageImpl*> state_storages_;
+  bool state_writes_ = false;
 };
+
+// Swaps the tensor attributes of a module tree (our clone's objects) for
+// stand-ins until destroyed.
+class SwappedTensors {
+ public:
+  SwappedTensors(const jit::Module& m,
+                 const std::function<c10::IValue(const c10::IValue&)>& f) {
+    for (const jit::Module& sub : m.modules()) {
+      c10::intrusive_ptr<c10::ivalue::Object> object = sub._ivalue();
+      for (size_t i = 0; i < object->slots().size(); ++i) {
+        c10::IValue v = object->getSlot(i);
+        if (v.isObject() || !ContainsTensor(v)) continue;
+        c10::IValue stand_in = f(v);
+        swapped_.emplace_back(object, i, std::move(v));
+        object->setSlot(i, std::move(stand_in));
+      }
+    }
+  }
+  ~SwappedTensors() {
+    for (auto& [object, slot, real] : swapped_) object->setSlot(slot, real);
+  }
+  SwappedTensors(const SwappedTensors&) = delete;
+  SwappedTensors& operator=(const SwappedTensors&) = delete;
+
+ private:
+  std::vector<
+      std::tuple<c10::intrusive_ptr<c10::ivalue::Object>, size_t, c10::IValue>>
+      swapped_;
+};
+
+// ------------------------------------------------------------- meta mode
+
+at::Tensor Tracer::MetaTwin(const at::Tensor& t) {
+  if (!t.defined() || t.is_meta()) return t;
+  auto it = twins_.find(t.unsafeGetTensorImpl());
+  if (it != twins_.end()) return it->second.second;
+  if (!t.device().is_cpu() || t.layout() != c10::kStrided || t.is_quantized() ||
+      t.is_nested()) {
+    throw MetaRefusal(absl::StrCat("a ", t.toString(), " tensor on ",
+                                   t.device().str(),
+                                   " is not a dense CPU one"));
+  }
+  at::Tensor twin =
+      at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  if (t.requires_grad()) twin.requires_grad_(true);
+  twins_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, twin));
+  return twin;
+}
+
+// Whether ToMeta would change `v`.
+bool NeedsMeta(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && !v.toTensor().is_meta();
+  if (v.isDevice()) return true;
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (NeedsMeta(e)) return true;
+    }
+    return false;
+  }
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (NeedsMeta(e)) return true;
+    }
+    return false;
+  }
+  if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      if (NeedsMeta(e.key()) || NeedsMeta(e.value())) return true;
+    }
+  }
+  return false;
+}
+
+c10::IValue Tracer::ToMeta(const c10::IValue& v) {
+  // Unchanged values are passed as they are: an operator may append to a
+  // list it is given.
+  if (!NeedsMeta(v)) return v;
+  if (v.isTensor()) return MetaTwin(v.toTensor());
+  if (v.isDevice()) {
+    if (!v.toDevice().is_cpu()) {
+      throw MetaRefusal(absl::StrCat("device ", v.toDevice().str()));
+    }
+    return c10::Device(c10::kMeta);
+  }
+  if (v.isList()) {
+    c10::impl::GenericList list(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) list.push_back(ToMeta(e));
+    return list;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      elements.push_back(ToMeta(e));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  throw MetaRefusal(absl::StrCat("a ", v.tagKind(), " holding tensors"));
+}
+
+// Whether FromMeta would change `v`.
+bool NeedsFromMeta(const c10::IValue& v) {
+  if (v.isTensor()) return v.toTensor().defined() && !v.toTensor().is_meta();
+  if (v.isDevice()) return v.toDevice().is_meta();
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (NeedsFromMeta(e)) return true;
+    }
+    return false;
+  }
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      if (NeedsFromMeta(e)) return true;
+    }
+    return false;
+  }
+  if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      if (NeedsFromMeta(e.key()) || NeedsFromMeta(e.value())) return true;
+    }
+  }
+  return false;
+}
+
+c10::IValue Tracer::FromMeta(c10::IValue v) {
+  if (!NeedsFromMeta(v)) return v;
+  if (v.isTensor()) {
+    // A new CPU tensor (a factory without a device); its values are not
+    // needed (its inputs were data).
+    const at::Tensor& t = v.toTensor();
+    if (!t.device().is_cpu() || t.layout() != c10::kStrided) {
+      throw MetaRefusal(absl::StrCat("result on ", t.device().str()));
+    }
+    return at::empty_strided(t.sizes(), t.strides(),
+                             t.options().device(c10::kMeta));
+  }
+  if (v.isDevice()) return c10::Device(c10::kCPU);
+  if (v.isList()) {
+    c10::impl::GenericList list(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) list.push_back(FromMeta(e));
+    return list;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      elements.push_back(FromMeta(e));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  throw MetaRefusal(absl::StrCat("a ", v.tagKind(), " result"));
+}
+
+c10::IValue Tracer::ToZeros(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.is_meta()) return v;
+    return at::zeros({}, t.options().device(c10::kCPU)).expand(t.sizes());
+  }
+  if (v.isList() && ContainsTensor(v)) {
+    c10::impl::GenericList list(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) list.push_back(ToZeros(e));
+    return list;
+  }
+  if (v.isTuple() && ContainsTensor(v)) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& e : v.toTupleRef().elements()) {
+      elements.push_back(ToZeros(e));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+bool IsBoolOrByte(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() &&
+           (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte);
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (IsBoolOrByte(e)) return true;
+    }
+  }
+  return false;
+}
+
+jit::Stack Tracer::RunOnMeta(const jit::Node* n,
+                             const c10::FunctionSchema& schema,
+                             jit::Operation& op,
+                             const std::vector<Value*>& inputs) {
+  static const c10::Symbol kIndex = c10::Symbol::fromQualString("aten::index");
+  const c10::Symbol kind = n->kind();
+  if (HasDataDependentShape(kind) && !(kind == kWhere && inputs.size() > 1)) {
+    throw MetaRefusal(
+        absl::StrCat(OperatorName(schema), "'s output shape depends on data"));
+  }
+  jit::Stack stack;
+  if (!zeros_ops_.contains(&schema)) {
+    for (Value* v : inputs) stack.push_back(ToMeta(v->concrete));
+    if (schema.is_vararg()) {
+      stack.emplace_back(static_cast<int64_t>(inputs.size()));
+    }
+    if (schema.is_mutable()) {
+      const std::vector<c10::Argument>& formals = schema.arguments();
+      for (size_t i = 0; i < formals.size() && i < stack.size(); ++i) {
+        const c10::AliasInfo* alias = formals[i].alias_info();
+        if (alias != nullptr && alias->isWrite() && stack[i].isTensor() &&
+            stack[i].toTensor().defined() &&
+            state_storages_.contains(
+                stack[i].toTensor().storage().unsafeGetStorageImpl())) {
+          state_writes_ = true;
+        }
+      }
+    }
+    try {
+      op(stack);
+      return stack;
+    } catch (const c10::NotImplementedError&) {
+      // No meta kernel (LibTorch has only the C++ ones).
+      zeros_ops_.insert(&schema);
+    }
+  }
+  // Boolean masks as indices select a data-dependent number of elements.
+  if (kind == kIndex) {
+    for (Value* v : inputs) {
+      if (IsBoolOrByte(v->concrete)) {
+        throw MetaRefusal("indexing with a mask depends on data");
+      }
+    }
+  }
+  stack.clear();
+  for (Value* v : inputs) stack.push_back(ToZeros(v->concrete));
+  if (schema.is_vararg()) {
+    stack.emplace_back(static_cast<int64_t>(inputs.size()));
+  }
+  op(stack);
+  return stack;
+}
+
+c10::IValue Tracer::RunLeafOnMeta(const jit::Module& m, jit::Method& forward,
+                                  std::vector<c10::IValue> args) {
+  leaf_writes_ |= MayWrite(m);
+  const c10::ClassType* type = m.type().get();
+  if (!zeros_leaves_.contains(type)) {
+    try {
+      std::vector<c10::IValue> stack;
+      for (const c10::IValue& a : args) stack.push_back(ToMeta(a));
+      SwappedTensors swap(m,
+                          [this](const c10::IValue& v) { return ToMeta(v); });
+      return FromMeta(forward(std::move(stack)));
+    } catch (const c10::NotImplementedError&) {
+      zeros_leaves_.insert(type);
+    }
+  }
+  // Zeros stand in for the values only where nothing reads them.
+  if (MayReadData(m)) {
+    throw MetaRefusal(absl::StrCat(
+        "leaf ", TypeNameOf(m),
+        " needs an operator without a meta kernel and may read tensor data"));
+  }
+  std::vector<c10::IValue> stack;
+  for (const c10::IValue& a : args) stack.push_back(ToZeros(ToMeta(a)));
+  SwappedTensors swap(
+      m, [this](const c10::IValue& v) { return ToZeros(ToMeta(v)); });
+  return FromMeta(forward(std::move(stack)));
+}
+
+// Whether a node's result may carry values of tensor data (see MayReadData).
+bool ReadsData(const jit::Node* n) {
+  static const c10::Symbol kIndex = c10::Symbol::fromQualString("aten::index");
+  const c10::Symbol kind = n->kind();
+  if (HasDataDependentShape(kind) || kind == kIndex) return true;
+  if (IsShapeQuery(kind) || IsMetaQuery(kind)) return false;
+  bool tensor_in = false;
+  for (const jit::Value* in : n->inputs()) {
+    tensor_in |= in->type()->kind() == c10::TypeKind::TensorType;
+  }
+  if (!tensor_in) return false;
+  for (const jit::Value* out : n->outputs()) {
+    switch (out->type()->kind()) {
+      case c10::TypeKind::IntType:
+      case c10::TypeKind::FloatType:
+      case c10::TypeKind::BoolType:
+      case c10::TypeKind::NumberType:
+      case c10::TypeKind::ComplexType:
+      case c10::TypeKind::StringType:
+        return true;
+      default:
+        break;
+    }
+  }
+  return false;
+}
+
+bool BlockReads(const jit::Block* block,
+                absl::flat_hash_set<const jit::Function*>& seen) {
+  for (const jit::Node* n : block->nodes()) {
+    if (n->kind() == c10::prim::CallFunction) {
+      auto fn_type = n->input(0)->type()->cast<c10::FunctionType>();
+      jit::Function* fn = fn_type == nullptr ? nullptr : fn_type->function();
+      if (fn == nullptr || !fn->isGraphFunction()) return true;
+      if (seen.insert(fn).second &&
+          BlockReads(jit::toGraphFunction(*fn).graph()->block(), seen)) {
+        return true;
+      }
+    } else if (n->kind() != c10::prim::CallMethod && ReadsData(n)) {
+      return true;
+    }
+    for (const jit::Block* b : n->blocks()) {
+      if (BlockReads(b, seen)) return true;
+    }
+  }
+  return false;
+}
+
+bool Tracer::MayReadData(const jit::Module& m) {
+  for (const jit::Module& sub : m.modules()) {
+    auto [it, inserted] = type_reads_.try_emplace(sub.type().get(), false);
+    if (inserted) {
+      absl::flat_hash_set<const jit::Function*> seen;
+      for (const jit::Method& method : sub.get_methods()) {
+        if (BlockReads(jit::toGraphFunction(method.function()).graph()->block(),
+                       seen)) {
+          it->second = true;
+          break;
+        }
+      }
+    }
+    if (it->second) return true;
+  }
+  return false;
+}
+
+bool BlockWrites(const jit::Block* block,
+                 absl::flat_hash_set<const jit::Function*>& seen) {
+  for (const jit::Node* n : block->nodes()) {
+    if (n->kind() == c10::prim::SetAttr) return true;
+    if (n->kind() == c10::prim::CallFunction) {
+      auto fn_type = n->input(0)->type()->cast<c10::FunctionType>();
+      jit::Function* fn = fn_type == nullptr ? nullptr : fn_type->function();
+      if (fn == nullptr || !fn->isGraphFunction()) return true;
+      if (seen.insert(fn).second &&
+          BlockWrites(jit::toGraphFunction(*fn).graph()->block(), seen)) {
+        return true;
+      }
+    } else if (n->kind() != c10::prim::CallMethod) {
+      const c10::FunctionSchema* schema = n->maybeSchema();
+      if (schema != nullptr && schema->is_mutable()) return true;
+    }
+    for (const jit::Block* b : n->blocks()) {
+      if (BlockWrites(b, seen)) return true;
+    }
+  }
+  return false;
+}
+
+bool Tracer::MayWrite(const jit::Module& m) {
+  for (const jit::Module& sub : m.modules()) {
+    if (sub.is_training()) return true;  // e.g. BatchNorm's running stats.
+    auto [it, inserted] = type_writes_.try_emplace(sub.type().get(), false);
+    if (inserted) {
+      absl::flat_hash_set<const jit::Function*> seen;
+      for (const jit::Method& method : sub.get_methods()) {
+        if (BlockWrites(
+                jit::toGraphFunction(method.function()).graph()->block(),
+                seen)) {
+          it->second = true;
+          break;
+        }
+      }
+    }
+    if (it->second) return true;
+  }
+  return false;
+}
 
 // ------------------------------------------------------------------ errors
 
@@ -470,6 +918,10 @@ absl::Status Tracer::Run(const ExampleInputs& inputs) {
     ph->set_scope(root_scope);
     // The shadow run must not write into the caller's tensors.
     c10::IValue value = inputs.values[i].deepcopy();
+    if (meta_ && ContainsTensor(value)) {
+      value = value.isTensor() ? c10::IValue(MetaTwin(value.toTensor()))
+                               : ToMeta(value);
+    }
     CollectMeta(value, ph->meta().outputs);
     Value v;
     v.concrete = value;
@@ -702,6 +1154,10 @@ absl::Status Tracer::GetAttr(const jit::Node* n, Env& env) {
   } else if (value.isTensor()) {
     v.concrete = value;
     v.attr_path = std::move(path);
+    if (meta_) {
+      state_storages_.insert(
+          MetaTwin(value.toTensor()).storage().unsafeGetStorageImpl());
+    }
     v.data = true;
   } else if (value.isObject() || ContainsTensor(value)) {
     return NodeError(
@@ -781,7 +1237,8 @@ absl::StatusOr<Value> Tracer::EmitCallModule(const jit::Node* n,
   }
   c10::IValue result;
   try {
-    result = forward(std::move(stack));
+    result = meta_ ? RunLeafOnMeta(module, forward, std::move(stack))
+                   : forward(std::move(stack));
   } catch (const c10::Error& e) {
     return NodeError(n, absl::StrCat("leaf module '", self.module_path,
                                      "' failed on the example inputs: ",
@@ -1048,16 +1505,34 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
   if (op_it == operations_.end()) {
     op_it = operations_.emplace(n, n->getOperation()).first;
   }
-  jit::Stack stack;
-  for (Value* v : inputs) stack.push_back(v->concrete);
-  if (schema->is_vararg()) {
-    stack.emplace_back(static_cast<int64_t>(inputs.size()));
+  // In meta mode, on meta tensors when any input is data.
+  bool on_meta = false;
+  if (meta_) {
+    for (Value* v : inputs) on_meta |= v->data;
   }
-  op_it->second(stack);
+  jit::Stack stack;
+  if (on_meta) {
+    stack = RunOnMeta(n, *schema, op_it->second, inputs);
+  } else {
+    for (Value* v : inputs) stack.push_back(v->concrete);
+    if (schema->is_vararg()) {
+      stack.emplace_back(static_cast<int64_t>(inputs.size()));
+    }
+    op_it->second(stack);
+  }
   if (stack.size() != n->outputs().size()) {
     return NodeError(
         n, absl::StrCat("operator produced ", stack.size(),
                         " values, its node has ", n->outputs().size()));
+  }
+  if (on_meta) {
+    for (c10::IValue& o : stack) o = FromMeta(std::move(o));
+    static const c10::Symbol kIsCpu =
+        c10::Symbol::fromQualString("prim::is_cpu");
+    static const c10::Symbol kIsMeta =
+        c10::Symbol::fromQualString("prim::is_meta");
+    if (kind == kIsCpu) stack[0] = true;
+    if (kind == kIsMeta) stack[0] = false;
   }
 
   // Provenance.
@@ -1075,6 +1550,14 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
   bool out_tensor = false;
   for (const c10::IValue& o : stack) out_tensor |= ContainsTensor(o);
   const bool meta_query = IsMetaQuery(kind);
+  if (on_meta && !out_tensor && !meta_query && !IsShapeQuery(kind)) {
+    for (const c10::IValue& o : stack) {
+      if (!o.isNone()) {
+        throw MetaRefusal(absl::StrCat(OperatorName(*schema),
+                                       " needs the values of tensor data"));
+      }
+    }
+  }
   bool data, shape;
   if (meta_query) {
     data = shape = false;
@@ -1267,13 +1750,40 @@ absl::Status Tracer::EliminateDeadCode() {
   return absl::OkStatus();
 }
 
-}  // namespace
+// Gives every tensor attribute in `m`'s tree a copy of its own (tied
+// tensors stay tied). `m`'s module objects must be ours.
+void CopyTensors(const jit::Module& m) {
+  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies;
+  c10::IValue::HashAliasedIValueMap memo;
+  for (const jit::Module& sub : m.modules()) {
+    const c10::intrusive_ptr<c10::ivalue::Object>& object = sub._ivalue();
+    for (size_t i = 0; i < object->slots().size(); ++i) {
+      c10::IValue v = object->getSlot(i);
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined()) continue;
+        auto [it, inserted] = copies.try_emplace(t.unsafeGetTensorImpl());
+        if (inserted) {
+          it->second = t.detach().clone(at::MemoryFormat::Preserve);
+          if (t.requires_grad()) it->second.requires_grad_(true);
+        }
+        object->setSlot(i, it->second);
+      } else if (!v.isObject() && ContainsTensor(v)) {
+        object->setSlot(i, v.deepcopy(memo));
+      }
+    }
+  }
+}
 
-absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
-                                           const TraceOptions& options) {
+// One trace of `module` (Note [Shadow execution]).
+absl::StatusOr<runtime::GraphModule> TraceOnce(const jit::Module& module,
+                                               const TraceOptions& options,
+                                               bool meta) {
   jit::Module clone;
   try {
-    clone = module.clone();
+    // Meta mode runs nothing real on the module's tensors: new module
+    // objects and types sharing them.
+    clone = module.clone(/*inplace=*/meta);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot clone the module: ", FirstLine(e.what_without_backtrace())));
@@ -1282,10 +1792,13 @@ absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
   auto graph = std::make_unique<ir::Graph>();
   {
     torch::NoGradGuard no_grad;
-    Tracer tracer(clone, options, *graph);
+    Tracer tracer(clone, options, *graph, meta);
     absl::Status s;
     try {
       s = tracer.Run(inputs);
+      // The graph (run by the interpreter) or a leaf may write to module
+      // state; that must not reach the caller's module.
+      if (s.ok() && meta && tracer.MayWriteModuleState()) CopyTensors(clone);
     } catch (const c10::Error& e) {
       s = absl::InternalError(absl::StrCat(
           "tracing failed: ", FirstLine(e.what_without_backtrace())));
@@ -1295,6 +1808,21 @@ absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
     RETURN_IF_ERROR(s);
   }
   return runtime::GraphModule(std::move(clone), std::move(graph));
+}
+
+}  // namespace
+
+absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
+                                           const TraceOptions& options) {
+  if (options.shadow == TraceOptions::Shadow::kReal) {
+    return TraceOnce(module, options, /*meta=*/false);
+  }
+  absl::StatusOr<runtime::GraphModule> gm =
+      TraceOnce(module, options, /*meta=*/true);
+  if (gm.ok() || options.shadow == TraceOptions::Shadow::kMeta) return gm;
+  // Whatever the meta run could not do, or an error real execution reports
+  // in its own words.
+  return TraceOnce(module, options, /*meta=*/false);
 }
 
 }  // namespace tracecut::tracer

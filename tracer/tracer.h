@@ -18,7 +18,13 @@
 //
 // See Note [Shadow execution]: the tracer runs every operator on example
 // inputs while it walks, which gives every node its shapes (meta.outputs)
-// and decides control flow. A prim::If / prim::Loop whose condition is a
+// and decides control flow. By default (TraceOptions::shadow) whatever
+// depends on tensor data runs on the `meta` device: shapes without the
+// arithmetic, and the clone shares the caller's parameter tensors instead
+// of copying them. Shapes, dtypes and decisions are those of a run on the
+// real inputs; a trace the meta run cannot do (an operator without a meta
+// kernel, .item() of data, data-dependent output shapes) is redone with
+// real tensors. A prim::If / prim::Loop whose condition is a
 // constant (attributes, self.training, `is None` on an input given as None)
 // or depends only on input shapes (x.dim(), x.size(i), len of shapes) is
 // resolved: the taken branch is inlined, loops unrolled, and each decision
@@ -69,10 +75,27 @@ struct TraceOptions {
   uint64_t seed = 1234;
   // Loops with more iterations than this are an error, not unrolled.
   int64_t max_unroll = 100000;
+
+  // How the tracer runs operators (Note [Shadow execution]).
+  enum class Shadow {
+    // kMeta, and when that fails for any reason, kReal.
+    kAuto,
+    // Tensors that depend on input or parameter values are meta tensors;
+    // the result shares parameter and buffer tensors with `module` (they
+    // are copied when the traced graph or a leaf module may write to them).
+    // An error where the meta run cannot decide.
+    kMeta,
+    // Every operator runs on real tensors of a deep copy of the module.
+    kReal,
+  };
+  Shadow shadow = Shadow::kAuto;
 };
 
 // Traces `module.forward`. The returned GraphModule owns a clone of
-// `module` (with lifted tensor constants added as buffers).
+// `module` (with lifted tensor constants added as buffers); `module` is never
+// changed. The clone may share parameter and buffer tensors with `module`
+// (see TraceOptions::Shadow): write into them through new tensors (as
+// GraphModule::SetTensor does), or GraphModule::Clone() first.
 absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
                                            const TraceOptions& options);
 

@@ -578,5 +578,107 @@ def forward(self, x):
   EXPECT_TRUE(names.count("relu") && names.count("relu_1"));
 }
 
+TEST(TracerTest, MetaShadowSharesWeightsAndNeverTouchesTheCaller) {
+  torch::jit::Module root = MakeModule("Net", "");
+  root.register_module("fc", Linear(4, 3));
+  root.register_parameter("scale", torch::randn({3}), false);
+  root.define(R"(
+def forward(self, x):
+    return self.fc(x) * self.scale
+)");
+  const at::Tensor weight =
+      root.attr("fc").toModule().attr("weight").toTensor();
+  const at::Tensor before = weight.clone();
+  absl::StatusOr<runtime::GraphModule> gm =
+      Trace(root, WithInput("x", torch::randn({2, 4})));
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  absl::StatusOr<at::Tensor> traced = gm->GetTensor("fc.weight");
+  ASSERT_TRUE(traced.ok()) << traced.status();
+  // Shared, not copied; the leaf ran on meta twins and got its tensors back.
+  EXPECT_EQ(traced->data_ptr(), weight.data_ptr());
+  EXPECT_FALSE(traced->is_meta());
+  EXPECT_FALSE(root.attr("fc").toModule().attr("weight").toTensor().is_meta());
+  EXPECT_EQ(FindTarget(gm->graph(), "fc")->meta().outputs[0].device, "cpu");
+  // Replacing a tensor of the trace leaves the caller's alone.
+  ASSERT_TRUE(gm->SetTensor("fc.weight", torch::zeros({3, 4})).ok());
+  EXPECT_TRUE(torch::equal(root.attr("fc").toModule().attr("weight").toTensor(),
+                           before));
+}
+
+TEST(TracerTest, GraphsThatWriteModuleStateGetTheirOwnTensors) {
+  torch::jit::Module root = MakeModule("Net", "");
+  root.register_buffer("count", torch::zeros({1}));
+  root.define(R"(
+def forward(self, x):
+    y = x.clone()
+    y.add_(1.0)
+    self.count.add_(1.0)
+    return y + self.count
+)");
+  absl::StatusOr<runtime::GraphModule> gm =
+      Trace(root, WithInput("x", torch::zeros({1})));
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  absl::StatusOr<at::Tensor> count = gm->GetTensor("count");
+  ASSERT_TRUE(count.ok()) << count.status();
+  EXPECT_NE(count->data_ptr(), root.attr("count").toTensor().data_ptr());
+}
+
+TEST(TracerTest, InPlaceOnGraphTensorsKeepsWeightsShared) {
+  torch::jit::Module root = MakeModule("Net", "");
+  root.register_parameter("w", torch::randn({2}), false);
+  root.define(R"(
+def forward(self, x):
+    y = x * self.w
+    y.add_(1.0)
+    return y
+)");
+  absl::StatusOr<runtime::GraphModule> gm =
+      Trace(root, WithInput("x", torch::randn({2})));
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  absl::StatusOr<at::Tensor> w = gm->GetTensor("w");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->data_ptr(), root.attr("w").toTensor().data_ptr());
+}
+
+TEST(TracerTest, ValuesOfDataNeedRealExecution) {
+  torch::jit::Module root = MakeModule("Net", R"(
+def forward(self, x):
+    return x * x.sum().item()
+)");
+  TraceOptions options = WithInput("x", torch::randn({3}));
+  options.shadow = TraceOptions::Shadow::kMeta;
+  absl::StatusOr<runtime::GraphModule> meta = Trace(root, options);
+  ASSERT_FALSE(meta.ok());
+  EXPECT_THAT(meta.status().message(), HasSubstr("item"));
+  options.shadow = TraceOptions::Shadow::kAuto;
+  absl::StatusOr<runtime::GraphModule> automatic = Trace(root, options);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  options.shadow = TraceOptions::Shadow::kReal;
+  absl::StatusOr<runtime::GraphModule> real = Trace(root, options);
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_EQ(ir::PrintGraph(automatic->graph()), ir::PrintGraph(real->graph()));
+}
+
+TEST(TracerTest, MetaAndRealShadowGiveTheSameGraph) {
+  torch::jit::Module root = MakeModule("Net", "");
+  root.register_module("fc", Linear(4, 6));
+  root.define(R"(
+def forward(self, x):
+    h = self.fc(x)
+    if h.size(-1) > 4:
+        h = h[:, :4]
+    mask = torch.ones(h.size(0), h.size(1), device=h.device).triu()
+    return torch.embedding(h, torch.zeros(2, dtype=torch.long)) + mask.sum()
+)");
+  TraceOptions options = WithInput("x", torch::randn({2, 4}));
+  options.shadow = TraceOptions::Shadow::kMeta;
+  absl::StatusOr<runtime::GraphModule> meta = Trace(root, options);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  options.shadow = TraceOptions::Shadow::kReal;
+  absl::StatusOr<runtime::GraphModule> real = Trace(root, options);
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_EQ(ir::PrintGraph(meta->graph()), ir::PrintGraph(real->graph()));
+}
+
 }  // namespace
 }  // namespace tracecut::tracer
