@@ -401,6 +401,9 @@ class Tracer {
   absl::StatusOr<Value> Element(const Value& seq, int64_t index,
                                 const jit::Node* origin);
   absl::Status EliminateDeadCode();
+  // What graph_.UniqueName(hint) gives, without its scan of the suffixes
+  // from 1 (quadratic over thousands of "linear_<i>").
+  std::string UniqueName(absl::string_view hint);
 
   // Meta mode (Note [Shadow execution]). The meta twin of a CPU tensor (one
   // per tensor), `v` with every tensor a twin and `cpu` devices `meta`, and
@@ -455,6 +458,8 @@ class Tracer {
   absl::flat_hash_set<const c10::FunctionSchema*> zeros_ops_;
   absl::flat_hash_set<const c10::ClassType*> zeros_leaves_;
   bool leaf_writes_ = false;
+  // Stem -> every "<stem>_<i>" with 1 <= i < value is taken.
+  absl::flat_hash_map<std::string, int64_t> taken_below_;
   // Storages of module tensors' meta twins: an in-place operator on a
   // tensor with one of them writes module state.
   absl::flat_hash_set<const c10::StorageImpl*> state_storages_;
@@ -1623,12 +1628,47 @@ absl::StatusOr<ir::Node*> Tracer::AddNode(ir::OpKind op, std::string target,
                                           absl::string_view hint,
                                           const jit::Node* origin,
                                           const c10::IValue* result) {
-  ASSIGN_OR_RETURN(ir::Node * node, graph_.AddNode(op, std::move(target),
-                                                   std::move(args), {}, hint));
+  ASSIGN_OR_RETURN(ir::Node * node,
+                   graph_.AddNode(op, std::move(target), std::move(args), {},
+                                  UniqueName(hint)));
   node->set_scope(scope_);
   if (origin != nullptr) node->meta().source = LocationOf(origin);
   if (result != nullptr) CollectMeta(*result, node->meta().outputs);
   return node;
+}
+
+std::string Tracer::UniqueName(absl::string_view hint) {
+  // Graph::UniqueName's rules.
+  std::string base(hint);
+  for (char& c : base) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  if (base.empty()) base = "_";
+  if (absl::ascii_isdigit(static_cast<unsigned char>(base[0]))) {
+    base.insert(base.begin(), '_');
+  }
+  if (graph_.FindNode(base) == nullptr) return base;
+  std::string stem = base;
+  size_t us = stem.rfind('_');
+  int64_t start = 1;
+  if (us != std::string::npos && us + 1 < stem.size()) {
+    int64_t n;
+    if (absl::SimpleAtoi(absl::string_view(stem).substr(us + 1), &n) &&
+        n >= 0) {
+      stem.resize(us);
+      start = n + 1;
+    }
+  }
+  // Names are only added while tracing, so what was taken stays taken.
+  int64_t& below = taken_below_[stem];
+  int64_t i = start == 1 ? std::max<int64_t>(below, 1) : start;
+  std::string candidate;
+  for (;; ++i) {
+    candidate = absl::StrCat(stem, "_", i);
+    if (graph_.FindNode(candidate) == nullptr) break;
+  }
+  if (start == 1) below = i + 1;
+  return candidate;
 }
 
 absl::StatusOr<ir::Node*> Tracer::AttrNode(const std::string& path,
