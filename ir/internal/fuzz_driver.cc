@@ -189,11 +189,14 @@ std::string Mutate(const std::vector<Seed>& seeds,
       case 1:  // Overwrite a byte.
         if (n > 0) data[rng.Below(n)] = static_cast<char>(rng.Below(256));
         break;
-      case 2:  // Insert a byte, often a structural one.
+      case 2: {  // Insert a byte, often a structural one.
+        static constexpr char kStructural[] = "()[]{}%\",=:#\\\n -.";
         data.insert(rng.Below(n + 1), 1,
-                    rng.Below(2) ? "()[]{}%\",=:#\\\n -."[rng.Below(19)]
-                                 : static_cast<char>(rng.Below(256)));
+                    rng.Below(2)
+                        ? kStructural[rng.Below(sizeof(kStructural) - 1)]
+                        : static_cast<char>(rng.Below(256)));
         break;
+      }
       case 3:  // Delete a range.
         if (n > 0) {
           size_t at = rng.Below(n);
