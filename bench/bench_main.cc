@@ -4,7 +4,7 @@
 // and PartitionGraph time. bench/run_all.sh compares these with the peers.
 //
 //   bench_main MODEL.pt [--runs=N] [--leaf=TYPE] [--targets=TYPE]
-//              [--partition_reps=N] [--skip_runtime]
+//              [--partition_reps=N] [--trace_reps=N] [--skip_runtime]
 
 #include <torch/script.h>
 
@@ -73,6 +73,7 @@ int Main(int argc, char** argv) {
   std::string path = argv[1];
   int runs = 20;
   int partition_reps = 20;
+  int trace_reps = 3;
   bool skip_runtime = false;
   std::string leaf, targets = "LlamaDecoderLayer";
   for (int i = 2; i < argc; ++i) {
@@ -81,6 +82,8 @@ int Main(int argc, char** argv) {
       (void)absl::SimpleAtoi(a, &runs);
     } else if (absl::ConsumePrefix(&a, "--partition_reps=")) {
       (void)absl::SimpleAtoi(a, &partition_reps);
+    } else if (absl::ConsumePrefix(&a, "--trace_reps=")) {
+      (void)absl::SimpleAtoi(a, &trace_reps);
     } else if (absl::ConsumePrefix(&a, "--leaf=")) {
       leaf = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--targets=")) {
@@ -99,10 +102,11 @@ int Main(int argc, char** argv) {
   if (!leaf.empty()) base.leaf_policy.AddTypeOrPath(leaf);
   tracer::TraceOptions options =
       OrDie(tracer::WithModelFiles(model, base), "model files");
-  // Trace time: median of 3 (each trace clones the module and walks it).
+  // Trace time: median of --trace_reps (each trace clones the module and
+  // walks it); bench/profile.sh raises it so that tracing dominates a profile.
   std::vector<double> trace_times;
   std::optional<runtime::GraphModule> gm;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < std::max(1, trace_reps); ++i) {
     s = Clock::now();
     gm.emplace(OrDie(tracer::Trace(model.module, options), "trace"));
     trace_times.push_back(SecondsSince(s));

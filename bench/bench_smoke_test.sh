@@ -34,7 +34,11 @@ out="$("$R/bench/transforms_bench" "$FIX/cnn.pt" --passes=fuse-batchnorm2d-in-co
 check "transforms_bench cnn" "$out" \
   'd["passes_changed"] == 1 and all(d["max_err_" + v] <= 1e-4 * max(1.0, d["output_abs_max"]) for v in ("ofi", "ours", "ours_frozen", "ours_ofi")) and d["ours_frozen_s"] > 0'
 
-out="$("$R/bench/gptq_bench" solve "$FIX/llama.pt" --out="$TMP/problems.pt" --samples=4 --seq=16 --reps=1)"
+# 32x16 = 512 tokens, more than any Linear's 256 inputs: with fewer, H is
+# rank-deficient, damping alone conditions it, and the solve amplifies ulp
+# differences (BLAS kernels differ with alignment, e.g. under ASan) into
+# different rounding decisions on a third of down_proj's weights.
+out="$("$R/bench/gptq_bench" solve "$FIX/llama.pt" --out="$TMP/problems.pt" --samples=32 --seq=16 --reps=1)"
 check "gptq_bench solve" "$out" 'len(d["layers"]) == 7 and d["total_s"] > 0'
 out="$($PY -P "$R/bench/reference/gptq_ref.py" "$TMP/problems.pt" --reps=1)"
 # Same H, W and settings: the reference must give our weights, up to rare

@@ -2,6 +2,7 @@
 // against LibTorch's own inference optimisation. Prints one JSON object:
 //
 //   transforms_bench MODEL.pt --passes=NAME,... [--runs=200] [--inner=10]
+//                    [--only=VARIANT]
 //
 // Variants, all on the model's embedded example inputs:
 //  * original:   the TorchScript module as loaded;
@@ -16,7 +17,9 @@
 // (max_err_* = max |difference|), so the timings compare the same work.
 // Times are the median over --runs of the mean of --inner back-to-back calls,
 // after 5 warm-up calls (TorchScript's profiling executor optimises on the
-// first calls); the variants take turns run by run.
+// first calls); the variants take turns run by run. --only=VARIANT times that
+// variant alone (the others are still built and checked), for profiling one
+// variant with perf (bench/profile.sh).
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/script.h>
@@ -55,15 +58,16 @@ int Main(int argc, char** argv) {
   if (argc < 2 || absl::string_view(argv[1]).substr(0, 2) == "--") {
     std::fprintf(stderr,
                  "usage: transforms_bench MODEL.pt --passes=NAME,... "
-                 "[--runs=N] [--inner=N]\n");
+                 "[--runs=N] [--inner=N] [--only=VARIANT]\n");
     return 2;
   }
   const std::string path = argv[1];
-  std::string passes;
+  std::string passes, only;
   int runs = 200, inner = 10;
   for (int i = 2; i < argc; ++i) {
     absl::string_view a = argv[i];
-    if (StringFlag(a, "passes", &passes) || IntFlag(kTool, a, "runs", &runs) ||
+    if (StringFlag(a, "passes", &passes) || StringFlag(a, "only", &only) ||
+        IntFlag(kTool, a, "runs", &runs) ||
         IntFlag(kTool, a, "inner", &inner)) {
       continue;
     }
@@ -122,6 +126,15 @@ int Main(int argc, char** argv) {
                                    {"ours", &ours},
                                    {"ours_frozen", &ours_frozen},
                                    {"ours_ofi", &ours_ofi}};
+  if (!only.empty()) {
+    bool known = false;
+    for (const Variant& v : variants) known |= only == v.name;
+    if (!known) {
+      std::fprintf(stderr, "%s: --only=%s is not a variant\n", kTool,
+                   only.c_str());
+      return 2;
+    }
+  }
   const std::vector<c10::IValue>& in = inputs.values;
   at::Tensor reference;
   auto call = [&](Variant& v) {
@@ -143,13 +156,14 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<double>> times(variants.size());
   for (int r = 0; r < runs; ++r) {
     for (size_t k = 0; k < variants.size(); ++k) {
+      if (!only.empty() && only != variants[k].name) continue;
       Clock::time_point start = Clock::now();
       for (int i = 0; i < inner; ++i) call(variants[k]);
       times[k].push_back(SecondsSince(start) / inner);
     }
   }
   for (size_t k = 0; k < variants.size(); ++k) {
-    variants[k].seconds = Median(times[k]);
+    if (!times[k].empty()) variants[k].seconds = Median(times[k]);
   }
   std::string out = absl::StrCat(
       "{\"model\": \"", path, "\", \"passes\": \"", passes,

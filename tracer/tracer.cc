@@ -4,9 +4,11 @@
 #include <torch/csrc/jit/frontend/source_range.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -220,6 +222,41 @@ std::string TypeNameOf(const jit::Module& m) {
   return ir::Scope::DemangleType(m.type()->name()->qualifiedName());
 }
 
+// Operators and leaf module types (by name) that failed on meta in an
+// earlier trace of this process: they run on zeros at once. Each failure
+// costs a c10::Error with a symbolised backtrace (milliseconds), and running
+// on zeros is always a valid fallback (see RunOnMeta, RunLeafOnMeta), so
+// sharing this across traces only saves time.
+class NoMetaKernels {
+ public:
+  static NoMetaKernels& Get() {
+    static auto* known = new NoMetaKernels();
+    return *known;
+  }
+  bool HasOp(const c10::FunctionSchema* schema) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ops_.contains(schema);
+  }
+  void AddOp(const c10::FunctionSchema* schema) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_.insert(schema);
+  }
+  bool HasLeaf(const std::string& type) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return leaves_.contains(type);
+  }
+  void AddLeaf(const std::string& type) {
+    std::lock_guard<std::mutex> lock(mu_);
+    leaves_.insert(type);
+  }
+
+ private:
+  std::mutex mu_;
+  // Schemas live in LibTorch's operator registry for the whole process.
+  absl::flat_hash_set<const c10::FunctionSchema*> ops_;
+  absl::flat_hash_set<std::string> leaves_;
+};
+
 // FX-like name hint: "aten::linear" -> "linear", "aten::__getitem__" ->
 // "getitem".
 std::string NameHint(c10::Symbol kind) {
@@ -260,7 +297,8 @@ struct SourceInfo {
 // Traced graphs record the Python stack as their "source": lines like
 // "path/to/file.py(42): forward", innermost frame first. They are not code.
 bool LooksLikeTraceStack(absl::string_view text, absl::string_view file) {
-  return !file.empty() && absl::StartsWith(text, absl::StrCat(file, "("));
+  return !file.empty() && text.size() > file.size() &&
+         absl::StartsWith(text, file) && text[file.size()] == '(';
 }
 
 // The frame of a traced stack worth pointing at: the innermost one outside
@@ -311,7 +349,9 @@ std::optional<SourceInfo> SourceOf(const jit::Node* n) {
         info.file = frame->first;
         info.line = frame->second;
       }
-      if (range.end() <= src->size() && range.end() > range.start()) {
+      // (Traced stacks are longer than that: no copy of them.)
+      if (range.end() <= src->size() && range.end() > range.start() &&
+          range.end() - range.start() <= 200) {
         std::string expr = range.text().str();
         if (expr.find('\n') == std::string::npos && expr.size() <= 200 &&
             !LooksLikeTraceStack(expr, info.file)) {
@@ -453,10 +493,6 @@ class Tracer {
       twins_;
   absl::flat_hash_map<const c10::ClassType*, bool> type_writes_;
   absl::flat_hash_map<const c10::ClassType*, bool> type_reads_;
-  // Operators / leaf types that failed for lack of meta kernels: they run on
-  // zeros at once.
-  absl::flat_hash_set<const c10::FunctionSchema*> zeros_ops_;
-  absl::flat_hash_set<const c10::ClassType*> zeros_leaves_;
   bool leaf_writes_ = false;
   // Stem -> every "<stem>_<i>" with 1 <= i < value is taken.
   absl::flat_hash_map<std::string, int64_t> taken_below_;
@@ -662,7 +698,7 @@ jit::Stack Tracer::RunOnMeta(const jit::Node* n,
         absl::StrCat(OperatorName(schema), "'s output shape depends on data"));
   }
   jit::Stack stack;
-  if (!zeros_ops_.contains(&schema)) {
+  if (!NoMetaKernels::Get().HasOp(&schema)) {
     for (Value* v : inputs) stack.push_back(ToMeta(v->concrete));
     if (schema.is_vararg()) {
       stack.emplace_back(static_cast<int64_t>(inputs.size()));
@@ -684,7 +720,7 @@ jit::Stack Tracer::RunOnMeta(const jit::Node* n,
       return stack;
     } catch (const c10::NotImplementedError&) {
       // No meta kernel (LibTorch has only the C++ ones).
-      zeros_ops_.insert(&schema);
+      NoMetaKernels::Get().AddOp(&schema);
     }
   }
   // Boolean masks as indices select a data-dependent number of elements.
@@ -707,8 +743,8 @@ jit::Stack Tracer::RunOnMeta(const jit::Node* n,
 c10::IValue Tracer::RunLeafOnMeta(const jit::Module& m, jit::Method& forward,
                                   std::vector<c10::IValue> args) {
   leaf_writes_ |= MayWrite(m);
-  const c10::ClassType* type = m.type().get();
-  if (!zeros_leaves_.contains(type)) {
+  const std::string type = TypeNameOf(m);
+  if (!NoMetaKernels::Get().HasLeaf(type)) {
     try {
       std::vector<c10::IValue> stack;
       for (const c10::IValue& a : args) stack.push_back(ToMeta(a));
@@ -716,7 +752,7 @@ c10::IValue Tracer::RunLeafOnMeta(const jit::Module& m, jit::Method& forward,
                           [this](const c10::IValue& v) { return ToMeta(v); });
       return FromMeta(forward(std::move(stack)));
     } catch (const c10::NotImplementedError&) {
-      zeros_leaves_.insert(type);
+      NoMetaKernels::Get().AddLeaf(type);
     }
   }
   // Zeros stand in for the values only where nothing reads them.
@@ -1242,6 +1278,11 @@ absl::StatusOr<Value> Tracer::EmitCallModule(const jit::Node* n,
   }
   c10::IValue result;
   try {
+    // Each trace's clone has new method objects: the profiling executor
+    // would optimise every leaf's forward anew for one call (a third of the
+    // trace's time on a 32-layer Llama). Later calls, e.g. the
+    // interpreter's, still get the optimised plan.
+    jit::GraphOptimizerEnabledGuard no_optimization(false);
     result = meta_ ? RunLeafOnMeta(module, forward, std::move(stack))
                    : forward(std::move(stack));
   } catch (const c10::Error& e) {

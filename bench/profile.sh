@@ -1,0 +1,71 @@
+#!/bin/bash
+# Profiles behind bench/PROFILES.md: where the time (or the error) goes in
+# the rows whose targets are missed. Writes plain-text reports to OUT_DIR.
+#
+#   bench/profile.sh [OUT_DIR]      # default bench/profiles
+#
+# * trace.txt: perf (flat, self time) of bench_main tracing the 32-layer
+#   hidden-512 Llama 10 times, by shared object and by symbol;
+# * transforms_<model>_<variant>.txt: perf of transforms_bench timing one
+#   variant (ofi = optimize_for_inference, ours_frozen) alone;
+# * gptq_spectrum_<model>.json: Hessian isotropy and GPTQ/RTN layer-output
+#   error per Linear of layer 0 (bench/reference/gptq_spectrum.py).
+# Same build flags as run_all.sh (BENCH_BAZEL_FLAGS, BENCH_BAZEL_STARTUP).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+OUT="${1:-$ROOT/bench/profiles}"
+PY=/usr/bin/python3
+FLAGS="${BENCH_BAZEL_FLAGS:--c opt}"
+STARTUP="${BENCH_BAZEL_STARTUP:-}"
+command -v perf >/dev/null || { echo "profile.sh: perf is not installed" >&2; exit 1; }
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+# shellcheck disable=SC2086
+bazel $STARTUP build $FLAGS //bench:bench_main //bench:transforms_bench \
+  //bench:gptq_bench //tests/fixtures:models
+# shellcheck disable=SC2086
+BIN="$(bazel $STARTUP info $FLAGS bazel-bin 2>/dev/null)"
+FIX="$BIN/tests/fixtures"
+
+# perf_flat NAME CMD...: records CMD, writes NAME.txt (by DSO, then symbol).
+perf_flat() {
+  local name=$1
+  shift
+  perf record -q -F 999 -o "$WORK/$name.data" -- "$@" >"$WORK/$name.stdout"
+  {
+    echo "# $*"
+    echo "# stdout: $(cat "$WORK/$name.stdout")"
+    perf report -i "$WORK/$name.data" --stdio --no-children --sort dso \
+      --percent-limit 1 2>/dev/null | grep -v '^$'
+    perf report -i "$WORK/$name.data" --stdio --no-children --sort dso,sym \
+      --percent-limit 0.7 2>/dev/null | grep -v '^$'
+  } | sed "s|$WORK/||g" >"$OUT/$name.txt"
+  echo "profile.sh: wrote $OUT/$name.txt" >&2
+}
+
+echo "== row 1: trace" >&2
+$PY -P tests/fixtures/gen_llama.py --layers 32 --hidden 512 --out "$WORK/llama_32l.pt"
+perf_flat trace "$BIN/bench/bench_main" "$WORK/llama_32l.pt" --skip_runtime \
+  --partition_reps=1 --trace_reps=10
+
+echo "== row 5: transforms vs optimize_for_inference" >&2
+for variant in ofi ours_frozen; do
+  perf_flat "transforms_cnn_$variant" "$BIN/bench/transforms_bench" "$FIX/cnn.pt" \
+    --passes=fuse-batchnorm2d-in-conv2d,eliminate-dead-code --runs=400 --only=$variant
+  perf_flat "transforms_bert_$variant" "$BIN/bench/transforms_bench" "$FIX/bert.pt" \
+    --passes=merge-linears,change-truediv-to-mul-by-inverse,eliminate-dead-code \
+    --runs=100 --only=$variant
+done
+
+echo "== row 6: GPTQ vs RTN per Linear" >&2
+for spec in llama:model.layers.0 opt:model.decoder.layers.0; do
+  m=${spec%%:*}
+  "$BIN/bench/gptq_bench" solve "$FIX/$m.pt" --layer="${spec#*:}" \
+    --out="$WORK/$m.problems.pt" --samples=128 --seq=32 --reps=1 >/dev/null
+  $PY -P bench/reference/gptq_spectrum.py "$WORK/$m.problems.pt" >"$OUT/gptq_spectrum_$m.json"
+  echo "profile.sh: wrote $OUT/gptq_spectrum_$m.json" >&2
+done
