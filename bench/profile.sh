@@ -4,8 +4,8 @@
 #
 #   bench/profile.sh [OUT_DIR]      # default bench/profiles
 #
-# * trace.txt: perf (flat, self time) of bench_main tracing the 32-layer
-#   hidden-512 Llama 10 times, by shared object and by symbol;
+# * trace.txt: perf of bench_main tracing the 32-layer hidden-512 Llama 20
+#   times: self time by shared object and symbol, time with callees;
 # * transforms_<model>_<variant>.txt: perf of transforms_bench timing one
 #   variant (ofi = optimize_for_inference, ours_frozen) alone;
 # * gptq_spectrum_<model>.json: Hessian isotropy and GPTQ/RTN layer-output
@@ -31,32 +31,43 @@ bazel $STARTUP build $FLAGS //bench:bench_main //bench:transforms_bench \
 BIN="$(bazel $STARTUP info $FLAGS bazel-bin 2>/dev/null)"
 FIX="$BIN/tests/fixtures"
 
-# perf_flat NAME CMD...: records CMD, writes NAME.txt (by DSO, then symbol).
-perf_flat() {
-  local name=$1
-  shift
-  perf record -q -F 999 -o "$WORK/$name.data" -- "$@" >"$WORK/$name.stdout"
+# perf_report NAME CALLGRAPH CMD...: records CMD, writes NAME.txt: self time
+# by shared object and by symbol; with CALLGRAPH=1 (DWARF unwinding) also
+# time including callees, by symbol.
+perf_report() {
+  local name=$1 cg=$2
+  shift 2
+  local rec=(-F 999)
+  if ((cg)); then rec=(-F 300 --call-graph dwarf,16384); fi
+  perf record -q "${rec[@]}" -o "$WORK/$name.data" -- "$@" >"$WORK/$name.stdout"
   {
     echo "# $*"
     echo "# stdout: $(cat "$WORK/$name.stdout")"
+    echo "## self time by shared object"
     perf report -i "$WORK/$name.data" --stdio --no-children --sort dso \
-      --percent-limit 1 2>/dev/null | grep -v '^$'
+      --percent-limit 1 2>/dev/null | grep -v '^#' | grep -v '^$'
+    echo "## self time by symbol"
     perf report -i "$WORK/$name.data" --stdio --no-children --sort dso,sym \
-      --percent-limit 0.7 2>/dev/null | grep -v '^$'
+      --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | cut -c1-200
+    if ((cg)); then
+      echo "## time including callees, by symbol"
+      perf report -i "$WORK/$name.data" --stdio --children --sort sym -g none \
+        --percent-limit 2 2>/dev/null | grep -v '^#' | grep -v '^$' | cut -c1-200
+    fi
   } | sed "s|$WORK/||g" >"$OUT/$name.txt"
   echo "profile.sh: wrote $OUT/$name.txt" >&2
 }
 
 echo "== row 1: trace" >&2
 $PY -P tests/fixtures/gen_llama.py --layers 32 --hidden 512 --out "$WORK/llama_32l.pt"
-perf_flat trace "$BIN/bench/bench_main" "$WORK/llama_32l.pt" --skip_runtime \
-  --partition_reps=1 --trace_reps=10
+perf_report trace 1 "$BIN/bench/bench_main" "$WORK/llama_32l.pt" --skip_runtime \
+  --partition_reps=1 --trace_reps=20
 
 echo "== row 5: transforms vs optimize_for_inference" >&2
 for variant in ofi ours_frozen; do
-  perf_flat "transforms_cnn_$variant" "$BIN/bench/transforms_bench" "$FIX/cnn.pt" \
+  perf_report "transforms_cnn_$variant" 0 "$BIN/bench/transforms_bench" "$FIX/cnn.pt" \
     --passes=fuse-batchnorm2d-in-conv2d,eliminate-dead-code --runs=400 --only=$variant
-  perf_flat "transforms_bert_$variant" "$BIN/bench/transforms_bench" "$FIX/bert.pt" \
+  perf_report "transforms_bert_$variant" 0 "$BIN/bench/transforms_bench" "$FIX/bert.pt" \
     --passes=merge-linears,change-truediv-to-mul-by-inverse,eliminate-dead-code \
     --runs=100 --only=$variant
 done

@@ -34,6 +34,7 @@ fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 RAW="$WORK/raw.jsonl"
+LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$RAW"
 
 # shellcheck disable=SC2086
@@ -93,7 +94,8 @@ done
   echo "OMP_NUM_THREADS=$OMP_NUM_THREADS"
   lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)' | sed 's/  */ /g'
   free -g | awk '/^Mem:/{print "RAM: " $2 " GiB"}'
-  echo "commit: $(git rev-parse --short HEAD)"
+  echo "load average at start / end: $LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo ' (+ uncommitted changes)')"
 } >"$WORK/machine.txt"
 $PY -P bench/report.py "$RAW" "$WORK/machine.txt" bench
 cat bench/RESULTS.md
