@@ -6,6 +6,8 @@
 #
 # * trace.txt: perf of bench_main tracing the 32-layer hidden-512 Llama 20
 #   times: self time by shared object and symbol, time with callees;
+# * partition_64l.txt: perf of partition_bench partitioning the 64-layer
+#   hidden-64 Llama traced through its layers (7052 nodes) 200 times;
 # * transforms_<model>_<variant>.txt: perf of transforms_bench timing one
 #   variant (ofi = optimize_for_inference, ours_frozen) alone;
 # * gptq_spectrum_<model>.json: Hessian isotropy and GPTQ/RTN layer-output
@@ -26,7 +28,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # shellcheck disable=SC2086
 bazel $STARTUP build $FLAGS //bench:bench_main //bench:transforms_bench \
-  //bench:gptq_bench //tests/fixtures:models
+  //bench:gptq_bench //partition:partition_bench //tools:tracecut \
+  //tests/fixtures:models
 # shellcheck disable=SC2086
 BIN="$(bazel $STARTUP info $FLAGS bazel-bin 2>/dev/null)"
 FIX="$BIN/tests/fixtures"
@@ -44,10 +47,10 @@ perf_report() {
     echo "# $*"
     echo "# stdout: $(cat "$WORK/$name.stdout")"
     echo "## self time by shared object"
-    perf report -i "$WORK/$name.data" --stdio --no-children --sort dso \
+    perf report -i "$WORK/$name.data" --stdio --no-children -g none --sort dso \
       --percent-limit 1 2>/dev/null | grep -v '^#' | grep -v '^$'
     echo "## self time by symbol"
-    perf report -i "$WORK/$name.data" --stdio --no-children --sort dso,sym \
+    perf report -i "$WORK/$name.data" --stdio --no-children -g none --sort dso,sym \
       --percent-limit 0.7 2>/dev/null | grep -v '^#' | grep -v '^$' | cut -c1-200
     if ((cg)); then
       echo "## time including callees, by symbol"
@@ -62,6 +65,11 @@ echo "== row 1: trace" >&2
 $PY -P tests/fixtures/gen_llama.py --layers 32 --hidden 512 --out "$WORK/llama_32l.pt"
 perf_report trace 1 "$BIN/bench/bench_main" "$WORK/llama_32l.pt" --skip_runtime \
   --partition_reps=1 --trace_reps=20
+
+echo "== row 3: partition" >&2
+$PY -P tests/fixtures/gen_llama.py --layers 64 --hidden 64 --out "$WORK/llama_64l.pt"
+"$BIN/tools/tracecut" trace "$WORK/llama_64l.pt" -o "$WORK/llama_64l.txt"
+perf_report partition_64l 1 "$BIN/partition/partition_bench" "$WORK/llama_64l.txt" --reps=200
 
 echo "== row 5: transforms vs optimize_for_inference" >&2
 for variant in ofi ours_frozen; do

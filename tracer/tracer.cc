@@ -325,13 +325,23 @@ std::optional<std::pair<std::string, int64_t>> ModelFrame(
   return first;
 }
 
-std::optional<SourceInfo> SourceOf(const jit::Node* n) {
+// The range a node's source info comes from: the code that generated it
+// when the model recorded that (scripted models), else its own.
+std::optional<jit::SourceRange> SourceRangeOf(const jit::Node* n) {
   try {
     jit::SourceRange range = n->sourceRange();
     if (!range.source()) return std::nullopt;
     if (auto original = range.findSourceRangeThatGenerated()) {
       range = *original;
     }
+    return range;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<SourceInfo> SourceInfoOf(const jit::SourceRange& range) {
+  try {
     auto flc = range.file_line_col();
     if (!flc.has_value()) return std::nullopt;
     SourceInfo info;
@@ -353,7 +363,7 @@ std::optional<SourceInfo> SourceOf(const jit::Node* n) {
       if (range.end() <= src->size() && range.end() > range.start() &&
           range.end() - range.start() <= 200) {
         std::string expr = range.text().str();
-        if (expr.find('\n') == std::string::npos && expr.size() <= 200 &&
+        if (expr.find('\n') == std::string::npos &&
             !LooksLikeTraceStack(expr, info.file)) {
           info.expr = std::string(absl::StripAsciiWhitespace(expr));
         }
@@ -365,14 +375,30 @@ std::optional<SourceInfo> SourceOf(const jit::Node* n) {
   }
 }
 
-std::optional<ir::SourceLocation> LocationOf(const jit::Node* n) {
-  std::optional<SourceInfo> info = SourceOf(n);
-  if (!info.has_value()) return std::nullopt;
-  ir::SourceLocation loc;
-  loc.file = info->file;
-  loc.line = info->line;
-  loc.text = info->line_text;
-  return loc;
+std::optional<SourceInfo> SourceOf(const jit::Node* n) {
+  std::optional<jit::SourceRange> range = SourceRangeOf(n);
+  if (!range.has_value()) return std::nullopt;
+  return SourceInfoOf(*range);
+}
+
+// What identifies a range's source info without reading its text: the
+// range, the source's file and first line, and the memory of its text.
+// Loaded models keep one copy of each distinct source text (TorchScript's
+// serializer deduplicates them) that all Source objects with that text view,
+// so the nodes of every instance of a module share a key.
+std::string SourceKey(const jit::SourceRange& range) {
+  jit::Source& src = *range.source();
+  const jit::StringCordView& text = src.text_str();
+  std::string key =
+      absl::StrCat(range.start(), ":", range.end(), ":", src.starting_line_no(),
+                   ":", src.filename().value_or(""), ":");
+  for (size_t i = 0, covered = 0; covered < text.size(); ++i) {
+    c10::string_view piece = text.piece(i);
+    absl::StrAppend(&key, reinterpret_cast<uintptr_t>(piece.data()), "+",
+                    piece.size(), ";");
+    covered += piece.size();
+  }
+  return key;
 }
 
 std::string Repr(const c10::IValue& v) {
@@ -466,6 +492,9 @@ class Tracer {
   // on zeros in place of the real values).
   bool MayReadData(const jit::Module& m);
 
+  // The IR source location of `n` (cached by SourceKey).
+  std::optional<ir::SourceLocation> LocationOf(const jit::Node* n);
+
   // "module 'model.layers.0' (LlamaDecoderLayer), prim::If at file:12"
   std::string Where(const jit::Node* n) const;
   absl::Status NodeError(const jit::Node* n, absl::string_view what) const;
@@ -485,6 +514,8 @@ class Tracer {
   absl::flat_hash_set<ir::Node*> impure_;
   absl::flat_hash_map<const jit::Node*, jit::Operation> operations_;
   absl::flat_hash_set<std::string> assumed_;
+  absl::flat_hash_map<std::string, std::optional<ir::SourceLocation>>
+      locations_;
   int depth_ = 0;
   const bool meta_;
   // Real tensor -> its meta twin; the real one is kept so its address stays
@@ -1663,6 +1694,18 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
 }
 
 // ------------------------------------------------------------- IR helpers
+
+std::optional<ir::SourceLocation> Tracer::LocationOf(const jit::Node* n) {
+  std::optional<jit::SourceRange> range = SourceRangeOf(n);
+  if (!range.has_value()) return std::nullopt;
+  auto [it, inserted] = locations_.try_emplace(SourceKey(*range));
+  if (inserted) {
+    if (std::optional<SourceInfo> info = SourceInfoOf(*range)) {
+      it->second = ir::SourceLocation{info->file, info->line, info->line_text};
+    }
+  }
+  return it->second;
+}
 
 absl::StatusOr<ir::Node*> Tracer::AddNode(ir::OpKind op, std::string target,
                                           std::vector<Argument> args,
