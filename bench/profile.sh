@@ -74,10 +74,10 @@ perf_report partition_64l 1 "$BIN/partition/partition_bench" "$WORK/llama_64l.tx
 echo "== row 5: transforms vs optimize_for_inference" >&2
 for variant in ofi ours_frozen; do
   perf_report "transforms_cnn_$variant" 0 "$BIN/bench/transforms_bench" "$FIX/cnn.pt" \
-    --passes=fuse-batchnorm2d-in-conv2d,eliminate-dead-code --runs=400 --only=$variant
+    --passes=fuse-batchnorm2d-in-conv2d,eliminate-dead-code --runs=5000 --only=$variant
   perf_report "transforms_bert_$variant" 0 "$BIN/bench/transforms_bench" "$FIX/bert.pt" \
     --passes=merge-linears,change-truediv-to-mul-by-inverse,eliminate-dead-code \
-    --runs=100 --only=$variant
+    --runs=500 --only=$variant
 done
 
 echo "== row 6: GPTQ vs RTN per Linear" >&2
