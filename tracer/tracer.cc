@@ -359,7 +359,8 @@ std::optional<SourceInfo> SourceInfoOf(const jit::SourceRange& range) {
         info.file = frame->first;
         info.line = frame->second;
       }
-      // (Traced stacks are longer than that: no copy of them.)
+      // Only a short range can be a one-line expression (traced stacks,
+      // which are long, are not copied).
       if (range.end() <= src->size() && range.end() > range.start() &&
           range.end() - range.start() <= 200) {
         std::string expr = range.text().str();
@@ -1310,8 +1311,8 @@ absl::StatusOr<Value> Tracer::EmitCallModule(const jit::Node* n,
   c10::IValue result;
   try {
     // Each trace's clone has new method objects: the profiling executor
-    // would optimise every leaf's forward anew for one call (a third of the
-    // trace's time on a 32-layer Llama). Later calls, e.g. the
+    // would optimise every leaf's forward anew for one call (a quarter of
+    // the trace's time on a 32-layer Llama). Later calls, e.g. the
     // interpreter's, still get the optimised plan.
     jit::GraphOptimizerEnabledGuard no_optimization(false);
     result = meta_ ? RunLeafOnMeta(module, forward, std::move(stack))
