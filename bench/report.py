@@ -158,7 +158,7 @@ def write_md(rows, machine, raw, path):
     for r in rows:
         target = "—" if r["target"] is None else f"≤ {r['target']:.3g}"
         met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        speed = f" ({1 / r['ratio']:.1f}× faster)" if r["ratio"] < 1 and r.get("unit", "s") == "s" else ""
+        speed = f" ({1 / r['ratio']:.1f}× faster)" if r["ratio"] < 0.9 and r.get("unit", "s") == "s" else ""
         unit = r.get("unit", "s")
         lines.append(f"| {r['row']} | {fmt(r['ours'], unit)} | {fmt(r['peer'], unit)} ({r['peer_name']}) | "
                      f"{r['ratio']:.3g}{speed} | {target} | {met} |")
