@@ -162,7 +162,9 @@ def write_md(rows, machine, raw, path):
         unit = r.get("unit", "s")
         lines.append(f"| {r['row']} | {fmt(r['ours'], unit)} | {fmt(r['peer'], unit)} ({r['peer_name']}) | "
                      f"{r['ratio']:.3g}{speed} | {target} | {met} |")
-    lines += ["", "Notes per row:", ""]
+    lines += ["", "`results.png`: one bar per row of this table, in this order; height log2(target / ratio) "
+              "(log2(1 / ratio) without a target), green met, red missed, grey no target.",
+              "", "Notes per row:", ""]
     for r in rows:
         if r.get("note"):
             lines.append(f"* {r['row']}: {r['note']}")
