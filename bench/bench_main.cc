@@ -112,6 +112,15 @@ int Main(int argc, char** argv) {
     trace_times.push_back(SecondsSince(s));
   }
   double trace_s = Median(trace_times);
+  // The share of the trace that is cloning the module (the tracer's first
+  // step: Module::clone(/*inplace=*/true) in its default meta mode).
+  std::vector<double> clone_times;
+  for (int i = 0; i < 3; ++i) {
+    s = Clock::now();
+    torch::jit::Module clone = model.module.clone(/*inplace=*/true);
+    clone_times.push_back(SecondsSince(s));
+  }
+  double clone_s = Median(clone_times);
   int64_t nodes = 0;
   for (const ir::Node* n : gm->graph().nodes()) {
     (void)n;
@@ -134,7 +143,8 @@ int Main(int argc, char** argv) {
   std::string out = absl::StrCat(
       "{\"model\": \"", path, "\", \"nodes\": ", nodes,
       ", \"load_s\": ", load_s, ", \"trace_s\": ", trace_s,
-      ", \"partition_s\": ", partition_s, ", \"subgraphs\": ", subgraphs);
+      ", \"clone_s\": ", clone_s, ", \"partition_s\": ", partition_s,
+      ", \"subgraphs\": ", subgraphs);
 
   if (!skip_runtime) {
     tracer::ExampleInputs inputs =
