@@ -79,6 +79,14 @@ int Main(int argc, char** argv) {
                  kTool);
     return 2;
   }
+  if (!only.empty() && only != "original" && only != "ofi" && only != "ours" &&
+      only != "ours_frozen" && only != "ours_ofi") {
+    std::fprintf(stderr,
+                 "%s: --only=%s is not a variant (original, ofi, ours, "
+                 "ours_frozen, ours_ofi)\n",
+                 kTool, only.c_str());
+    return 2;
+  }
   torch::NoGradGuard no_grad;
 
   tracer::LoadedModel model = OrDie(tracer::LoadModel(path), kTool, "load");
@@ -126,15 +134,6 @@ int Main(int argc, char** argv) {
                                    {"ours", &ours},
                                    {"ours_frozen", &ours_frozen},
                                    {"ours_ofi", &ours_ofi}};
-  if (!only.empty()) {
-    bool known = false;
-    for (const Variant& v : variants) known |= only == v.name;
-    if (!known) {
-      std::fprintf(stderr, "%s: --only=%s is not a variant\n", kTool,
-                   only.c_str());
-      return 2;
-    }
-  }
   const std::vector<c10::IValue>& in = inputs.values;
   at::Tensor reference;
   auto call = [&](Variant& v) {

@@ -594,15 +594,8 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   const int num_nodes = static_cast<int>(graph.size());
   std::vector<const ir::Node*> nodes;
   nodes.reserve(num_nodes);
-  // Op kinds side by side: the passes below look up the kinds of inputs and
-  // users, which would otherwise each be a cache miss into a Node.
-  std::vector<ir::OpKind> ops;
-  ops.reserve(num_nodes);
-  for (const ir::Node* n : graph.nodes()) {
-    nodes.push_back(n);
-    ops.push_back(n->op());
-  }
-  auto op = [&](int i) { return ops[i]; };
+  for (const ir::Node* n : graph.nodes()) nodes.push_back(n);
+  auto op = [&](int i) { return nodes[i]->op(); };
   ASSIGN_OR_RETURN(Adjacency adj, BuildAdjacency(nodes));
   const int out = IndexOf(nodes, output, num_nodes);
 

@@ -20,21 +20,23 @@ object; per layer:
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 
+# Run with python3 -P (no script directory on sys.path): the grid is gptq_ref's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gptq_ref import minmax_params, quantize  # noqa: E402
+
 
 def rtn(W, bits, group):
-    """Symmetric round-to-nearest per row and group (tracecut's grid)."""
-    qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    """Round-to-nearest per row and group on gptq_ref.py's (tracecut's) grid."""
     Q = torch.empty_like(W)
     step = group if group > 0 else W.shape[1]
     for g in range(0, W.shape[1], step):
-        w = W[:, g:g + step]
-        amax = w.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)
-        Q[:, g:g + step] = scale * torch.clamp(torch.round(w / scale), qmin, qmax)
+        scale, zero = minmax_params(W[:, g:g + step], bits)
+        Q[:, g:g + step] = quantize(W[:, g:g + step], scale, zero, bits)
     return Q
 
 
