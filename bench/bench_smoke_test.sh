@@ -7,7 +7,7 @@ set -euo pipefail
 R="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 FIX="$R/tests/fixtures"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-PY=/usr/bin/python3
+PY="${TRACECUT_PYTHON:?set by the BUILD rule}"
 export OMP_NUM_THREADS=1
 
 # check NAME JSON PYTHON_EXPR: JSON must parse and PYTHON_EXPR (on `d`) hold.

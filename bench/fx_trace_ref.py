@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peer for the trace row: torch.fx.symbolic_trace of the same Python Llama.
 
-    /usr/bin/python3 -P bench/fx_trace_ref.py --layers 32 --hidden 512
+    tools/python -P bench/fx_trace_ref.py --layers 32 --hidden 512
 
 Prints one JSON object: build_s (constructing the Python model with the
 fixture's seeds, the Python-side analogue of loading the .pt), trace_s (median

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 OUT="${1:-$ROOT/bench/profiles}"
-PY=/usr/bin/python3
+PY="$ROOT/tools/python"
 FLAGS="${BENCH_BAZEL_FLAGS:--c opt}"
 STARTUP="${BENCH_BAZEL_STARTUP:-}"
 command -v perf >/dev/null || { echo "profile.sh: perf is not installed" >&2; exit 1; }

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
-PY=/usr/bin/python3
+PY="$ROOT/tools/python"
 FLAGS="${BENCH_BAZEL_FLAGS:--c opt}"
 # Bazel startup options, e.g. --output_base=/tmp/bench-ob to avoid waiting on
 # a busy shared server (the disk cache keeps that cheap).

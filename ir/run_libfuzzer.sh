@@ -60,7 +60,7 @@ case $target in
 esac
 
 start=$SECONDS
-"$cxx" -std=c++17 -g -O1 -fno-omit-frame-pointer \
+"$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -I"$root" "${sources[@]}" "$root/ir/${target}_fuzzer.cc" \
   -o "$out/${target}_fuzzer" \

@@ -91,7 +91,7 @@ at::Tensor CopyTensor(
 // deep copy. `m` must not share module objects with anything we must keep.
 void DeepCopyData(const Module& m) {
   absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> tensors;
-  c10::IValue::HashAliasedIValueMap others;
+  c10::IValue::HashIdentityIValueMap others;
   for (const Module& sub : m.modules()) {
     const c10::ClassTypePtr& type = sub.type();
     const auto& obj = sub._ivalue();

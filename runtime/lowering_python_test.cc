@@ -1,5 +1,5 @@
-// Saves lowered GraphModules and checks that Python torch (the system
-// /usr/bin/python3 with python3-torch) loads them and computes the same
+// Saves lowered GraphModules and checks that Python torch (the
+// project's Python, the PyTorch tracecut builds against) loads them and computes the same
 // outputs (runtime/python_load_check.py).
 
 #include <sys/wait.h>
@@ -32,7 +32,11 @@ using ir::Node;
 using testing::Det;
 using testing::MakeMlp;
 
-constexpr char kPython[] = "/usr/bin/python3";
+// The project's Python (@libtorch//:python, set by the BUILD rule).
+std::string Python() {
+  const char* python = std::getenv("TRACECUT_PYTHON");
+  return python != nullptr ? python : "python3";
+}
 
 Argument R(Node* n) { return Argument::Ref(n); }
 
@@ -71,7 +75,7 @@ int RunPython(const std::string& model, const std::string& spec,
                                     std::getenv("TEST_WORKSPACE"),
                                     "/runtime/python_load_check.py");
   std::string cmd =
-      absl::StrCat(kPython, " ", script, " ", model, " ", spec, " 2>&1");
+      absl::StrCat(Python(), " ", script, " ", model, " ", spec, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[4096];
@@ -115,9 +119,9 @@ void SaveAndCheckInPython(GraphModule& gm,
 }
 
 TEST(LoweringPythonTest, PythonTorchIsAvailable) {
-  std::string cmd = absl::StrCat(kPython, " -c 'import torch' 2>&1");
+  std::string cmd = absl::StrCat(Python(), " -c 'import torch' 2>&1");
   ASSERT_EQ(std::system(cmd.c_str()), 0)
-      << kPython << " cannot import torch: install python3-torch";
+      << Python() << " cannot import torch: run tools/bootstrap.sh";
 }
 
 TEST(LoweringPythonTest, MlpWithLeafModules) {

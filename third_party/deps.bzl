@@ -1,11 +1,12 @@
-"""Repositories tracecut needs, all from the local system (offline).
+"""Repositories tracecut needs, from the local system and the project's Python
+environment (offline once tools/bootstrap.sh has run).
 
 A consumer workspace calls `tracecut_dependencies()` from its WORKSPACE; see
 docs/consuming.md. Every repository is skipped when the workspace already
 defines one of the same name, so consumers can bring their own.
 """
 
-load("//third_party:system_libs.bzl", "system_absl", "system_libtorch", "system_stub_repos")
+load("//third_party:system_libs.bzl", "system_absl", "pytorch_repository", "system_stub_repos")
 
 def _maybe(rule, name, **kwargs):
     if name not in native.existing_rules():
@@ -31,4 +32,4 @@ def tracecut_dependencies():
         build_file = str(Label("//third_party:googletest.BUILD")),
     )
     _maybe(system_absl, "com_google_absl")
-    _maybe(system_libtorch, "libtorch")
+    _maybe(pytorch_repository, "libtorch")

@@ -63,42 +63,87 @@ system_absl = repository_rule(
     local = True,
 )
 
-def _system_libtorch_impl(ctx):
-    home = ctx.os.environ.get("LIBTORCH_HOME") or "/usr"
-    include = ctx.path(home + "/include")
+def _python_env_dir(ctx):
+    """The project's Python environment (see tools/python_env.sh)."""
+    script = ctx.path(Label("//tools:python_env.sh"))
+
+    # Watch the lock file: a new lock means a new environment.
+    ctx.path(Label("//third_party/python:requirements.lock"))
+    result = ctx.execute(["bash", str(script)])
+    if result.return_code != 0:
+        fail("tools/python_env.sh failed: " + result.stderr)
+    return ctx.path(result.stdout.strip())
+
+def _site_packages(env):
+    lib = env.get_child("lib")
+    if lib.exists:
+        for d in lib.readdir():
+            if d.basename.startswith("python") and d.get_child("site-packages").exists:
+                return d.get_child("site-packages")
+    return None
+
+def _pytorch_impl(ctx):
+    env = _python_env_dir(ctx)
+    ready = env.get_child(".tracecut-complete").exists
+    home = ctx.os.environ.get("LIBTORCH_HOME")
+    if home:
+        include = ctx.path(home + "/include")
+        lib = ctx.path(home + "/lib")
+        where = "LIBTORCH_HOME=" + home
+    else:
+        site = _site_packages(env) if ready else None
+        if not site or not site.get_child("torch").exists:
+            fail(("the Python environment %s is missing or incomplete (it " +
+                  "provides LibTorch): run tools/bootstrap.sh") % env)
+        include = site.get_child("torch").get_child("include")
+        lib = site.get_child("torch").get_child("lib")
+        where = "the Python environment " + str(env)
     if not include.get_child("torch").get_child("script.h").exists:
-        fail("LIBTORCH_HOME=%s has no include/torch/script.h" % home)
-    lib = ctx.path(home + "/lib")
-    if not lib.get_child("libtorch.so").exists:
-        lib = ctx.path(home + "/lib/x86_64-linux-gnu")
-    if not lib.get_child("libtorch.so").exists:
-        fail("LIBTORCH_HOME=%s has no lib/libtorch.so" % home)
-    for d in ["ATen", "c10", "caffe2", "torch"]:
-        if include.get_child(d).exists:
-            ctx.symlink(include.get_child(d), "include/" + d)
+        fail("%s: no include/torch/script.h" % where)
+    if not lib.get_child("libtorch_cpu.so").exists:
+        fail("%s: no lib/libtorch_cpu.so" % where)
+    for d in include.readdir():
+        if d.basename != "python" and not d.basename.startswith("."):
+            ctx.symlink(d, "include/" + d.basename)
+
+    # The environment's Python, for build actions and tests: a script rather
+    # than a symlink, because a virtual environment is found from the path the
+    # interpreter is started by.
+    ctx.file("python", "#!/bin/sh\nexec '%s/bin/python' \"$@\"\n" % env, executable = True)
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
+# CPU LibTorch only: libtorch.so of a CUDA wheel would pull in libtorch_cuda.
 cc_library(
     name = "torch",
-    hdrs = glob(["include/**/*.h"], allow_empty = True),
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp"], allow_empty = True),
     includes = ["include", "include/torch/csrc/api/include"],
     linkopts = [
         "-L{lib}",
         "-Wl,-rpath,{lib}",
         "-Wl,--push-state,--no-as-needed",
-        "-ltorch",
         "-ltorch_cpu",
         "-lc10",
         "-Wl,--pop-state",
         "-pthread",
     ],
 )
+
+# The project's Python (tools/python): runs fixture generators, checks against
+# Python torch and transformers, and the benchmark peers.
+sh_binary(
+    name = "python_bin",
+    srcs = ["python"],
+)
+
+exports_files(["python"])
 """.format(lib = str(lib)))
 
-system_libtorch = repository_rule(
-    implementation = _system_libtorch_impl,
-    environ = ["LIBTORCH_HOME"],
+# @libtorch: LibTorch from the project's Python environment (the PyTorch wheel
+# pinned in third_party/python/requirements.lock), or from LIBTORCH_HOME.
+pytorch_repository = repository_rule(
+    implementation = _pytorch_impl,
+    environ = ["LIBTORCH_HOME", "TRACECUT_PYTHON_ENV", "XDG_CACHE_HOME", "HOME"],
     local = True,
 )
 

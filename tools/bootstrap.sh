@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tracecut builds and tests with (apt-get), and
+# Installs what tracecut builds and tests with: Debian packages (apt-get);
 # buildifier (npm package @bazel/buildifier, pinned in tools/buildifier.sh,
-# into ~/.cache/tracecut-tools). Idempotent: installs only what is missing and
-# prints nothing when everything is already there.
+# into ~/.cache/tracecut-tools); and the project's Python environment (PyPI,
+# third_party/python/requirements.lock with hashes, into the directory that
+# tools/python_env.sh names), whose PyTorch is also the LibTorch the C++ code
+# builds against. Idempotent: installs only what is missing and prints nothing
+# when everything is already there.
 set -euo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tools/buildifier.sh
 source "$script_dir/buildifier.sh"
+# shellcheck source=tools/python_env.sh
+source "$script_dir/python_env.sh"
 
 packages=(
   bazel-bootstrap bazel-rules-java bazel-platforms bazel-skylib
   g++ clang libclang-rt-14-dev clang-format
-  libtorch-dev libabsl-dev libprotobuf-dev protobuf-compiler
+  libabsl-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev
-  python3 python3-torch graphviz
+  python3 python3-venv graphviz
 )
 # npm installs buildifier; Debian's nodejs and npm only when npm is missing.
 need_buildifier=0
@@ -62,4 +67,31 @@ if ((need_buildifier)); then
       "binary for $(uname -s) $(uname -m) in $dest?)" >&2
     exit 1
   fi
+fi
+
+if ! tracecut_python_env_ready; then
+  env_dir=$(tracecut_python_env_dir)
+  lock=$(tracecut_python_lock)
+  echo "bootstrap: creating the Python environment $env_dir from" \
+    "third_party/python/requirements.lock (PyTorch with its CUDA runtime" \
+    "wheels, several GB; a few minutes)" >&2
+  # Start from scratch: a directory without the completion marker is what an
+  # interrupted install left behind.
+  rm -rf "$env_dir"
+  mkdir -p "$(dirname "$env_dir")"
+  log="$env_dir.log"
+  if ! { "$TRACECUT_BASE_PYTHON" -m venv "$env_dir" &&
+    "$env_dir/bin/python" -m pip install --require-hashes --no-deps \
+      --only-binary=:all: --no-input --progress-bar=off -r "$lock"; } >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "bootstrap: installing the Python environment failed (log: $log)" >&2
+    exit 1
+  fi
+  if ! "$env_dir/bin/python" -c 'import torch, transformers, compressed_tensors' >>"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "bootstrap: the new Python environment $env_dir does not import torch (log: $log)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  touch "$env_dir/.tracecut-complete"
 fi

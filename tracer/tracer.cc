@@ -1879,7 +1879,7 @@ absl::Status Tracer::EliminateDeadCode() {
 // tensors stay tied). `m`'s module objects must be ours.
 void CopyTensors(const jit::Module& m) {
   absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies;
-  c10::IValue::HashAliasedIValueMap memo;
+  c10::IValue::HashIdentityIValueMap memo;
   for (const jit::Module& sub : m.modules()) {
     const c10::intrusive_ptr<c10::ivalue::Object>& object = sub._ivalue();
     for (size_t i = 0; i < object->slots().size(); ++i) {

@@ -46,6 +46,12 @@ std::string Runfile(const std::string& rel) {
   return absl::StrCat(srcdir, "/", workspace, "/", rel);
 }
 
+// The project's Python (@libtorch//:python, set by the BUILD rule).
+std::string PythonPath() {
+  const char* python = std::getenv("TRACECUT_PYTHON");
+  return python != nullptr ? python : "python3";
+}
+
 std::string FixturePath(const std::string& stem) {
   return Runfile(absl::StrCat("tests/fixtures/", stem, ".pt"));
 }
@@ -126,7 +132,7 @@ void ExpectPythonRunsExport(const Fixture& f, const runtime::GraphModule& gm,
       torch::jit::pickle_save(c10::ivalue::Tuple::create(f.inputs));
   std::ofstream(inputs, std::ios::binary).write(bytes.data(), bytes.size());
   const std::string cmd = absl::StrCat(
-      "/usr/bin/python3 ", Runfile("transforms/python_check.py"), " ", exported,
+      PythonPath(), " ", Runfile("transforms/python_check.py"), " ", exported,
       " ", f.path, " ", inputs, " ", tolerance, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);

@@ -2,7 +2,7 @@
 """Python reference for the partition row: llm-compressor's sequential
 partitioning, timed on a real torch.fx graph of the same model.
 
-    /usr/bin/python3 -P partition_ref.py GRAPH.json [--targets=LlamaDecoderLayer]
+    tools/python -P partition_ref.py GRAPH.json [--targets=LlamaDecoderLayer]
                                          [--reps=N]
 
 GRAPH.json is `tracecut trace --format=json` output, i.e. the very graph that

@@ -22,6 +22,8 @@ TRACECUT="$RUNFILES/tools/tracecut"
 FIXTURES="$RUNFILES/tests/fixtures"
 TMP="${TEST_TMPDIR:-$(mktemp -d)}"
 MODEL="$FIXTURES/llama.pt"
+# The project's Python (@libtorch//:python, set by the BUILD rule).
+PYTHON="${TRACECUT_PYTHON:-python3}"
 
 failures=0
 cases=0

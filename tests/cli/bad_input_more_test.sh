@@ -143,7 +143,7 @@ fi
 # --- Calibration data ---------------------------------------------------------
 D="$TMP/data"
 mkdir -p "$D"
-/usr/bin/python3 - "$D" <<'PY' 2>/dev/null
+"$PYTHON" - "$D" <<'PY' 2>/dev/null
 import sys, torch
 d = sys.argv[1]
 torch.save(torch.zeros(0, 16, dtype=torch.int64), f"{d}/zero_samples.pt")
@@ -169,7 +169,7 @@ for f in zero_samples.pt zero_length.pt scalar.pt nan.pt inf.pt \
   int8_wraps.pt bool.pt too_long.pt empty_list.pt empty.jsonl \
   blank_lines.jsonl empty_row.jsonl fraction.jsonl nan.jsonl huge.jsonl \
   ragged.jsonl no_input_ids.jsonl directory.pt; do
-  [ -e "$D/$f" ] || continue  # python3-torch missing: the .pt cases.
+  [ -e "$D/$f" ] || { fail "calibrate data $f" "the Python generator did not write it"; continue; }
   expect_error "calibrate data $f" "$D/$f" "$OUT" "$O" -- \
     calibrate "$MODEL" "--recipe=$RECIPE_OK" "--data=$D/$f" -o "$O"
 done

@@ -27,7 +27,7 @@ printf '\x80\x02}q\x00.' >"$BAD/pickle.pt"
   mv notscript.zip notscript.pt) || cp "$BAD/text.pt" "$BAD/notscript.pt"
 mkdir -p "$BAD/dir.pt"
 # What torch.save writes: a zip archive holding a pickle, not TorchScript.
-/usr/bin/python3 -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1])" \
+"$PYTHON" -c "import sys, torch; torch.save({'w': torch.ones(2)}, sys.argv[1])" \
   "$BAD/torch_save.pt" 2>/dev/null || cp "$BAD/notscript.pt" "$BAD/torch_save.pt"
 
 # Wrong-typed configs.
@@ -137,7 +137,7 @@ if echo "$subcommands" | grep -qx calibrate; then
   done
   D="$TMP/data"
   mkdir -p "$D"
-  /usr/bin/python3 - "$D" <<'PY' 2>/dev/null
+  "$PYTHON" - "$D" <<'PY' 2>/dev/null
 import sys, torch
 d = sys.argv[1]
 torch.save(torch.randint(0, 256, (2, 16)).float(), f"{d}/float_ids.pt")

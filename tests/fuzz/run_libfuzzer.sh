@@ -59,7 +59,7 @@ dict=$root/tests/fuzz/testdata/$target.dict
 seeds=$root/tests/fuzz/testdata/${target}_corpus
 
 start=$SECONDS
-"$cxx" -std=c++17 -g -O1 -fno-omit-frame-pointer \
+"$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer \
   -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -I"$root" -I"$out/gen" "${sources[@]}" "$root/tests/fuzz/${target}_fuzzer.cc" \
   -o "$out/${target}_fuzzer" \
