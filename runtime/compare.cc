@@ -121,6 +121,7 @@ std::string CompareResult::FailureSummary(absl::string_view what) const {
     absl::StrAppend(&out, "; worst at ", what, where.empty() ? "" : " ", where,
                     ": ", worst->Values());
   }
+  absl::StrAppend(&out, "; ", ErrorSummary());
   return out;
 }
 

@@ -103,8 +103,9 @@ struct CompareResult {
   // "max abs error 1.2e-06, max rel error 3.4e-07".
   std::string ErrorSummary() const;
   // "12 of 1000 elements exceed atol 1e-05 + rtol 0.0001*|ref|; worst at
-  // output [0] element 17 [0, 17]: 3.2 vs 3.1 (abs 0.1, rel 0.032)", with
-  // `what` ("output") naming what the paths are in. For a failed result.
+  // output [0] element 17 [0, 17]: 3.2 vs 3.1 (abs 0.1, rel 0.032); max abs
+  // error 0.1, max rel error 0.05", with `what` ("output") naming what the
+  // paths are in. For a failed result.
   std::string FailureSummary(absl::string_view what) const;
 };
 

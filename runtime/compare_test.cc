@@ -177,7 +177,8 @@ TEST(CompareTest, WorstNamesPathFlatAndMultiIndex) {
             "[1] element 5 [1, 2]: 5.5 vs 5 (abs 0.5, rel 0.1)");
   EXPECT_EQ(r.FailureSummary("output"),
             "1 of 7 elements exceed atol 1e-05 + rtol 0.0001*|ref|; worst at "
-            "output [1] element 5 [1, 2]: 5.5 vs 5 (abs 0.5, rel 0.1)");
+            "output [1] element 5 [1, 2]: 5.5 vs 5 (abs 0.5, rel 0.1); max "
+            "abs error 0.5, max rel error 0.1");
 }
 
 TEST(CompareTest, NonContiguousTensorsUseLogicalIndices) {
@@ -286,7 +287,8 @@ TEST(CompareTest, StructuresCompareElementwise) {
   EXPECT_EQ(scalar.worst->flat_index, -1);
   EXPECT_EQ(scalar.FailureSummary("output"),
             "1 of 1 elements exceed atol 1e-05 + rtol 0.0001*|ref|; worst at "
-            "output [0]: 5 vs 3 (abs 2, rel 0.667)");
+            "output [0]: 5 vs 3 (abs 2, rel 0.667); max abs error 2, max rel "
+            "error 0.667");
   CompareResult top = Compare(c10::IValue(5.0), c10::IValue(3.0));
   EXPECT_THAT(top.FailureSummary("output"),
               HasSubstr("worst at output: 5 vs 3"));
