@@ -1,11 +1,6 @@
 #include "partition/check.h"
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
-#include <cmath>
-#include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,89 +10,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "ir/graph.h"
 #include "ir/status_macros.h"
 #include "partition/subgraph.h"
+#include "runtime/compare.h"
 #include "runtime/interpreter.h"
-#include "runtime/torch_status.h"
 
 namespace tracecut::partition {
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::string Where(const std::string& path) {
-  return path.empty() ? std::string("value") : path;
-}
-
-std::string Shape(const at::Tensor& t) {
-  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
-}
-
-double ScalarError(double a, double b) {
-  if (std::isnan(a) && std::isnan(b)) return 0.0;
-  if (std::isnan(a) || std::isnan(b)) return kInf;
-  if (a == b) return 0.0;  // Equal infinities too.
-  return std::fabs(a - b);
-}
-
-absl::StatusOr<double> TensorError(const at::Tensor& a, const at::Tensor& b,
-                                   const std::string& path) {
-  if (!a.sizes().equals(b.sizes())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Where(path), ": shape ", Shape(a), " vs ", Shape(b)));
-  }
-  if (a.numel() == 0) return 0.0;
-  at::Tensor x = a.detach().to(at::kCPU, at::kDouble);
-  at::Tensor y = b.detach().to(at::kCPU, at::kDouble);
-  at::Tensor same = x.eq(y).logical_or(x.isnan().logical_and(y.isnan()));
-  at::Tensor diff = (x - y).abs().masked_fill(same, 0.0);
-  diff = diff.masked_fill(diff.isnan(), kInf);
-  return diff.max().item<double>();
-}
-
-absl::StatusOr<double> Error(const c10::IValue& a, const c10::IValue& b,
-                             const std::string& path) {
-  if (a.isTensor() && b.isTensor()) {
-    return TensorError(a.toTensor(), b.toTensor(), path);
-  }
-  if ((a.isTuple() || a.isList()) && (b.isTuple() || b.isList())) {
-    std::vector<c10::IValue> x =
-        a.isTuple() ? a.toTupleRef().elements().vec() : a.toListRef().vec();
-    std::vector<c10::IValue> y =
-        b.isTuple() ? b.toTupleRef().elements().vec() : b.toListRef().vec();
-    if (x.size() != y.size()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Where(path), ": ", x.size(), " elements vs ", y.size()));
-    }
-    double worst = 0.0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      ASSIGN_OR_RETURN(double e,
-                       Error(x[i], y[i], absl::StrCat(path, "[", i, "]")));
-      worst = std::max(worst, e);
-    }
-    return worst;
-  }
-  auto number = [](const c10::IValue& v) -> std::optional<double> {
-    if (v.isInt()) return static_cast<double>(v.toInt());
-    if (v.isDouble()) return v.toDouble();
-    if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-    return std::nullopt;
-  };
-  std::optional<double> na = number(a);
-  std::optional<double> nb = number(b);
-  if (na && nb) return ScalarError(*na, *nb);
-  if (a.isNone() && b.isNone()) return 0.0;
-  if (a.isString() && b.isString() && a.toStringRef() == b.toStringRef()) {
-    return 0.0;
-  }
-  if (a.isDevice() && b.isDevice() && a.toDevice() == b.toDevice()) {
-    return 0.0;
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      Where(path), ": cannot compare ", a.tagKind(), " with ", b.tagKind()));
-}
 
 std::string Sub(int index) { return absl::StrCat("subgraph ", index); }
 
@@ -162,11 +82,6 @@ absl::StatusOr<c10::IValue> Run(const Partition& partition,
 
 }  // namespace
 
-absl::StatusOr<double> MaxAbsError(const c10::IValue& a, const c10::IValue& b) {
-  return runtime::TorchCall("comparing values",
-                            [&] { return Error(a, b, ""); });
-}
-
 absl::StatusOr<c10::IValue> RunPartition(const Partition& partition,
                                          const torch::jit::Module& root,
                                          const std::vector<c10::IValue>& inputs,
@@ -179,7 +94,8 @@ absl::StatusOr<c10::IValue> RunPartition(const Partition& partition,
 
 absl::StatusOr<CheckResult> CheckPartition(
     const ir::Graph& graph, const torch::jit::Module& root,
-    const Partition& partition, const std::vector<c10::IValue>& inputs) {
+    const Partition& partition, const std::vector<c10::IValue>& inputs,
+    const runtime::CompareOptions& options) {
   // The whole graph, remembering every value a subgraph outputs.
   absl::flat_hash_set<std::string> wanted;
   for (const Subgraph& s : partition.subgraphs) {
@@ -196,11 +112,12 @@ absl::StatusOr<CheckResult> CheckPartition(
   });
   ASSIGN_OR_RETURN(c10::IValue expected, whole.Run(inputs));
 
+  RETURN_IF_ERROR(runtime::ValidateCompareOptions(options));
   CheckResult result;
   PartitionRunStats stats;
   auto on_outputs = [&](const Subgraph& s,
                         c10::ArrayRef<c10::IValue> outs) -> absl::Status {
-    double worst = 0.0;
+    runtime::Comparator comparator(options);
     for (size_t k = 0; k < outs.size(); ++k) {
       auto it = reference.find(s.output_names[k]);
       if (it == reference.end()) {
@@ -208,37 +125,44 @@ absl::StatusOr<CheckResult> CheckPartition(
             absl::StrCat(Sub(s.index), " outputs %", s.output_names[k],
                          ", which the whole graph does not compute"));
       }
-      absl::StatusOr<double> e = MaxAbsError(it->second, outs[k]);
-      if (!e.ok()) {
+      absl::Status compared = comparator.Add(
+          outs[k], it->second, absl::StrCat("%", s.output_names[k]));
+      if (!compared.ok()) {
         return absl::Status(
-            e.status().code(),
-            absl::StrCat(Sub(s.index), " output %", s.output_names[k], ": ",
-                         e.status().message()));
+            compared.code(),
+            absl::StrCat(Sub(s.index), " output ", compared.message()));
       }
-      worst = std::max(worst, *e);
     }
-    result.subgraph_errors.push_back(worst);
-    if (worst > 0.0 && result.first_divergent < 0) {
+    const runtime::CompareResult& r = comparator.result();
+    if (r.max_abs_error > 0.0 && result.first_divergent < 0) {
       result.first_divergent = s.index;
     }
+    if (!r.passed && result.first_failing < 0) {
+      result.first_failing = s.index;
+    }
+    result.subgraphs.push_back(r);
     return absl::OkStatus();
   };
   ASSIGN_OR_RETURN(c10::IValue actual,
                    Run(partition, root, inputs, &stats, on_outputs));
-  absl::StatusOr<double> e = MaxAbsError(expected, actual);
-  if (!e.ok()) {
-    return absl::Status(e.status().code(),
-                        absl::StrCat("model output: ", e.status().message()));
+  absl::StatusOr<runtime::CompareResult> output =
+      runtime::CompareValues(actual, expected, options);
+  if (!output.ok()) {
+    return absl::Status(
+        output.status().code(),
+        absl::StrCat("model output: ", output.status().message()));
   }
-  result.max_abs_error = *e;
+  result.output = *std::move(output);
+  result.passed = result.output.passed && result.first_failing < 0;
   result.peak_cached_values = stats.peak_cached_values;
   return result;
 }
 
 absl::StatusOr<CheckResult> CheckPartition(
     const runtime::GraphModule& gm, const Partition& partition,
-    const std::vector<c10::IValue>& inputs) {
-  return CheckPartition(gm.graph(), gm.module(), partition, inputs);
+    const std::vector<c10::IValue>& inputs,
+    const runtime::CompareOptions& options) {
+  return CheckPartition(gm.graph(), gm.module(), partition, inputs, options);
 }
 
 }  // namespace tracecut::partition

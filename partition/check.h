@@ -8,7 +8,12 @@
 //
 //   ASSIGN_OR_RETURN(Partition p, PartitionGraph(gm.graph(), options));
 //   ASSIGN_OR_RETURN(CheckResult r, CheckPartition(gm, p, {x}));
-//   if (r.max_abs_error > 1e-5) ... r.first_divergent names the subgraph.
+//   if (!r.passed) ... r.output.FailureSummary("output"), and
+//   r.first_divergent / r.first_failing name the subgraph.
+//
+// Values are compared with runtime/compare.h (allclose-style, default
+// rtol 1e-4, atol 1e-5): the partitioned run is the actual value, the
+// whole-graph run the reference.
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/api/module.h>
@@ -20,20 +25,26 @@
 #include "absl/status/statusor.h"
 #include "ir/graph.h"
 #include "partition/subgraph.h"
+#include "runtime/compare.h"
 #include "runtime/graph_module.h"
 
 namespace tracecut::partition {
 
 struct CheckResult {
-  // Largest |whole - partitioned| over every tensor element (and scalar) of
-  // the model's output. 0 when identical; infinity where exactly one side
-  // is NaN.
-  double max_abs_error = 0.0;
-  // Per subgraph: largest error of its outputs against the same values in
-  // the whole-graph run. Shows which subgraph diverged first.
-  std::vector<double> subgraph_errors;
-  // First subgraph whose error is above 0, or -1.
+  // The model's output: partitioned against whole.
+  runtime::CompareResult output;
+  // Per subgraph, in order: its outputs (paths "%name", the values' names)
+  // against the same values in the whole-graph run.
+  std::vector<runtime::CompareResult> subgraphs;
+  // First subgraph whose outputs differ at all (max_abs_error > 0), or -1.
+  // Shows where a divergence starts even while it is within tolerance.
   int first_divergent = -1;
+  // First subgraph whose outputs fail the tolerances, or -1.
+  int first_failing = -1;
+  // The model's output and every subgraph's outputs within tolerance: a
+  // subgraph that does not reproduce its values fails the check even where
+  // the model's output happens to hide it.
+  bool passed = true;
   // Most values held in the intermediates map at once (after a subgraph's
   // outputs arrive, before its last_use is freed).
   int64_t peak_cached_values = 0;
@@ -54,20 +65,16 @@ absl::StatusOr<c10::IValue> RunPartition(const Partition& partition,
                                          PartitionRunStats* stats = nullptr);
 
 // Runs `graph` whole and `partition` (made from it) on the same inputs and
-// compares them.
+// compares them with `options`. Values whose structures differ are errors
+// naming the subgraph and output ("subgraph 2 output %h: [0]: shape ...").
 absl::StatusOr<CheckResult> CheckPartition(
     const ir::Graph& graph, const torch::jit::Module& root,
-    const Partition& partition, const std::vector<c10::IValue>& inputs);
+    const Partition& partition, const std::vector<c10::IValue>& inputs,
+    const runtime::CompareOptions& options = {});
 absl::StatusOr<CheckResult> CheckPartition(
     const runtime::GraphModule& gm, const Partition& partition,
-    const std::vector<c10::IValue>& inputs);
-
-// Largest absolute difference between two values of the same structure:
-// tensors (same shape, compared in float64), tuples and lists elementwise,
-// ints, doubles and bools numerically; None, strings and devices must be
-// equal. Errors say where the structures differ ("[1]: shape [2, 3] vs
-// [2, 4]").
-absl::StatusOr<double> MaxAbsError(const c10::IValue& a, const c10::IValue& b);
+    const std::vector<c10::IValue>& inputs,
+    const runtime::CompareOptions& options = {});
 
 }  // namespace tracecut::partition
 

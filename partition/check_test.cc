@@ -2,8 +2,6 @@
 
 #include <torch/script.h>
 
-#include <cmath>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "partition/module_sizes.h"
 #include "partition/partitioner.h"
 #include "partition/subgraph.h"
+#include "runtime/compare.h"
 #include "runtime/graph_module.h"
 
 namespace tracecut::partition {
@@ -22,7 +21,6 @@ namespace {
 
 using ir::Argument;
 using ir::Node;
-using ::testing::Each;
 using ::testing::HasSubstr;
 
 Argument R(Node* n) { return Argument::Ref(n); }
@@ -126,15 +124,23 @@ TEST(CheckTest, SubgraphsInOrderMatchTheWholeGraph) {
     ASSERT_TRUE(p.ok()) << p.status();
     auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->max_abs_error, 0.0);
+    EXPECT_TRUE(r->passed);
+    EXPECT_TRUE(r->output.passed);
+    EXPECT_EQ(r->output.max_abs_error, 0.0);
+    EXPECT_EQ(r->output.elements, 2 * 4 + 2 * 8);  // (logits, mask)
     EXPECT_EQ(r->first_divergent, -1);
-    EXPECT_EQ(r->subgraph_errors.size(), p->subgraphs.size());
-    EXPECT_THAT(r->subgraph_errors, Each(0.0));
+    EXPECT_EQ(r->first_failing, -1);
+    ASSERT_EQ(r->subgraphs.size(), p->subgraphs.size());
+    for (const runtime::CompareResult& s : r->subgraphs) {
+      EXPECT_TRUE(s.passed);
+      EXPECT_EQ(s.max_abs_error, 0.0);
+      EXPECT_GT(s.elements, 0);
+    }
     EXPECT_GT(r->peak_cached_values, 0);
     std::printf(
-        "[ check ] %d per subgraph: %zu subgraphs, max abs error %g, "
+        "[ check ] %d per subgraph: %zu subgraphs, %s, "
         "peak cached values %lld\n",
-        per, p->subgraphs.size(), r->max_abs_error,
+        per, p->subgraphs.size(), r->output.ErrorSummary().c_str(),
         static_cast<long long>(r->peak_cached_values));
   }
 }
@@ -146,7 +152,8 @@ TEST(CheckTest, GraphModuleOverloadAndRunPartition) {
   runtime::GraphModule gm(t.root, std::move(t.graph));
   auto r = CheckPartition(gm, *p, {Det({3, 8}, 2)});
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->max_abs_error, 0.0);
+  EXPECT_TRUE(r->passed);
+  EXPECT_EQ(r->output.max_abs_error, 0.0);
 
   PartitionRunStats stats;
   auto out = RunPartition(*p, gm.module(), {Det({3, 8}, 2)}, &stats);
@@ -171,10 +178,54 @@ TEST(CheckTest, ReportsTheSubgraphThatDiverges) {
   n->set_target("aten::sigmoid");
   auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_GT(r->max_abs_error, 0.0);
+  EXPECT_FALSE(r->passed);
+  EXPECT_FALSE(r->output.passed);
+  EXPECT_GT(r->output.max_abs_error, 0.0);
   EXPECT_EQ(r->first_divergent, 2);
-  EXPECT_EQ(r->subgraph_errors[1], 0.0);
-  EXPECT_GT(r->subgraph_errors[2], 0.0);
+  EXPECT_EQ(r->first_failing, 2);
+  ASSERT_EQ(r->subgraphs.size(), 4u);
+  EXPECT_EQ(r->subgraphs[1].max_abs_error, 0.0);
+  EXPECT_GT(r->subgraphs[2].max_abs_error, 0.0);
+  ASSERT_TRUE(r->subgraphs[2].worst.has_value());
+  // The subgraph's output value, by name.
+  EXPECT_EQ(r->subgraphs[2].worst->path, "%l1_out");
+  ASSERT_TRUE(r->output.worst.has_value());
+  EXPECT_EQ(r->output.worst->path, "[0]");  // logits
+  EXPECT_THAT(r->output.FailureSummary("output"),
+              HasSubstr("elements exceed atol 1e-05 + rtol 0.0001*|ref|; "
+                        "worst at output [0] element "));
+}
+
+// A divergence within tolerance: reported (first_divergent), not failed.
+TEST(CheckTest, TolerancesDecideWhatFails) {
+  Tiny t = MakeTiny(3);
+  auto p = PartitionGraph(*t.graph, Layers());
+  ASSERT_TRUE(p.ok()) << p.status();
+  // Layer 1 (subgraph 2) adds 1.001 * tanh(...) instead of tanh(...).
+  ir::Node* n = p->subgraphs[2].graph->FindNode("l1_out");
+  ASSERT_NE(n, nullptr);
+  ASSERT_TRUE(n->SetArg(2, Argument::Double(1.001)).ok());
+
+  auto strict = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  EXPECT_FALSE(strict->passed);
+  EXPECT_EQ(strict->first_divergent, 2);
+  EXPECT_EQ(strict->first_failing, 2);
+  EXPECT_GT(strict->subgraphs[2].violations, 0);
+
+  auto loose = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)},
+                              runtime::CompareOptions{1e-2, 1e-2});
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_TRUE(loose->passed);
+  EXPECT_TRUE(loose->output.passed);
+  EXPECT_GT(loose->output.max_abs_error, 0.0);
+  EXPECT_EQ(loose->first_divergent, 2);
+  EXPECT_EQ(loose->first_failing, -1);
+  EXPECT_EQ(loose->subgraphs[2].rtol, 1e-2);
+
+  auto bad = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)},
+                            runtime::CompareOptions{-1, 0});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CheckTest, RunErrorsNameTheSubgraph) {
@@ -210,25 +261,23 @@ TEST(ModuleSizesTest, TensorsAndLeafModules) {
             (8 * 8 + 8 * 8 + 8) * 4 + (4 * 8 + 4) * 4);
 }
 
-TEST(CheckTest, MaxAbsError) {
-  const double kNan = std::nan("");
-  const double kInf = std::numeric_limits<double>::infinity();
-  torch::Tensor a = torch::tensor({1.0, 2.0, kNan, kInf});
-  EXPECT_EQ(*MaxAbsError(a, a.clone()), 0.0);
-  torch::Tensor b = torch::tensor({1.0, 2.5, kNan, kInf});
-  EXPECT_DOUBLE_EQ(*MaxAbsError(a, b), 0.5);
-  torch::Tensor c = torch::tensor({1.0, 2.0, 0.0, kInf});
-  EXPECT_EQ(*MaxAbsError(a, c), std::numeric_limits<double>::infinity());
-  EXPECT_DOUBLE_EQ(
-      *MaxAbsError(c10::ivalue::Tuple::create({a, c10::IValue(3)}),
-                   c10::ivalue::Tuple::create({b, c10::IValue(5)})),
-      2.0);
-  auto shape = MaxAbsError(c10::ivalue::Tuple::create({a}),
-                           c10::ivalue::Tuple::create({torch::zeros({2})}));
-  EXPECT_THAT(shape.status().message(), HasSubstr("[0]: shape [4] vs [2]"));
-  auto kind = MaxAbsError(a, c10::IValue("s"));
-  EXPECT_FALSE(kind.ok());
-  EXPECT_EQ(*MaxAbsError(c10::IValue(), c10::IValue()), 0.0);
+// A subgraph output whose structure differs from the whole graph's value
+// names the subgraph and the value.
+TEST(CheckTest, StructureMismatchNamesSubgraphAndValue) {
+  Tiny t = MakeTiny(2);
+  auto p = PartitionGraph(*t.graph, Layers());
+  ASSERT_TRUE(p.ok()) << p.status();
+  // Layer 0's output becomes [2, 1] instead of [2, 8].
+  ir::Node* n = p->subgraphs[1].graph->FindNode("l0_out");
+  ASSERT_NE(n, nullptr);
+  n->set_target("aten::sum.dim_IntList");
+  ASSERT_TRUE(n->SetArgs({n->args()[0], Argument::List({Argument::Int(1)}),
+                          Argument::Bool(true)})
+                  .ok());
+  auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("subgraph 1 output %l0_out: shape [2, 1] vs [2, 8]"));
 }
 
 }  // namespace

@@ -3,15 +3,17 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/status_macros.h"
+#include "runtime/compare.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
-#include "transforms/fusion_math.h"
 #include "transforms/per_subgraph.h"
 #include "transforms/per_subgraph_internal.h"
 
@@ -20,41 +22,57 @@ namespace {
 
 using Values = absl::flat_hash_map<std::string, c10::IValue>;
 
-void Flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) {
-    out.push_back(v.toTensor());
-  } else if (v.isTuple()) {
-    for (const c10::IValue& e : v.toTupleRef().elements()) Flatten(e, out);
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) Flatten(e, out);
-  }
-}
-
-// Runs `graph` (a subgraph) against `root` on `inputs`; its tensors.
-absl::StatusOr<std::vector<at::Tensor>> RunSubgraph(
+// Runs `graph` (a subgraph) against `root` on `inputs`; its outputs.
+absl::StatusOr<std::vector<c10::IValue>> RunSubgraph(
     const ir::Graph& graph, const torch::jit::Module& root,
     const Values& inputs) {
   ASSIGN_OR_RETURN(runtime::Interpreter interp,
                    runtime::Interpreter::Create(graph, root));
   ASSIGN_OR_RETURN(c10::IValue out, interp.RunNamed(inputs));
-  std::vector<at::Tensor> tensors;
-  Flatten(out, tensors);
+  std::vector<c10::IValue> outputs;
+  if (out.isTuple()) {
+    outputs = out.toTupleRef().elements().vec();
+  } else {
+    outputs.push_back(std::move(out));
+  }
   // Detach from anything a later run may write in place.
-  for (at::Tensor& t : tensors) t = t.clone();
-  return tensors;
+  RETURN_IF_ERROR(runtime::TorchCall("copying subgraph outputs", [&] {
+    for (c10::IValue& v : outputs) v = v.deepcopy();
+  }));
+  return outputs;
 }
 
-fusion_math::ErrorStats Compare(const std::vector<at::Tensor>& a,
-                                const std::vector<at::Tensor>& b) {
+// `actual` against `expected`, output k under the name of the subgraph's
+// k-th output. Values that cannot be compared (a pass changed a shape or
+// the number of outputs) fail with infinite errors and `mismatch` says why.
+struct Comparison {
+  runtime::CompareResult result;
+  std::string mismatch;
+};
+Comparison Compare(const std::vector<c10::IValue>& actual,
+                   const std::vector<c10::IValue>& expected,
+                   const std::vector<std::string>& names,
+                   const runtime::CompareOptions& options) {
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (a.size() != b.size()) return {kInf, kInf};
-  fusion_math::ErrorStats worst;
-  for (size_t i = 0; i < a.size(); ++i) {
-    fusion_math::ErrorStats e = fusion_math::CompareTensors(a[i], b[i]);
-    worst.max_abs = std::max(worst.max_abs, e.max_abs);
-    worst.max_rel = std::max(worst.max_rel, e.max_rel);
+  runtime::Comparator comparator(options);
+  absl::Status status = absl::OkStatus();
+  if (actual.size() != expected.size()) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat(actual.size(), " outputs vs ", expected.size()));
   }
-  return worst;
+  for (size_t k = 0; status.ok() && k < actual.size(); ++k) {
+    status = comparator.Add(actual[k], expected[k],
+                            k < names.size() ? absl::StrCat("%", names[k])
+                                             : absl::StrCat("[", k, "]"));
+  }
+  Comparison c{comparator.result(), ""};
+  if (!status.ok()) {
+    c.mismatch = std::string(status.message());
+    c.result.passed = false;
+    c.result.max_abs_error = kInf;
+    c.result.max_rel_error = kInf;
+  }
+  return c;
 }
 
 std::string Number(double v) {
@@ -76,6 +94,7 @@ std::string Names(const std::vector<std::string>& names) {
 absl::StatusOr<DebugReport> DebugPipeline(
     const runtime::GraphModule& gm, Pipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options) {
+  RETURN_IF_ERROR(runtime::ValidateCompareOptions(options.compare));
   ASSIGN_OR_RETURN(partition::Partition original,
                    partition::PartitionGraph(gm.graph(), options.partition));
   if (inputs.size() != original.model_inputs.size()) {
@@ -112,15 +131,19 @@ absl::StatusOr<DebugReport> DebugPipeline(
   partition::Partition parts = internal::ClonePartition(original);
   const int64_t base = NextApplicationId(gm.graph());
   DebugReport report;
-  report.tolerance = options.tolerance;
-  report.absolute = options.absolute;
+  report.rtol = options.compare.rtol;
+  report.atol = options.compare.atol;
   for (partition::Subgraph& s : parts.subgraphs) {
     report.subgraphs.push_back(
         {s.index, s.module_paths, s.input_names, s.output_names});
     const Values& in = cached[s.index];
-    ASSIGN_OR_RETURN(std::vector<at::Tensor> reference,
+    ASSIGN_OR_RETURN(std::vector<c10::IValue> reference,
                      RunSubgraph(*s.graph, work.module(), in));
-    std::vector<at::Tensor> previous = reference;
+    std::vector<c10::IValue> previous = reference;
+    auto compare = [&](const std::vector<c10::IValue>& actual,
+                       const std::vector<c10::IValue>& expected) {
+      return Compare(actual, expected, s.output_names, options.compare);
+    };
     internal::ObserverScope scope(
         pipeline,
         [&](const PassRecord& r,
@@ -133,27 +156,30 @@ absl::StatusOr<DebugReport> DebugPipeline(
           step.touched_nodes =
               internal::TouchedNodes(sub.graph(), r.name, r.app);
           if (r.changed) {
-            absl::StatusOr<std::vector<at::Tensor>> after =
+            absl::StatusOr<std::vector<c10::IValue>> after =
                 RunSubgraph(sub.graph(), sub.module(), in);
             if (!after.ok()) {
               return absl::Status(after.status().code(),
                                   absl::StrCat("running after ", r.name, ": ",
                                                after.status().message()));
             }
-            const fusion_math::ErrorStats e = Compare(*after, previous);
-            const fusion_math::ErrorStats c = Compare(*after, reference);
-            step.max_abs = e.max_abs;
-            step.max_rel = e.max_rel;
-            step.cumulative_max_abs = c.max_abs;
-            step.cumulative_max_rel = c.max_rel;
+            const Comparison e = compare(*after, previous);
+            const Comparison c = compare(*after, reference);
+            step.max_abs = e.result.max_abs_error;
+            step.max_rel = e.result.max_rel_error;
+            step.elements = e.result.elements;
+            step.violations = e.result.violations;
+            step.worst = e.result.worst;
+            step.mismatch = e.mismatch;
+            step.exceeds = !e.result.passed;
+            step.cumulative_max_abs = c.result.max_abs_error;
+            step.cumulative_max_rel = c.result.max_rel_error;
             previous = *std::move(after);
           } else {
-            const fusion_math::ErrorStats c = Compare(previous, reference);
-            step.cumulative_max_abs = c.max_abs;
-            step.cumulative_max_rel = c.max_rel;
+            const Comparison c = compare(previous, reference);
+            step.cumulative_max_abs = c.result.max_abs_error;
+            step.cumulative_max_rel = c.result.max_rel_error;
           }
-          const double err = options.absolute ? step.max_abs : step.max_rel;
-          step.exceeds = !(err <= options.tolerance);
           if (step.exceeds && report.first_exceeding < 0) {
             report.first_exceeding = static_cast<int>(report.steps.size());
           }
@@ -173,11 +199,16 @@ std::string DebugReport::ToJson() const {
     for (const DebugSubgraph& g : subgraphs) {
       if (g.index == s.subgraph) paths = g.module_paths;
     }
-    first = absl::StrCat("{\"subgraph\": ", s.subgraph,
-                         ", \"pass\": ", JsonQuote(s.pass),
-                         ", \"module_paths\": ", Names(paths),
-                         ", \"max_abs\": ", Number(s.max_abs),
-                         ", \"max_rel\": ", Number(s.max_rel), "}");
+    first = absl::StrCat(
+        "{\"subgraph\": ", s.subgraph, ", \"pass\": ", JsonQuote(s.pass),
+        ", \"module_paths\": ", Names(paths),
+        ", \"max_abs\": ", Number(s.max_abs),
+        ", \"max_rel\": ", Number(s.max_rel),
+        ", \"violations\": ", s.violations, ", \"elements\": ", s.elements,
+        ", \"worst\": ",
+        s.worst.has_value() ? JsonQuote(s.worst->ToString()) : "null",
+        ", \"mismatch\": ", s.mismatch.empty() ? "null" : JsonQuote(s.mismatch),
+        "}");
   }
   std::vector<std::string> subs;
   for (const DebugSubgraph& g : subgraphs) {
@@ -194,13 +225,13 @@ std::string DebugReport::ToJson() const {
         ", \"preserves_computation\": ",
         s.preserves_computation ? "true" : "false", ", \"max_abs\": ",
         Number(s.max_abs), ", \"max_rel\": ", Number(s.max_rel),
+        ", \"violations\": ", s.violations,
         ", \"cumulative_max_abs\": ", Number(s.cumulative_max_abs),
         ", \"cumulative_max_rel\": ", Number(s.cumulative_max_rel),
         ", \"exceeds\": ", s.exceeds ? "true" : "false",
         ", \"touched_nodes\": ", Names(s.touched_nodes), "}"));
   }
-  return absl::StrCat("{\"tolerance\": ", Number(tolerance),
-                      ", \"absolute\": ", absolute ? "true" : "false",
+  return absl::StrCat("{\"rtol\": ", Number(rtol), ", \"atol\": ", Number(atol),
                       ", \"first_exceeding\": ", first, ",\n \"subgraphs\": [",
                       absl::StrJoin(subs, ",\n  "), "],\n \"steps\": [",
                       absl::StrJoin(rows, ",\n  "), "]}\n");

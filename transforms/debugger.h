@@ -12,8 +12,11 @@
 //   * step error: against the outputs just before this pass (what this pass
 //     did);
 //   * cumulative error: against the untransformed subgraph's outputs.
-// The first (subgraph, pass) whose step error exceeds the tolerance is
-// flagged.
+// Both go through runtime/compare.h. A step exceeds the tolerances when its
+// outputs fail the comparison with the outputs before the pass
+// (|after - before| <= atol + rtol*|before| elementwise; defaults rtol 1e-4,
+// atol 1e-5), or cannot be compared with them (a changed shape or output
+// count). The first (subgraph, pass) that exceeds them is flagged.
 //
 //   DebugOptions options;
 //   options.partition.targets = {"BertLayer"};
@@ -28,11 +31,13 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "partition/partitioner.h"
+#include "runtime/compare.h"
 #include "runtime/graph_module.h"
 #include "transforms/pipeline.h"
 
@@ -40,11 +45,8 @@ namespace tracecut::transforms {
 
 struct DebugOptions {
   partition::PartitionOptions partition;
-  // A step exceeds the tolerance when its error is above this; the error
-  // is relative (max |after - before| / max |before|, over the subgraph's
-  // outputs) unless `absolute`.
-  double tolerance = 1e-5;
-  bool absolute = false;
+  // The tolerances a step's outputs must meet against the outputs before it.
+  runtime::CompareOptions compare;
 };
 
 // One pass on one subgraph.
@@ -53,9 +55,18 @@ struct DebugStep {
   std::string pass;
   bool changed = false;
   bool preserves_computation = true;
-  // Against the outputs before this pass.
+  // Against the outputs before this pass (runtime::CompareResult's
+  // max_abs_error, max_rel_error; +inf where they cannot be compared).
   double max_abs = 0;
   double max_rel = 0;
+  // Elements compared, and those over the tolerances.
+  int64_t elements = 0;
+  int64_t violations = 0;
+  // The worst violation; its path names the subgraph output ("%add_1").
+  std::optional<runtime::ElementDiff> worst;
+  // Why the outputs could not be compared ("%add_1: shape [4, 8] vs
+  // [4, 16]"), or empty.
+  std::string mismatch;
   // Against the untransformed subgraph.
   double cumulative_max_abs = 0;
   double cumulative_max_rel = 0;
@@ -71,23 +82,26 @@ struct DebugSubgraph {
 };
 
 struct DebugReport {
-  double tolerance = 0;
-  bool absolute = false;
+  double rtol = 0;
+  double atol = 0;
   std::vector<DebugSubgraph> subgraphs;
   // Subgraph-major, in pipeline order within a subgraph.
   std::vector<DebugStep> steps;
   // Index into `steps` of the first step over the tolerance, or -1.
   int first_exceeding = -1;
 
-  // {"tolerance", "absolute", "first_exceeding": {"subgraph", "pass",
-  //  "module_paths", "max_abs", "max_rel"} or null, "subgraphs": [...],
-  //  "steps": [{"subgraph", "pass", "changed", "preserves_computation",
-  //  "max_abs", "max_rel", "cumulative_max_abs", "cumulative_max_rel",
-  //  "exceeds", "touched_nodes"}]}
+  // {"rtol", "atol", "first_exceeding": {"subgraph", "pass",
+  //  "module_paths", "max_abs", "max_rel", "violations", "elements",
+  //  "worst" (ElementDiff::ToString() or null), "mismatch" (or null)} or
+  //  null, "subgraphs": [...], "steps": [{"subgraph", "pass", "changed",
+  //  "preserves_computation", "max_abs", "max_rel", "violations",
+  //  "cumulative_max_abs", "cumulative_max_rel", "exceeds",
+  //  "touched_nodes"}]}
   std::string ToJson() const;
 };
 
-// `inputs`: one per model input, in placeholder order.
+// `inputs`: one per model input, in placeholder order. Bad tolerances are
+// InvalidArgument.
 absl::StatusOr<DebugReport> DebugPipeline(
     const runtime::GraphModule& gm, Pipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options);

@@ -1,5 +1,6 @@
 #include "transforms/debugger.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -52,8 +53,7 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<GeluTanhApprox>();
   DebugOptions options;
-  options.partition.targets = {"Block"};
-  options.tolerance = 1e-5;
+  options.partition.targets = {"Block"};  // Default tolerances.
   auto report = DebugPipeline(gm, pipeline, {Rand({4, 8}, 3) * 3}, options);
   ASSERT_TRUE(report.ok()) << report.status();
   // Head + two layers, three passes each.
@@ -62,7 +62,10 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
   for (const DebugStep& s : report->steps) {
     if (s.pass == "merge-linears" && s.subgraph > 0) {
       EXPECT_TRUE(s.changed);
-      EXPECT_LT(s.max_rel, 1e-5) << s.subgraph;
+      EXPECT_FALSE(s.exceeds) << s.subgraph;
+      EXPECT_LT(s.max_abs, 1e-5) << s.subgraph;
+      EXPECT_EQ(s.violations, 0);
+      EXPECT_EQ(s.elements, 4 * 8);
       EXPECT_EQ(s.touched_nodes.size(), 4u);  // merged, split, 2 items
     }
     if (s.pass == "change-truediv-to-mul-by-inverse" && s.subgraph == 1) {
@@ -75,8 +78,13 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
   EXPECT_EQ(bad.subgraph, 2);
   EXPECT_EQ(bad.pass, "gelu-tanh-approx");
   EXPECT_FALSE(bad.preserves_computation);
-  EXPECT_GT(bad.max_rel, 1e-5);
+  EXPECT_GT(bad.max_rel, 1e-4);
   EXPECT_LT(bad.max_abs, 1e-3);
+  EXPECT_GT(bad.violations, 0);
+  EXPECT_TRUE(bad.mismatch.empty());
+  ASSERT_TRUE(bad.worst.has_value());
+  EXPECT_EQ(bad.worst->path, "%gelu_1");  // The subgraph's output value.
+  EXPECT_GT(bad.worst->abs_error, 1e-5 + 1e-4 * std::abs(bad.worst->expected));
   EXPECT_EQ(bad.touched_nodes, std::vector<std::string>{"gelu_1"});
   EXPECT_GE(bad.cumulative_max_abs, bad.max_abs * 0.5);
 
@@ -87,6 +95,9 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
       "\"gelu-tanh-approx\", \"module_paths\": [\"layers.1\"]"))
       << json;
   EXPECT_TRUE(absl::StrContains(json, "\"touched_nodes\": [\"gelu_1\"]"));
+  EXPECT_TRUE(absl::StrContains(json, "{\"rtol\": 0.0001, \"atol\": 1e-05"))
+      << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"worst\": \"%gelu_1 element ")) << json;
   // The input is untouched; the pipeline's hook is restored.
   EXPECT_FALSE(gm.GetSubmodule("layers.0.q_k_merged").ok());
   EXPECT_FALSE(static_cast<bool>(pipeline.options().after_pass));
@@ -102,6 +113,25 @@ TEST(DebuggerTest, NothingExceedsForPreservingPasses) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->first_exceeding, -1);
   EXPECT_TRUE(absl::StrContains(report->ToJson(), "\"first_exceeding\": null"));
+}
+
+// Loose tolerances let even the GELU approximation pass; bad ones are
+// errors.
+TEST(DebuggerTest, TolerancesDecideWhatIsFlagged) {
+  Pipeline pipeline;
+  pipeline.AddPass<GeluTanhApprox>();
+  DebugOptions options;
+  options.partition.targets = {"Block"};
+  options.compare = {1e-2, 1e-2};
+  auto loose =
+      DebugPipeline(MakeModel(), pipeline, {Rand({4, 8}, 3) * 3}, options);
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_EQ(loose->first_exceeding, -1);
+  EXPECT_EQ(loose->rtol, 1e-2);
+
+  options.compare = {-1, 0};
+  auto bad = DebugPipeline(MakeModel(), pipeline, {Rand({4, 8}, 3)}, options);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DebuggerTest, RejectsWrongInputCount) {

@@ -49,12 +49,14 @@ absl::Status Example(const std::string& model_path) {
   std::cout << partition::PlanToText(partition::BuildPlan(p, options));
 
   // Run the subgraphs in order and compare with the whole graph.
+  // Allclose-style: rtol 1e-4, atol 1e-5 unless given (runtime/compare.h).
   ASSIGN_OR_RETURN(partition::CheckResult check,
                    partition::CheckPartition(gm, p, inputs.values));
-  if (check.max_abs_error > 1e-5) {
-    return absl::InternalError(absl::StrCat("subgraph ", check.first_divergent,
-                                            " diverges by ",
-                                            check.max_abs_error));
+  if (!check.passed) {
+    const int s = check.first_failing;
+    return absl::InternalError(absl::StrCat(
+        "subgraph ", s, ": ",
+        (s >= 0 ? check.subgraphs[s] : check.output).FailureSummary("output")));
   }
   // [END partition]
   return absl::OkStatus();

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
 #include "ir/status_macros.h"
-#include "partition/check.h"
+#include "runtime/compare.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
@@ -24,7 +24,6 @@
 namespace {
 
 namespace ir = tracecut::ir;
-namespace partition = tracecut::partition;
 namespace runtime = tracecut::runtime;
 namespace tracer = tracecut::tracer;
 namespace transforms = tracecut::transforms;
@@ -54,8 +53,9 @@ absl::Status Example(const std::string& model_path,
                    runtime::Interpreter::Create(fused));
   ASSIGN_OR_RETURN(c10::IValue expected, before.Run(inputs.values));
   ASSIGN_OR_RETURN(c10::IValue actual, after.Run(inputs.values));
-  ASSIGN_OR_RETURN(double error, partition::MaxAbsError(expected, actual));
-  if (error > 1e-4) return absl::InternalError(absl::StrCat("error ", error));
+  ASSIGN_OR_RETURN(runtime::CompareResult diff,
+                   runtime::CompareValues(actual, expected));  // rtol, atol
+  if (!diff.passed) return absl::InternalError(diff.FailureSummary("output"));
   RETURN_IF_ERROR(runtime::SaveTorchScript(fused, out_dir + "/fused.pt"));
 
   // Every pass here is reversible: undo them, bit for bit.

@@ -1,9 +1,9 @@
 #!/bin/bash
 # More of the `tracecut` bad-input matrix (bad_input_test.sh has the model,
 # config, recipe and data basics for every subcommand): transform and debug
-# flags, read-only output locations, full disks for outputs and for the
-# intermediates cache's spill files, unwritable stdout, and more kinds of bad
-# calibration data and recipes. Same contract, checked by expect_error
+# flags, the check tolerances (--rtol, --atol), read-only output locations,
+# full disks for outputs and for the intermediates cache's spill files,
+# unwritable stdout, and more kinds of bad calibration data and recipes. Same contract, checked by expect_error
 # (bad_input_lib.sh): exit 1..127, one stderr line naming the offending file
 # or flag, no output, temporary or spill file left behind.
 
@@ -53,6 +53,26 @@ for tol in abc -1 nan; do
   expect_error "debug --tolerance=$tol" "--tolerance" "$OUT" "" -- \
     debug "$MODEL" --passes=eliminate-dead-code "--tolerance=$tol"
 done
+expect_error "debug --tolerance with --rtol" "--tolerance" "$OUT" "" -- \
+  debug "$MODEL" --passes=eliminate-dead-code --tolerance=1e-3 --rtol=1e-3
+
+# --- Check tolerances (partition --check, transform --check, debug) ----------
+for cmd in partition transform debug; do
+  case $cmd in
+    partition) args=(partition "$MODEL" --targets=$DEC --check -o "$OUT/plan.txt") ;;
+    transform) args=(transform "$MODEL" --passes=eliminate-dead-code --check -o "$O") ;;
+    debug) args=(debug "$MODEL" --passes=eliminate-dead-code --targets=$DEC) ;;
+  esac
+  for flag in --rtol=-1 --atol=abc --rtol=nan --atol=inf --rtol=; do
+    expect_error "$cmd $flag" "${flag%%=*}" "$OUT" "$O" -- "${args[@]}" "$flag"
+  done
+done
+expect_error "partition --rtol without --check" "--check" "$OUT" "$OUT/plan.txt" -- \
+  partition "$MODEL" --targets=$DEC --rtol=1e-3 -o "$OUT/plan.txt"
+expect_error "transform --atol without --check" "--check" "$OUT" "$O" -- \
+  transform "$MODEL" --passes=eliminate-dead-code --atol=1e-3 -o "$O"
+expect_error "transform --tolerance (debug only)" "--tolerance" "$OUT" "$O" -- \
+  transform "$MODEL" --passes=eliminate-dead-code --check --tolerance=1e-3 -o "$O"
 
 # --- Read-only output locations ---------------------------------------------
 # Tests run as root, which chmod does not stop: /proc and /sys refuse new

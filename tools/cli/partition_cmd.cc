@@ -2,10 +2,8 @@
 // graph into sequential subgraphs (partition/partitioner.h), printing the
 // plan as a table, JSON or DOT, and optionally checking it numerically.
 
-#include <cmath>
 #include <cstdint>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +19,9 @@
 #include "partition/module_sizes.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
+#include "runtime/compare.h"
 #include "tools/cli/common.h"
+#include "tools/cli/compare_flags.h"
 #include "tracer/hf/config.h"
 #include "tracer/hf/json.h"
 #include "tracer/load.h"
@@ -30,7 +30,7 @@
 namespace tracecut::cli {
 namespace {
 
-constexpr double kTolerance = 1e-5;
+using tracer::hf::Json;
 
 // Every comma-separated item of every value of a repeated flag.
 std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
@@ -43,13 +43,6 @@ std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
   return out;
 }
 
-std::string FormatError(double e) {
-  std::ostringstream s;
-  s.precision(3);
-  s << std::scientific << e;
-  return s.str();
-}
-
 // "#3 (model.layers.2)" or "#0 (head)".
 std::string SubgraphLabel(const partition::Partition& p, int index) {
   if (index < 0 || index >= static_cast<int>(p.subgraphs.size())) {
@@ -58,6 +51,78 @@ std::string SubgraphLabel(const partition::Partition& p, int index) {
   const auto& paths = p.subgraphs[index].module_paths;
   return absl::StrCat("#", index, " (",
                       paths.empty() ? "head" : absl::StrJoin(paths, ", "), ")");
+}
+
+// The one line of a failed check: how many elements of what exceed the
+// tolerances, the worst (its value path and index), and where the
+// partitioned run first diverges from the whole graph.
+std::string CheckFailure(const partition::Partition& p,
+                         const partition::CheckResult& r) {
+  std::string out = "check failed: ";
+  if (!r.output.passed) {
+    absl::StrAppend(&out, r.output.FailureSummary("model output"));
+    if (r.first_failing >= 0) {
+      absl::StrAppend(&out, "; first subgraph over tolerance ",
+                      SubgraphLabel(p, r.first_failing));
+    }
+  } else {
+    // The model's output passed, a subgraph's values did not.
+    absl::StrAppend(&out, "subgraph ", SubgraphLabel(p, r.first_failing), ": ",
+                    r.subgraphs[r.first_failing].FailureSummary("output"));
+  }
+  if (r.first_divergent >= 0 && r.first_divergent != r.first_failing) {
+    absl::StrAppend(&out, "; first divergent subgraph ",
+                    SubgraphLabel(p, r.first_divergent));
+  }
+  return out;
+}
+
+// --json's stdout: the plan, model, format, output and the check result.
+// Non-finite errors are null.
+absl::StatusOr<std::string> JsonSummary(
+    const partition::PartitionPlan& plan, const std::string& model,
+    const std::string& format, const std::optional<std::string>& output,
+    const std::optional<partition::CheckResult>& result) {
+  ASSIGN_OR_RETURN(Json summary,
+                   Json::Parse(partition::PlanToJson(plan), "plan"));
+  summary.Set("model", Json(model));
+  summary.Set("format", Json(format));
+  summary.Set("output", output.has_value() ? Json(*output) : Json());
+  if (!result.has_value()) {
+    summary.Set("check", Json());
+    return summary.Dump(2);
+  }
+  const runtime::CompareResult& out = result->output;
+  Json c = Json::MakeObject();
+  c.Set("passed", Json(result->passed));
+  c.Set("rtol", Json(out.rtol));
+  c.Set("atol", Json(out.atol));
+  c.Set("max_abs_error", Json(out.max_abs_error));
+  c.Set("max_rel_error", Json(out.max_rel_error));
+  c.Set("elements", Json(out.elements));
+  c.Set("violations", Json(out.violations));
+  c.Set("worst", WorstJson(out.worst));
+  Json abs_errors = Json::MakeArray();
+  Json rel_errors = Json::MakeArray();
+  for (const runtime::CompareResult& s : result->subgraphs) {
+    abs_errors.Append(Json(s.max_abs_error));
+    rel_errors.Append(Json(s.max_rel_error));
+  }
+  c.Set("subgraph_errors", std::move(abs_errors));
+  c.Set("subgraph_rel_errors", std::move(rel_errors));
+  c.Set("first_divergent", Json(result->first_divergent));
+  c.Set("first_failing", Json(result->first_failing));
+  if (result->first_failing >= 0) {
+    const runtime::CompareResult& s = result->subgraphs[result->first_failing];
+    Json f = Json::MakeObject();
+    f.Set("violations", Json(s.violations));
+    f.Set("elements", Json(s.elements));
+    f.Set("worst", WorstJson(s.worst));
+    c.Set("first_failing_detail", std::move(f));
+  }
+  c.Set("peak_cached_values", Json(result->peak_cached_values));
+  summary.Set("check", std::move(c));
+  return summary.Dump(2);
 }
 
 absl::Status RunPartition(const ParsedArgs& args, Io& io) {
@@ -70,6 +135,13 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
   const bool json = args.Has("json");
   const bool check = args.Has("check");
   std::optional<std::string> output = args.Get("output");
+  ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
+                   CompareOptionsFromFlags(args));
+  if (!check && HasCompareFlags(args)) {
+    return UsageError(
+        "--rtol and --atol set the tolerances of --check: add "
+        "--check");
+  }
 
   partition::PartitionOptions popts;
   if (std::optional<std::string> n = args.Get("targets-per-subgraph")) {
@@ -136,26 +208,21 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
   const partition::PartitionPlan plan = partition::BuildPlan(p, popts);
 
   std::optional<partition::CheckResult> result;
+  std::string check_failure;
   if (check) {
     ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
                      tracer::ResolveExampleInputs(loaded.module, options));
-    ASSIGN_OR_RETURN(result, partition::CheckPartition(gm, p, inputs.values));
-    if (!(result->max_abs_error <= kTolerance)) {
-      int worst = -1;
-      for (int i = 0; i < static_cast<int>(result->subgraph_errors.size());
-           ++i) {
-        if (worst < 0 ||
-            result->subgraph_errors[i] > result->subgraph_errors[worst]) {
-          worst = i;
-        }
-      }
-      return absl::InternalError(absl::StrCat(
-          "check failed: max abs error ", FormatError(result->max_abs_error),
-          " > ", FormatError(kTolerance), "; first divergent subgraph ",
-          SubgraphLabel(p, result->first_divergent), ", largest at ",
-          SubgraphLabel(p, worst)));
-    }
+    ASSIGN_OR_RETURN(
+        result, partition::CheckPartition(gm, p, inputs.values, tolerances));
+    if (!result->passed) check_failure = CheckFailure(p, *result);
   }
+  if (!check_failure.empty() && json) {
+    // The summary still goes to stdout (passed: false), then the error.
+    ASSIGN_OR_RETURN(std::string summary,
+                     JsonSummary(plan, model, format, std::nullopt, result));
+    io.out << summary << "\n";
+  }
+  if (!check_failure.empty()) return absl::InternalError(check_failure);
 
   std::string rendered;
   if (format == "text") {
@@ -173,35 +240,15 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
     RETURN_IF_ERROR(WriteOutput("-", rendered, io));
   }
   if (json) {
-    ASSIGN_OR_RETURN(
-        tracer::hf::Json summary,
-        tracer::hf::Json::Parse(partition::PlanToJson(plan), "plan"));
-    summary.Set("model", tracer::hf::Json(model));
-    summary.Set("format", tracer::hf::Json(format));
-    summary.Set("output", output.has_value() ? tracer::hf::Json(*output)
-                                             : tracer::hf::Json());
-    if (result.has_value()) {
-      tracer::hf::Json c = tracer::hf::Json::MakeObject();
-      c.Set("passed", tracer::hf::Json(true));
-      c.Set("tolerance", tracer::hf::Json(kTolerance));
-      c.Set("max_abs_error", tracer::hf::Json(result->max_abs_error));
-      tracer::hf::Json errors = tracer::hf::Json::MakeArray();
-      for (double e : result->subgraph_errors) {
-        errors.Append(tracer::hf::Json(e));
-      }
-      c.Set("subgraph_errors", std::move(errors));
-      c.Set("first_divergent", tracer::hf::Json(result->first_divergent));
-      c.Set("peak_cached_values", tracer::hf::Json(result->peak_cached_values));
-      summary.Set("check", std::move(c));
-    } else {
-      summary.Set("check", tracer::hf::Json());
-    }
-    io.out << summary.Dump(2) << "\n";
+    ASSIGN_OR_RETURN(std::string summary,
+                     JsonSummary(plan, model, format, output, result));
+    io.out << summary << "\n";
   }
   if (result.has_value()) {
-    io.err << "tracecut partition: check passed, max abs error "
-           << FormatError(result->max_abs_error) << " over "
-           << p.subgraphs.size() << " subgraphs\n";
+    io.err << "tracecut partition: check passed, "
+           << result->output.ErrorSummary() << " over " << p.subgraphs.size()
+           << " subgraphs (atol " << tolerances.atol << ", rtol "
+           << tolerances.rtol << ")\n";
   }
   if (!json && output.has_value() && *output != "-") {
     io.err << "tracecut partition: wrote " << *output << " ("
@@ -217,7 +264,8 @@ Subcommand PartitionCommand() {
       "MODEL.pt [--targets=TYPE,...] [--ignore=TYPE_OR_PATH,...] "
       "[--targets-per-subgraph=N] [--max-param-bytes=N] "
       "[--leaf=TYPE_OR_PATH]... [--config=config.json] [--no-default-leaves] "
-      "[--format=text|json|dot] [--check] [--json] [-o FILE]";
+      "[--format=text|json|dot] [--check [--rtol=X] [--atol=X]] [--json] "
+      "[-o FILE]";
   c.summary = "Split a traced model into sequential subgraphs.";
   c.description =
       "Traces MODEL.pt as `tracecut trace` does, then splits the graph at "
@@ -227,8 +275,12 @@ Subcommand PartitionCommand() {
       "--ignore (default: lm_head) never start a subgraph. The plan goes to "
       "stdout as a table (text), deterministic JSON or Graphviz DOT, or "
       "atomically to -o FILE. --check runs the whole graph and the subgraphs "
-      "in order on the model's example inputs and fails when outputs differ "
-      "by more than 1e-5.";
+      "in order on the model's example inputs, compares every subgraph's "
+      "outputs and the model's output with the whole graph's, "
+      "and fails unless " +
+      ToleranceRule() +
+      "; the error names the worst element (value and index) and the first "
+      "subgraph over tolerance.";
   c.flags = {
       FlagSpec::Value("targets", "TYPE,...",
                       "module types, paths, globs or re: patterns that start "
@@ -254,12 +306,15 @@ Subcommand PartitionCommand() {
       FlagSpec::Value("format", "FORMAT", "text (default), json or dot"),
       FlagSpec::Bool("check",
                      "run the whole graph and the partition on the example "
-                     "inputs; fail beyond 1e-5, else print the max error"),
+                     "inputs; fail beyond --rtol/--atol, else print the max "
+                     "abs and rel errors"),
       FlagSpec::Value("output", "FILE", "write the plan here ('-': stdout)")
           .Short('o'),
+      CompareFlags()[0],
+      CompareFlags()[1],
       FlagSpec::Bool("json",
                      "print the plan as JSON (plus model, format, output and "
-                     "check result) on stdout"),
+                     "check result, also when the check fails) on stdout"),
   };
   c.min_positional = 1;
   c.max_positional = 1;

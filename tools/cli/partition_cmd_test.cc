@@ -131,6 +131,24 @@ TEST_P(PartitionFixtureTest, OneSubgraphPerLayerAndCheckPasses) {
   const Json* error = Member(*check, "max_abs_error");
   ASSERT_NE(error, nullptr);
   EXPECT_LE(error->as_double(), 1e-5);
+  // The tolerances, the relative error, the first subgraph over them.
+  for (const char* key :
+       {"rtol", "atol", "max_rel_error", "elements", "violations", "worst",
+        "subgraph_errors", "subgraph_rel_errors", "first_divergent",
+        "first_failing"}) {
+    EXPECT_NE(Member(*check, key), nullptr) << key;
+  }
+  EXPECT_EQ(Member(*check, "rtol")->as_double(), 1e-4);
+  EXPECT_EQ(Member(*check, "atol")->as_double(), 1e-5);
+  EXPECT_EQ(Member(*check, "max_rel_error")->as_double(), 0.0);
+  EXPECT_GT(Member(*check, "elements")->as_int(), 0);
+  EXPECT_EQ(Member(*check, "violations")->as_int(), 0);
+  EXPECT_TRUE(Member(*check, "worst")->is_null());
+  EXPECT_EQ(Member(*check, "first_failing")->as_int(), -1);
+  EXPECT_EQ(Member(*check, "subgraph_errors")->elements().size(),
+            static_cast<size_t>(layers + 1));
+  EXPECT_THAT(r.err, HasSubstr(", max rel error 0 over "));
+  EXPECT_THAT(r.err, HasSubstr("(atol 1e-05, rtol 0.0001)"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PartitionFixtureTest,
@@ -167,6 +185,33 @@ TEST(PartitionCmdTest, Help) {
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--targets"));
   EXPECT_THAT(r.out, HasSubstr("--check"));
+  EXPECT_THAT(r.out, HasSubstr("--rtol=X"));
+  EXPECT_THAT(r.out, HasSubstr("--atol=X"));
+  EXPECT_THAT(r.out, HasSubstr("(default 0.0001)"));
+  EXPECT_THAT(r.out, HasSubstr("(default 1e-05)"));
+}
+
+TEST(PartitionCmdTest, ToleranceFlags) {
+  Result tight = RunTracecut({"partition", Fixture("llama"), "--check",
+                              "--rtol=0", "--atol=0", "--json"});
+  ASSERT_EQ(tight.code, 0) << tight.err;  // Subgraphs reproduce exactly.
+  auto json = Json::Parse(tight.out, "stdout");
+  ASSERT_TRUE(json.ok()) << json.status();
+  const Json* check = Member(*json, "check");
+  ASSERT_NE(check, nullptr);
+  EXPECT_EQ(Member(*check, "rtol")->as_double(), 0.0);
+  EXPECT_EQ(Member(*check, "atol")->as_double(), 0.0);
+
+  for (const char* flag : {"--rtol=-1", "--atol=abc"}) {
+    Result r = RunTracecut({"partition", Fixture("llama"), "--check", flag});
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("wants a finite number >= 0"));
+    EXPECT_EQ(r.out, "");
+  }
+  Result no_check = RunTracecut({"partition", Fixture("llama"), "--atol=1"});
+  EXPECT_EQ(no_check.code, 2);
+  EXPECT_THAT(no_check.err, HasSubstr("add --check"));
 }
 
 TEST(PartitionCmdTest, BadFormatIsUsageError) {

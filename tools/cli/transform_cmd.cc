@@ -12,19 +12,19 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
 #include "ir/status_macros.h"
-#include "partition/check.h"
 #include "partition/partitioner.h"
+#include "runtime/compare.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
 #include "tools/cli/common.h"
+#include "tools/cli/compare_flags.h"
 #include "tracer/hf/config.h"
 #include "tracer/hf/json.h"
 #include "tracer/load.h"
@@ -39,8 +39,6 @@ namespace tracecut::cli {
 namespace {
 
 using tracer::hf::Json;
-
-constexpr double kTolerance = 1e-5;
 
 std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
   std::vector<std::string> out;
@@ -145,6 +143,13 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   std::optional<std::string> output = args.Get("output");
   ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
                    PipelineFromFlag(args));
+  ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
+                   CompareOptionsFromFlags(args));
+  if (!check && HasCompareFlags(args)) {
+    return UsageError(
+        "--rtol and --atol set the tolerances of --check: add "
+        "--check");
+  }
   if (!output.has_value() || output->empty() || *output == "-") {
     return UsageError("-o OUT.pt is required (a file path)");
   }
@@ -192,7 +197,7 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
     result.emplace(std::move(work));
   }
 
-  std::optional<double> max_error;
+  std::optional<runtime::CompareResult> compared;
   if (check) {
     ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
                      tracer::ResolveExampleInputs(t.loaded.module, t.options));
@@ -200,28 +205,24 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
                      runtime::Interpreter::Create(gm));
     ASSIGN_OR_RETURN(runtime::Interpreter after,
                      runtime::Interpreter::Create(*result));
-    ASSIGN_OR_RETURN(c10::IValue a, before.Run(inputs.values));
-    ASSIGN_OR_RETURN(c10::IValue b, after.Run(inputs.values));
-    ASSIGN_OR_RETURN(double e, partition::MaxAbsError(a, b));
-    max_error = e;
-    if (!(e <= kTolerance)) {
-      return absl::InternalError(
-          absl::StrCat("check failed: max abs error ", FormatError(e), " > ",
-                       FormatError(kTolerance), " after ",
-                       absl::StrJoin(SplitAll(args.GetAll("passes")), ",")));
+    ASSIGN_OR_RETURN(c10::IValue expected, before.Run(inputs.values));
+    ASSIGN_OR_RETURN(c10::IValue actual, after.Run(inputs.values));
+    absl::StatusOr<runtime::CompareResult> r =
+        runtime::CompareValues(actual, expected, tolerances);
+    if (!r.ok()) {
+      return absl::Status(
+          r.status().code(),
+          absl::StrCat("check failed: the output after ",
+                       absl::StrJoin(SplitAll(args.GetAll("passes")), ","),
+                       " cannot be compared with the original's: ",
+                       r.status().message()));
     }
+    compared = *std::move(r);
   }
-
-  runtime::SaveOptions save;
-  save.include_extra_files = true;
-  save.extra_files = t.loaded.extra_files;
-  for (const auto& [k, v] : result->extra_files()) save.extra_files.erase(k);
-  RETURN_IF_ERROR(runtime::SaveTorchScript(*result, *output, save));
-
-  if (json) {
+  auto print_json = [&](bool written) {
     Json summary = Json::MakeObject();
     summary.Set("model", Json(model));
-    summary.Set("output", Json(*output));
+    summary.Set("output", written ? Json(*output) : Json());
     summary.Set("per_subgraph", Json(per_subgraph));
     Json list = Json::MakeArray();
     for (const PassSummary& p : passes) {
@@ -232,13 +233,44 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
       list.Append(std::move(e));
     }
     summary.Set("passes", std::move(list));
+    // The check's result; null without --check (errors null when infinite).
+    auto field = [&](auto get) {
+      return compared.has_value() ? get(*compared) : Json();
+    };
+    using R = runtime::CompareResult;
+    summary.Set("passed", field([](const R& r) { return Json(r.passed); }));
+    summary.Set("rtol", field([](const R& r) { return Json(r.rtol); }));
+    summary.Set("atol", field([](const R& r) { return Json(r.atol); }));
     summary.Set("max_abs_error",
-                max_error.has_value() ? Json(*max_error) : Json());
+                field([](const R& r) { return Json(r.max_abs_error); }));
+    summary.Set("max_rel_error",
+                field([](const R& r) { return Json(r.max_rel_error); }));
+    summary.Set("elements", field([](const R& r) { return Json(r.elements); }));
+    summary.Set("violations",
+                field([](const R& r) { return Json(r.violations); }));
+    summary.Set("worst", field([](const R& r) { return WorstJson(r.worst); }));
     io.out << summary.Dump(2) << "\n";
+  };
+  if (compared.has_value() && !compared->passed) {
+    // Nothing is written; with --json the summary still goes to stdout.
+    if (json) print_json(/*written=*/false);
+    return absl::InternalError(
+        absl::StrCat("check failed after ",
+                     absl::StrJoin(SplitAll(args.GetAll("passes")), ","), ": ",
+                     compared->FailureSummary("output")));
   }
-  if (max_error.has_value()) {
-    io.err << "tracecut transform: check passed, max abs error "
-           << FormatError(*max_error) << "\n";
+
+  runtime::SaveOptions save;
+  save.include_extra_files = true;
+  save.extra_files = t.loaded.extra_files;
+  for (const auto& [k, v] : result->extra_files()) save.extra_files.erase(k);
+  RETURN_IF_ERROR(runtime::SaveTorchScript(*result, *output, save));
+
+  if (json) print_json(/*written=*/true);
+  if (compared.has_value()) {
+    io.err << "tracecut transform: check passed, " << compared->ErrorSummary()
+           << " (atol " << compared->atol << ", rtol " << compared->rtol
+           << ")\n";
   }
   if (!json) {
     for (const PassSummary& p : passes) {
@@ -256,13 +288,7 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
                    PipelineFromFlag(args));
   transforms::DebugOptions dopts;
-  if (std::optional<std::string> tol = args.Get("tolerance")) {
-    if (!absl::SimpleAtod(*tol, &dopts.tolerance) || !(dopts.tolerance >= 0)) {
-      return UsageError(
-          absl::StrCat("--tolerance wants a number >= 0, not '", *tol, "'"));
-    }
-  }
-  dopts.absolute = args.Has("absolute");
+  ASSIGN_OR_RETURN(dopts.compare, CompareOptionsFromFlags(args));
   ASSIGN_OR_RETURN(Traced t, TraceModel(args));
   ASSIGN_OR_RETURN(dopts.partition,
                    PartitionFromFlags(args, t, /*required=*/true));
@@ -284,16 +310,28 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
     }
     return absl::StrCat("#", index);
   };
+  const std::string tolerances =
+      absl::StrCat("atol ", absl::StrFormat("%g", report.atol), " + rtol ",
+                   absl::StrFormat("%g", report.rtol), "*|ref|");
   std::string verdict;
   if (report.first_exceeding >= 0) {
     const transforms::DebugStep& s = report.steps[report.first_exceeding];
-    verdict = absl::StrCat(
-        "first over tolerance ", FormatError(report.tolerance), ": subgraph ",
-        label(s.subgraph), ", pass ", s.pass, " (max abs ",
-        FormatError(s.max_abs), ", max rel ", FormatError(s.max_rel), ")");
-  } else {
+    std::string why;
+    if (!s.mismatch.empty()) {
+      why = absl::StrCat("outputs changed: ", s.mismatch);
+    } else {
+      why = absl::StrCat(s.violations, " of ", s.elements,
+                         " elements over; max abs ", FormatError(s.max_abs),
+                         ", max rel ", FormatError(s.max_rel));
+      if (s.worst.has_value()) {
+        absl::StrAppend(&why, "; worst at output ", s.worst->ToString());
+      }
+    }
     verdict =
-        absl::StrCat("all within tolerance ", FormatError(report.tolerance));
+        absl::StrCat("first over tolerance (", tolerances, "): subgraph ",
+                     label(s.subgraph), ", pass ", s.pass, " (", why, ")");
+  } else {
+    verdict = absl::StrCat("all within tolerance (", tolerances, ")");
   }
   if (json) {
     io.out << report.ToJson() << "\n";
@@ -338,17 +376,22 @@ Subcommand TransformCommand() {
   c.synopsis =
       "MODEL.pt --passes=NAME,... [--targets=TYPE,...] "
       "[--leaf=TYPE_OR_PATH]... "
-      "[--check] [--json] -o OUT.pt";
+      "[--check [--rtol=X] [--atol=X]] [--json] -o OUT.pt";
   c.summary = "Run named transform passes on a traced model and save it.";
   c.description =
       "Traces MODEL.pt as `tracecut trace` does, runs the passes named by "
       "--passes as one pipeline (on the whole graph, or on each subgraph of "
       "the partition at --targets), and saves the result atomically to "
       "OUT.pt, keeping the model's embedded files. --check runs the original "
-      "and the result on the model's example inputs and fails beyond 1e-5.";
+      "and the result on the model's example inputs and fails (writing "
+      "nothing) unless " +
+      ToleranceRule() +
+      ", naming the worst element; else it prints the max abs and rel "
+      "errors.";
   c.flags = TraceFlags();
   c.flags.push_back(FlagSpec::Bool(
       "check", "compare original and result on the example inputs"));
+  for (FlagSpec& f : CompareFlags()) c.flags.push_back(std::move(f));
   c.flags.push_back(
       FlagSpec::Value("output", "FILE", "where to save the .pt").Short('o'));
   c.min_positional = 1;
@@ -361,20 +404,22 @@ Subcommand DebugCommand() {
   Subcommand c;
   c.name = "debug";
   c.synopsis =
-      "MODEL.pt --passes=NAME,... [--targets=TYPE,...] [--tolerance=1e-5] "
-      "[--absolute] [--json]";
+      "MODEL.pt --passes=NAME,... [--targets=TYPE,...] [--rtol=X] "
+      "[--atol=X] [--json]";
   c.summary = "Find which pass breaks which layer, layer by layer.";
   c.description =
       "Partitions the traced model at --targets (default: from the HF "
       "config), runs the passes on each subgraph alone and compares each "
       "subgraph's outputs on its cached inputs before and after every pass. "
       "Prints a table (or the report as JSON) and the first (subgraph, pass) "
-      "over --tolerance (relative unless --absolute). Exits 0 either way.";
+      "whose outputs fail " +
+      ToleranceRule() +
+      " against the outputs before the pass, with its worst element. "
+      "--tolerance=X is an alias of --rtol=X. Exits 0 either way.";
   c.flags = TraceFlags();
-  c.flags.push_back(
-      FlagSpec::Value("tolerance", "X", "flag steps above this error (1e-5)"));
-  c.flags.push_back(
-      FlagSpec::Bool("absolute", "compare absolute instead of relative error"));
+  for (FlagSpec& f : CompareFlags(/*tolerance_alias=*/true)) {
+    c.flags.push_back(std::move(f));
+  }
   c.min_positional = 1;
   c.max_positional = 1;
   c.run = RunDebug;

@@ -1,0 +1,96 @@
+#include "tools/cli/compare_flags.h"
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "ir/status_macros.h"
+
+namespace tracecut::cli {
+namespace {
+
+std::string Number(double v) { return absl::StrFormat("%g", v); }
+
+// The value of --`flag`, if given, as a finite number >= 0.
+absl::StatusOr<std::optional<double>> Tolerance(const ParsedArgs& args,
+                                                absl::string_view flag) {
+  std::optional<std::string> text = args.Get(flag);
+  if (!text.has_value()) return std::nullopt;
+  double value = 0;
+  if (!absl::SimpleAtod(*text, &value) || !std::isfinite(value) || value < 0) {
+    return UsageError(absl::StrCat(
+        "--", flag, " wants a finite number >= 0, not '", *text, "'"));
+  }
+  return value;
+}
+
+}  // namespace
+
+std::vector<FlagSpec> CompareFlags(bool tolerance_alias) {
+  std::vector<FlagSpec> flags = {
+      FlagSpec::Value("rtol", "X",
+                      absl::StrCat("relative tolerance: an element fails when "
+                                   "|actual - ref| > atol + rtol*|ref| "
+                                   "(default ",
+                                   Number(runtime::kDefaultRtol), ")")),
+      FlagSpec::Value("atol", "X",
+                      absl::StrCat("absolute tolerance (default ",
+                                   Number(runtime::kDefaultAtol), ")")),
+  };
+  if (tolerance_alias) {
+    flags.push_back(FlagSpec::Value("tolerance", "X",
+                                    "an alias of --rtol=X (its older name)"));
+  }
+  return flags;
+}
+
+absl::StatusOr<runtime::CompareOptions> CompareOptionsFromFlags(
+    const ParsedArgs& args) {
+  runtime::CompareOptions options;
+  ASSIGN_OR_RETURN(std::optional<double> rtol, Tolerance(args, "rtol"));
+  ASSIGN_OR_RETURN(std::optional<double> atol, Tolerance(args, "atol"));
+  ASSIGN_OR_RETURN(std::optional<double> alias, Tolerance(args, "tolerance"));
+  if (rtol.has_value() && alias.has_value()) {
+    return UsageError("--tolerance is an alias of --rtol: give one of them");
+  }
+  if (rtol.has_value()) options.rtol = *rtol;
+  if (alias.has_value()) options.rtol = *alias;
+  if (atol.has_value()) options.atol = *atol;
+  return options;
+}
+
+bool HasCompareFlags(const ParsedArgs& args) {
+  return args.Has("rtol") || args.Has("atol") || args.Has("tolerance");
+}
+
+tracer::hf::Json WorstJson(const std::optional<runtime::ElementDiff>& worst) {
+  using tracer::hf::Json;
+  if (!worst.has_value()) return Json();
+  Json w = Json::MakeObject();
+  w.Set("path", Json(worst->path));
+  w.Set("flat_index", Json(worst->flat_index));
+  Json index = Json::MakeArray();
+  for (int64_t i : worst->index) index.Append(Json(i));
+  w.Set("index", std::move(index));
+  w.Set("actual", Json(worst->actual));
+  w.Set("expected", Json(worst->expected));
+  w.Set("abs_error", Json(worst->abs_error));
+  w.Set("rel_error", Json(worst->rel_error));
+  return w;
+}
+
+std::string ToleranceRule() {
+  return absl::StrCat(
+      "|actual - ref| <= atol + rtol*|ref| elementwise (defaults: rtol ",
+      Number(runtime::kDefaultRtol), ", atol ", Number(runtime::kDefaultAtol),
+      ")");
+}
+
+}  // namespace tracecut::cli
