@@ -128,7 +128,7 @@ absl::StatusOr<Module> Walk(const Module& root,
                             const std::vector<std::string>& parts, size_t n) {
   Module m = root;
   for (size_t i = 0; i < n; ++i) {
-    c10::optional<c10::IValue> v;
+    std::optional<c10::IValue> v;
     if (m.type()->hasAttribute(parts[i])) v = m.attr(parts[i]);
     if (!v || !v->isObject() || !v->toObjectRef().type()->is_module()) {
       return absl::NotFoundError(absl::StrCat(
@@ -295,7 +295,7 @@ absl::StatusOr<Conv2dLeaf> ReadConv2d(const Module& m) {
     if (IsNone(b)) conv.bias.reset();
     auto constant = [&](size_t i) { return torch::jit::toIValue(n->input(i)); };
     auto stride = constant(3), padding = constant(4), dilation = constant(5);
-    c10::optional<c10::IValue> groups;
+    std::optional<c10::IValue> groups;
     if (n->kind() == c10::Symbol::fromQualString("aten::_convolution")) {
       auto transposed = constant(6);
       if (!transposed || !transposed->isBool() || transposed->toBool()) {
