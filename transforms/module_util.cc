@@ -8,12 +8,12 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 
@@ -463,12 +463,7 @@ absl::StatusOr<std::string> AddSubmodule(runtime::GraphModule& gm,
         const std::vector<std::string> parts = SplitDots(parent_path);
         RETURN_IF_ERROR(MakeTypePrivate(gm.module(), parts, parts.size()));
         ASSIGN_OR_RETURN(Module parent, Walk(gm.module(), parts, parts.size()));
-        std::string base;
-        for (char c : name_hint) {
-          base.push_back(
-              absl::ascii_isalnum(static_cast<unsigned char>(c)) ? c : '_');
-        }
-        if (base.empty() || absl::ascii_isdigit(base[0])) base = "_" + base;
+        const std::string base = ir::SanitizeName(name_hint);
         std::string name = base;
         for (int i = 1; parent.hasattr(name) || parent.find_method(name); ++i) {
           name = absl::StrCat(base, "_", i);
