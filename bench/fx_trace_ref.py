@@ -14,9 +14,7 @@ Proxies. What this traces instead, precisely: a torch.fx.Tracer whose leaves
 are torch.fx's defaults plus LlamaRotaryEmbedding, with
 _prepare_decoder_attention_mask replaced for the trace by a torch.fx.wrap'd
 free function (one call_function node, not traced through), torch.arange
-recorded as a call_function when its bound is a Proxy, and `a, b = proxy`
-unpacking fixed for Python 3.11 (torch 1.13's Proxy.__iter__ raises
-IndexError there). Everything else,
+recorded as a call_function when its bound is a Proxy. Everything else,
 every decoder layer included, is traced through as HF's models are.
 """
 
@@ -60,22 +58,6 @@ def main():
             if isinstance(m, modeling_llama.LlamaRotaryEmbedding):
                 return True
             return super().is_leaf_module(m, qualname)
-
-
-    def proxy_iter(self):
-        # torch 1.13's Proxy.__iter__ indexes the caller's bytecode with
-        # f_lasti // 2, wrong (IndexError) under Python 3.11's CACHE
-        # entries: find `a, b = proxy` (UNPACK_SEQUENCE at f_lasti) directly.
-        import dis
-        import inspect
-
-        frame = inspect.currentframe().f_back
-        for inst in dis.get_instructions(frame.f_code):
-            if inst.offset == frame.f_lasti and inst.opname == "UNPACK_SEQUENCE":
-                return (self[i] for i in range(inst.argval))
-        return self.tracer.iter(self)
-
-    torch.fx.Proxy.__iter__ = proxy_iter
 
     def patched(self, attention_mask, input_shape, inputs_embeds, past_key_values_length):
         return _wrapped_mask(attention_mask, inputs_embeds)

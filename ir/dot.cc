@@ -9,22 +9,55 @@
 namespace tracecut::ir {
 namespace {
 
+// Length of the well-formed UTF-8 sequence (2 to 4 bytes, no overlong
+// forms, surrogates or code points past U+10FFFF) at the start of `s`, or
+// 0 when there is none.
+size_t Utf8SequenceLength(absl::string_view s) {
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  auto continuation = [&](size_t i) {
+    return i < s.size() && (byte(i) & 0xC0) == 0x80;
+  };
+  const unsigned char c = byte(0);
+  if (c >= 0xC2 && c <= 0xDF) return continuation(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!continuation(1) || !continuation(2)) return 0;
+    if (c == 0xE0 && byte(1) < 0xA0) return 0;   // Overlong.
+    if (c == 0xED && byte(1) >= 0xA0) return 0;  // Surrogate.
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!continuation(1) || !continuation(2) || !continuation(3)) return 0;
+    if (c == 0xF0 && byte(1) < 0x90) return 0;   // Overlong.
+    if (c == 0xF4 && byte(1) >= 0x90) return 0;  // Past U+10FFFF.
+    return 4;
+  }
+  return 0;
+}
+
 // A DOT double-quoted string. Graphviz treats `\` specially in labels
-// (\n, \l, \N), so a literal one is doubled; bytes outside printable ASCII
-// are shown as \xNN text, since Graphviz expects valid UTF-8.
+// (\n, \l, \N), so a literal one is doubled. Graphviz reads UTF-8, so
+// well-formed UTF-8 (non-ASCII module names) stays as it is; control
+// characters and bytes that are not UTF-8 are shown as \xNN text.
 std::string DotQuote(absl::string_view s) {
   std::string out = "\"";
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
+  for (size_t i = 0; i < s.size();) {
+    const char ch = s[i];
+    const unsigned char c = static_cast<unsigned char>(ch);
     if (c == '"') {
       out.append("\\\"");
     } else if (c == '\\') {
       out.append("\\\\");
     } else if (c >= 0x20 && c < 0x7f) {
       out.push_back(ch);
+    } else if (size_t n = c >= 0x80 ? Utf8SequenceLength(s.substr(i)) : 0;
+               n > 0) {
+      out.append(s.data() + i, n);
+      i += n;
+      continue;
     } else {
       absl::StrAppend(&out, "\\\\x", absl::Hex(c, absl::kZeroPad2));
     }
+    ++i;
   }
   out.push_back('"');
   return out;

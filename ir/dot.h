@@ -11,7 +11,10 @@
 //
 // One DOT node per IR node, labelled with its name and op[target]; one edge
 // from each distinct operand to its user. Output is deterministic: nodes in
-// graph order, clusters by index.
+// graph order, clusters by index. DOT ids are positional ("n0", "n1"), so
+// no name reaches one; labels escape quotes and backslashes, keep UTF-8
+// (module paths may be non-ASCII) and show control characters and invalid
+// UTF-8 as \xNN text.
 
 #include <string>
 #include <vector>

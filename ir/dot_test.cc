@@ -97,6 +97,38 @@ TEST(DotTest, EscapesLabels) {
               HasSubstr(R"(label="%x\nplaceholder[a\"b\\c\\x0ad\\xff]")"));
 }
 
+TEST(DotTest, EscapesModulePaths) {
+  std::unique_ptr<Graph> g = test_graphs::VariedGraph("module_paths");
+  DotOptions options;
+  options.show_scope = true;
+  options.clusters = {{"trunk_output_block1_block1_0_proj_0", 0}};
+  options.cluster_labels = {"trunk_output.block1.block1-0 \"\xc3\xa9\""};
+  std::string dot = ToDot(*g, options);
+  // Ids are positional: nothing of a name or path gets into them.
+  EXPECT_THAT(dot,
+              HasSubstr("n1 [label=\"%trunk_output_block1_block1_0_proj_0"
+                        "\\ncall_module[trunk_output.block1.block1-0."
+                        "proj.0]\\ntrunk_output.block1.block1-0.proj.0\""));
+  EXPECT_THAT(dot, HasSubstr("label=\"trunk_output.block1.block1-0 "
+                             "\\\"\xc3\xa9\\\"\";"));
+  // Well-formed UTF-8 stays as is (Graphviz reads UTF-8); quotes and
+  // backslashes are escaped, control characters shown as \xNN text.
+  EXPECT_THAT(dot, HasSubstr("get_attr[bl\xc3\xb6"
+                             "ck.\xd0\xb1\xd0\xbb\xd0"
+                             "\xbe\xd0\xba]"));
+  EXPECT_THAT(dot, HasSubstr(R"(get_attr[q\"uote.back\\slash])"));
+  EXPECT_THAT(dot, HasSubstr(R"(get_attr[tab\\x09.new\\x0aline])"));
+  EXPECT_THAT(dot, HasSubstr("get_attr[3d conv.weight]"));
+  // Truncated or invalid UTF-8 is not passed to Graphviz.
+  Graph bad;
+  Node* x = *bad.AddNode(OpKind::kGetAttr,
+                         "\xc3.\xe2\x82.\xed\xa0\x80.\xc0\xaf", {}, {}, "x");
+  ASSERT_TRUE(bad.Output(Argument::Ref(x)).ok());
+  EXPECT_THAT(
+      ToDot(bad),
+      HasSubstr(R"(get_attr[\\xc3.\\xe2\\x82.\\xed\\xa0\\x80.\\xc0\\xaf])"));
+}
+
 TEST(DotTest, IsDeterministic) {
   for (const test_graphs::NamedGraph& c : test_graphs::VariedGraphs()) {
     DotOptions options;

@@ -4,13 +4,14 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "ir/names.h"
 
 namespace tracecut::ir {
 namespace {
@@ -72,6 +73,19 @@ void CollectNodes(const std::vector<Argument>& args, const Kwargs& kwargs,
   NodeCollector c(out);
   for (const Argument& a : args) c.Visit(a);
   for (const auto& [key, a] : kwargs) c.Visit(a);
+}
+
+// A target or module path as Describe() shows it: as is, unless a space,
+// quote, backslash or control character would make the one-line message
+// ambiguous (module names may hold any of them); then quoted and escaped,
+// UTF-8 kept.
+std::string ForMessage(absl::string_view s) {
+  const bool plain = std::none_of(s.begin(), s.end(), [](char ch) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    return c <= 0x20 || c == 0x7f || c == '"' || c == '\\';
+  });
+  return plain ? std::string(s)
+               : absl::StrCat("\"", absl::Utf8SafeCEscape(s), "\"");
 }
 
 }  // namespace
@@ -261,10 +275,11 @@ Node* Node::next() const {
 
 std::string Node::Describe() const {
   std::string s = absl::StrCat("%", name_, " (", OpKindName(op_));
-  if (!target_.empty()) absl::StrAppend(&s, " ", target_);
+  if (!target_.empty()) absl::StrAppend(&s, " ", ForMessage(target_));
   if (!scope_.empty()) {
-    absl::StrAppend(&s, " in ",
-                    scope_.path().empty() ? "<root>" : scope_.path());
+    absl::StrAppend(
+        &s, " in ",
+        scope_.path().empty() ? "<root>" : ForMessage(scope_.path()));
   }
   if (meta_.source.has_value()) {
     absl::StrAppend(&s, " at ", meta_.source->file, ":", meta_.source->line);
@@ -394,16 +409,7 @@ std::vector<Node*> Graph::placeholders() const {
 }
 
 std::string Graph::UniqueName(absl::string_view hint) const {
-  // One allocation, then in-place sanitising (names are usually already
-  // identifiers: copies of another graph's nodes).
-  std::string base(hint);
-  for (char& c : base) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  if (base.empty()) base = "_";
-  if (absl::ascii_isdigit(static_cast<unsigned char>(base[0]))) {
-    base.insert(base.begin(), '_');
-  }
+  std::string base = SanitizeName(hint);
   if (!by_name_.contains(base)) return base;
   // Strip an existing numeric suffix so "x_1" clashing gives "x_2".
   std::string stem = base;

@@ -300,7 +300,8 @@ class Node {
   void set_target(std::string target) { target_ = std::move(target); }
 
   // "%name (call_function aten::linear in model.layers.0.mlp)": how errors
-  // name a node.
+  // name a node. A target or module path holding a space, quote, backslash
+  // or control character is shown quoted and escaped: "in \"a b.c\"".
   std::string Describe() const;
 
  private:
@@ -422,7 +423,7 @@ class Graph {
   std::string Rename(Node* node, absl::string_view name);
 
   // A unique identifier-safe name derived from `hint` (FX style:
-  // non-identifier characters become '_', clashes get a "_N" suffix).
+  // SanitizeName in ir/names.h, then clashes get a "_N" suffix).
   std::string UniqueName(absl::string_view hint) const;
 
   GraphMeta& meta() { return meta_; }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 #include "ir/verifier.h"
 

@@ -230,7 +230,12 @@ TEST(ProtoTest, VerifiesTheResult) {
             }),
             "GraphProto node #1 %w: %w (get_attr fc..weight): malformed "
             "get_attr target \"fc..weight\": expected a dotted path of "
-            "[A-Za-z0-9_]+ segments, e.g. \"model.layers.0.mlp\"");
+            "non-empty segments without '.' (any other characters allowed, "
+            "as in PyTorch), e.g. \"model.layers.0.mlp\"");
+  EXPECT_THAT(ErrorAfter([](GraphProto& p) {
+                p.mutable_nodes(1)->add_scope()->set_path("fc.");
+              }),
+              HasSubstr("scope entry"));
   EXPECT_EQ(ErrorAfter([](GraphProto& p) { p.mutable_nodes()->RemoveLast(); }),
             "GraphProto: graph: graph has no output node");
   // Unverified loading keeps the broken graph, exactly.
@@ -244,6 +249,27 @@ TEST(ProtoTest, VerifiesTheResult) {
   GraphProto again;
   ToProto(**g, &again);
   EXPECT_EQ(again.SerializeAsString(), proto.SerializeAsString());
+}
+
+TEST(ProtoTest, ModulePathsPyTorchAllowsRoundTrip) {
+  // Bytes fields: non-ASCII, quotes, control characters and even bytes that
+  // are not UTF-8 survive the wire.
+  std::unique_ptr<Graph> g = ParseOrDie(R"(graph {
+  %x = placeholder[x]()
+  %w = get_attr["trunk_output.block1.block1-0.proj.0.weight"]() scope[:"RegNet", "trunk_output.block1.block1-0":"ResBottleneckBlock"]
+  %m = call_module["0.bl\xc3\xb6ck 1.q\"\\.\n\xff"](%x, %w) scope[:"RegNet", "0.bl\xc3\xb6ck 1.q\"\\.\n\xff":"T"]
+  %output = output[output](%m)
+}
+)");
+  absl::StatusOr<std::string> bytes = SerializeGraph(*g);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<std::unique_ptr<Graph>> back = DeserializeGraph(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(StructurallyEqual(*g, **back));
+  EXPECT_EQ((*back)->FindNode("m")->target(),
+            "0.bl\xc3\xb6"
+            "ck 1.q\"\\.\n\xff");
+  EXPECT_EQ(PrintGraph(**back), PrintGraph(*g));
 }
 
 TEST(ProtoTest, DeserializeRejectsGarbage) {

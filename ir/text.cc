@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 #include "ir/verifier.h"
 

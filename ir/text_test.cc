@@ -1,5 +1,6 @@
 #include "ir/text.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ir/graph.h"
 #include "ir/internal/graph_test_peer.h"
+#include "ir/names.h"
 #include "ir/testing/test_graphs.h"
 #include "ir/verifier.h"
 
@@ -301,6 +304,131 @@ TEST(TextTest, QuotesScopePathsAndTypes) {
       HasSubstr(
           R"(scope[:"", "a b":"T\"y\\pe", model.layers.0:"M", ":":"\n"])"));
   ExpectRoundTrip(g);
+}
+
+// ----------------------------------------------------- module path names
+
+// Module and attribute names PyTorch accepts (any non-empty name without
+// '.'), as get_attr/call_module targets and scope paths.
+const std::vector<std::string>& OddModulePaths() {
+  static const std::vector<std::string>* const kPaths =
+      new std::vector<std::string>{
+          "trunk_output.block1.block1-0.proj.0",  // torchvision RegNet
+          "0.1.2",
+          "layers.3d",
+          "my block.sub module",
+          "bl\xc3\xb6"
+          "ck.\xd0\xb1\xd0\xbb\xd0\xbe\xd0\xba.\xf0\x9f\x98\x80",
+          "q\"uote.back\\slash.'single'",
+          "tab\t.new\nline.cr\r.nul" + std::string(1, '\0') + "byte",
+          "x:y.*.?.[0].{a}.%b.#c",
+          "\x7f\x01.\xff\xfe",  // Not UTF-8 at all: bytes still round-trip.
+      };
+  return *kPaths;
+}
+
+// x -> get_attr / call_module at `path`, both scoped to it.
+std::unique_ptr<Graph> GraphWithModulePath(const std::string& path) {
+  auto g = std::make_unique<Graph>();
+  Node* x = *g->Placeholder("x");
+  Node* w = *g->GetAttr(path + ".weight-0");
+  Node* m = *g->CallModule(path, {Argument::Ref(x), Argument::Ref(w)});
+  Scope scope(
+      {{"", "M"}, {path, "torchvision.models.regnet.ResBottleneckBlock"}});
+  w->set_scope(scope);
+  m->set_scope(scope);
+  EXPECT_TRUE(g->Output(Argument::Ref(m)).ok());
+  return g;
+}
+
+TEST(TextTest, ModulePathsRoundTripExactly) {
+  for (const std::string& path : OddModulePaths()) {
+    SCOPED_TRACE(absl::CEscape(path));
+    std::unique_ptr<Graph> g = GraphWithModulePath(path);
+    ASSERT_TRUE(Verify(*g).ok()) << Verify(*g);
+    ExpectRoundTrip(*g);
+    ExpectRoundTrip(*g, Unverified());
+    // Node names derived from the path stay identifiers, so %refs need no
+    // quoting.
+    for (const Node* n : g->nodes()) {
+      EXPECT_TRUE(IsIdentifier(n->name())) << n->name();
+    }
+    // Printed text is pure ASCII on one line per node.
+    std::string text = PrintGraph(*g);
+    for (char c : text) {
+      EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f))
+          << "byte " << static_cast<int>(static_cast<unsigned char>(c));
+    }
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 6) << text;
+  }
+}
+
+TEST(TextTest, QuotesModulePathsThatAreNotBare) {
+  std::unique_ptr<Graph> g =
+      GraphWithModulePath("trunk_output.block1.block1-0.proj.0");
+  EXPECT_EQ(PrintGraph(*g), R"(graph {
+  %x = placeholder[x]()
+  %trunk_output_block1_block1_0_proj_0_weight_0 = get_attr["trunk_output.block1.block1-0.proj.0.weight-0"]() scope[:"M", "trunk_output.block1.block1-0.proj.0":"torchvision.models.regnet.ResBottleneckBlock"]
+  %trunk_output_block1_block1_0_proj_0 = call_module["trunk_output.block1.block1-0.proj.0"](%x, %trunk_output_block1_block1_0_proj_0_weight_0) scope[:"M", "trunk_output.block1.block1-0.proj.0":"torchvision.models.regnet.ResBottleneckBlock"]
+  %output = output[output](%trunk_output_block1_block1_0_proj_0)
+}
+)");
+  std::unique_ptr<Graph> u = GraphWithModulePath("\xc3\xa9t\xc3\xa9 1.0");
+  EXPECT_THAT(PrintGraph(*u),
+              HasSubstr(R"(%_t__1_0 = call_module["\xc3\xa9t\xc3\xa9 1.0"])"));
+}
+
+TEST(TextTest, ParsesQuotedModulePaths) {
+  std::unique_ptr<Graph> g = ParseCanonical(R"(graph {
+  %x = placeholder[x]()
+  %w = get_attr["0.block-1.\xe2\x82\xac weight"]()
+  %m = call_module["0.block-1"](%x, %w) scope[:"M", 0:"torch.nn.Sequential", "0.block-1":"B"]
+  %output = output[output](%m)
+}
+)");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->FindNode("w")->target(), "0.block-1.\xe2\x82\xac weight");
+  EXPECT_EQ(g->FindNode("m")->scope().path(), "0.block-1");
+  // Quoting is a choice of spelling: the quoted form of a bare target is the
+  // same target, and prints bare.
+  absl::StatusOr<std::unique_ptr<Graph>> q = ParseGraph(R"(graph {
+  %x = placeholder["x"]()
+  %w = get_attr["fc.weight"]() scope["":"M", "fc":"L"]
+  %output = output[output](%w)
+}
+)");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(PrintGraph(**q), R"(graph {
+  %x = placeholder[x]()
+  %w = get_attr[fc.weight]() scope[:"M", fc:"L"]
+  %output = output[output](%w)
+}
+)");
+}
+
+TEST(TextTest, RejectsEmptyModulePathSegments) {
+  for (const std::string& target :
+       std::vector<std::string>{"a..b-0", ".block1-0", "block1-0.", "."}) {
+    SCOPED_TRACE(target);
+    const std::string text = "graph {\n  %w = get_attr[\"" + target +
+                             "\"]()\n  %output = output[output](%w)\n}\n";
+    EXPECT_THAT(
+        Message(ParseGraph(text).status()),
+        StartsWith("line 2, column 17: malformed get_attr target \"" + target +
+                   "\": expected a dotted path of non-empty "
+                   "segments without '.'"));
+    // Unverified, it parses and round-trips.
+    absl::StatusOr<std::unique_ptr<Graph>> g = ParseGraph(text, Unverified());
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)->FindNode("w")->target(), target);
+    ExpectRoundTrip(**g, Unverified());
+  }
+  EXPECT_THAT(
+      Message(ParseGraph("graph {\n  %x = placeholder[x]() scope[:\"M\", "
+                         "\"a..b\":\"T\"]\n  %output = output[output](%x)\n}\n")
+                  .status()),
+      StartsWith("line 2, column 3: %x (placeholder x in a..b): scope entry 1 "
+                 "has a malformed module path \"a..b\""));
 }
 
 TEST(TextTest, PrintsMetaFieldsInOrder) {

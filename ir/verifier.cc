@@ -8,10 +8,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "ir/names.h"
 
 namespace tracecut::ir {
 namespace internal {
@@ -40,10 +39,6 @@ namespace {
 
 using internal::VerifierAccess;
 
-bool IsIdentifierChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
-}
-
 bool IsValidOpKind(OpKind op) {
   switch (op) {
     case OpKind::kPlaceholder:
@@ -55,16 +50,6 @@ bool IsValidOpKind(OpKind op) {
       return true;
   }
   return false;
-}
-
-bool IsDottedPath(absl::string_view s) {
-  if (s.empty()) return false;
-  for (absl::string_view part : absl::StrSplit(s, '.')) {
-    if (part.empty() ||
-        !std::all_of(part.begin(), part.end(), IsIdentifierChar))
-      return false;
-  }
-  return true;
 }
 
 bool IsOperatorName(absl::string_view s) {
@@ -288,6 +273,16 @@ class Checker {
       if (absl::Status s = CheckTarget(n->op(), n->target()); !s.ok()) {
         return Fail(n, s.message());
       }
+      const std::vector<ScopeEntry>& stack = n->scope().stack();
+      for (size_t i = 0; i < stack.size(); ++i) {
+        if (!IsScopePath(stack[i].path)) {
+          return Fail(n, absl::StrCat("scope entry ", i,
+                                      " has a malformed module path \"",
+                                      absl::Utf8SafeCEscape(stack[i].path),
+                                      "\": expected \"\" (the root) or ",
+                                      kModulePathRule));
+        }
+      }
     }
     return absl::OkStatus();
   }
@@ -351,27 +346,16 @@ class Checker {
 
 }  // namespace
 
-bool IsIdentifier(absl::string_view s) {
-  if (s.empty() || absl::ascii_isdigit(static_cast<unsigned char>(s[0]))) {
-    return false;
-  }
-  return std::all_of(s.begin(), s.end(), IsIdentifierChar);
-}
-
 absl::Status CheckTarget(OpKind op, absl::string_view target) {
   auto bad = [&](absl::string_view expected) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed ", OpKindName(op), " target \"",
-                     absl::CEscape(target), "\": expected ", expected));
+                     absl::Utf8SafeCEscape(target), "\": expected ", expected));
   };
   switch (op) {
     case OpKind::kGetAttr:
     case OpKind::kCallModule:
-      if (!IsDottedPath(target)) {
-        return bad(
-            "a dotted path of [A-Za-z0-9_]+ segments, e.g. "
-            "\"model.layers.0.mlp\"");
-      }
+      if (!IsModulePath(target)) return bad(kModulePathRule);
       break;
     case OpKind::kCallFunction:
       if (!IsOperatorName(target)) {

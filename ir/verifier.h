@@ -14,8 +14,8 @@
 //
 // Checked, in this order:
 //  * every node belongs to this graph; names are identifiers
-//    ([A-Za-z_][A-Za-z0-9_]*), unique, and the name index maps exactly the
-//    nodes' names to them;
+//    ([A-Za-z_][A-Za-z0-9_]*, ir/names.h), unique, and the name index maps
+//    exactly the nodes' names to them;
 //  * order keys strictly increase along the node list;
 //  * every referenced node is in this graph and strictly before its user;
 //    kwarg names are unique identifiers;
@@ -23,7 +23,8 @@
 //    that reference it;
 //  * op kinds are valid; placeholders come before all other nodes and have
 //    no node operands; get_attr has no node operands; targets are
-//    well-formed (see CheckTarget);
+//    well-formed (see CheckTarget); scope entries' paths are "" (the root)
+//    or module paths (ir/names.h);
 //  * exactly one output node, last, with exactly one positional argument, no
 //    kwargs and no users;
 //  * node and graph meta `extra` values are constants.
@@ -31,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "ir/graph.h"
+#include "ir/names.h"  // IsIdentifier, IsModulePath: kept for callers.
 
 namespace tracecut::ir {
 
@@ -44,13 +46,11 @@ absl::Status Verify(const Graph& graph);
 // parser point at the node's source line.
 absl::Status Verify(const Graph& graph, const Node** culprit);
 
-// [A-Za-z_][A-Za-z0-9_]*: node names, kwarg names, call_method targets.
-bool IsIdentifier(absl::string_view s);
-
 // Whether `target` is well-formed for `op`, with a message saying what was
 // expected when not:
-//   get_attr, call_module: a dotted path of [A-Za-z0-9_]+ segments
-//     ("model.layers.0.self_attn.q_proj");
+//   get_attr, call_module: a module path, segments of any characters but
+//     '.' joined by '.' (IsModulePath: "model.layers.0.self_attn.q_proj",
+//     "trunk_output.block1.block1-0.proj.0");
 //   call_function: "ns::name" or "ns::name.overload" with identifier parts
 //     ("aten::add.Tensor"), or "getitem";
 //   call_method: an identifier ("view");

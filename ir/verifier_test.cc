@@ -263,9 +263,10 @@ TEST(VerifierTest, TargetsMustBeWellFormed) {
            {OpKind::kGetAttr, ""},
            {OpKind::kGetAttr, "a..b"},
            {OpKind::kGetAttr, ".a"},
-           {OpKind::kGetAttr, "a.b-c"},
+           {OpKind::kGetAttr, "."},
            {OpKind::kCallModule, "model.layers.0."},
-           {OpKind::kCallModule, "a b"},
+           {OpKind::kCallModule, "block1..block1-0"},
+           {OpKind::kCallModule, ""},
            {OpKind::kCallFunction, "linear"},
            {OpKind::kCallFunction, "aten::"},
            {OpKind::kCallFunction, "::linear"},
@@ -304,6 +305,76 @@ TEST(VerifierTest, CheckTargetAcceptsTheConventions) {
   EXPECT_TRUE(CheckTarget(OpKind::kCallMethod, "view").ok());
   EXPECT_TRUE(CheckTarget(OpKind::kPlaceholder, "3d input").ok());
   EXPECT_TRUE(CheckTarget(OpKind::kOutput, "output").ok());
+}
+
+TEST(VerifierTest, ModulePathsAreWhatPyTorchAccepts) {
+  // Any non-empty segment without '.': torchvision's RegNet names its blocks
+  // "block1-0"; nn.Module.add_module takes leading digits, non-ASCII,
+  // spaces, quotes and backslashes too.
+  for (const std::string& path : std::vector<std::string>{
+           "trunk_output.block1.block1-0.proj.0",
+           "0.1",
+           "3d",
+           "a b.c",
+           "bl\xc3\xb6"
+           "ck.\xd0\xb1\xd0\xbb\xd0\xbe\xd0\xba",
+           "q\"uote.back\\slash",
+           "tab\t.new\nline",
+           "x:y.*",
+       }) {
+    SCOPED_TRACE(path);
+    EXPECT_TRUE(CheckTarget(OpKind::kGetAttr, path).ok());
+    EXPECT_TRUE(CheckTarget(OpKind::kCallModule, path).ok());
+    Small s;
+    Graph::InsertPointGuard guard(s.g, s.out);
+    Node* m = *s.g.CallModule(path, {Argument::Ref(s.x)});
+    m->set_scope(Scope(
+        {{"", "M"}, {path, "torchvision.ops.misc.Conv2dNormActivation"}}));
+    EXPECT_TRUE(IsIdentifier(m->name())) << m->name();
+    EXPECT_TRUE(Verify(s.g).ok()) << Verify(s.g);
+  }
+}
+
+TEST(VerifierTest, MalformedModulePathMessage) {
+  absl::Status s = CheckTarget(OpKind::kCallModule, "a..b-0");
+  EXPECT_EQ(s.message(),
+            "malformed call_module target \"a..b-0\": expected a dotted "
+            "path of non-empty segments without '.' (any other characters "
+            "allowed, as in PyTorch), e.g. \"model.layers.0.mlp\"");
+  // Non-ASCII stays readable; control characters are escaped.
+  EXPECT_THAT(
+      std::string(CheckTarget(OpKind::kGetAttr, "\xc3\xa9.\n.").message()),
+      StartsWith("malformed get_attr target \"\xc3\xa9.\\n.\""));
+}
+
+TEST(VerifierTest, ScopePathsMustBeRootOrModulePaths) {
+  for (const std::string& bad :
+       {std::string("a..b"), std::string("."), std::string("block1-0.")}) {
+    SCOPED_TRACE(bad);
+    Small s;
+    s.relu->set_scope(Scope({{"", "M"}, {bad, "T"}}));
+    ExpectFailure(s.g, s.relu,
+                  "scope entry 1 has a malformed module path \"" + bad + "\"");
+  }
+  Small s;
+  s.relu->set_scope(
+      Scope({{"", "M"}, {"block1", "AnyStage"}, {"block1.block1-0", "B"}}));
+  EXPECT_TRUE(Verify(s.g).ok()) << Verify(s.g);
+}
+
+TEST(VerifierTest, DescribeQuotesAmbiguousPaths) {
+  Small s;
+  s.relu->set_scope(Scope({{"", "M"}, {"my block.0", "T"}}));
+  EXPECT_EQ(s.relu->Describe(),
+            "%relu (call_function aten::relu in \"my block.0\")");
+  Node* m;
+  {
+    Graph::InsertPointGuard guard(s.g, s.out);
+    m = *s.g.CallModule("a\"b.\xc3\xa9", {Argument::Ref(s.x)});
+  }
+  EXPECT_EQ(m->Describe(), "%a_b__ (call_module \"a\\\"b.\xc3\xa9\")");
+  s.relu->set_scope(Scope({{"", "M"}, {"block1-0", "T"}}));
+  EXPECT_EQ(s.relu->Describe(), "%relu (call_function aten::relu in block1-0)");
 }
 
 // --------------------------------------------------------------- output

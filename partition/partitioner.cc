@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "ir/graph.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 
 namespace tracecut::partition {
@@ -106,7 +107,8 @@ CompiledPattern Compile(absl::string_view text) {
   return p;
 }
 
-// Dynamic programming over pattern tokens: O(|pattern| * |text|).
+// Dynamic programming over pattern tokens: O(|pattern| * |text|). '*' and
+// '?' stay within a module path segment (ir/names.h).
 bool GlobMatches(const std::vector<std::pair<GlobToken, char>>& glob,
                  absl::string_view text) {
   const size_t n = text.size();
@@ -122,13 +124,14 @@ bool GlobMatches(const std::vector<std::pair<GlobToken, char>>& glob,
         break;
       case GlobToken::kQuestion:
         for (size_t j = 1; j <= n; ++j) {
-          cur[j] = prev[j - 1] && text[j - 1] != '.';
+          cur[j] = prev[j - 1] && text[j - 1] != ir::kModulePathSeparator;
         }
         break;
       case GlobToken::kStar:
         cur[0] = prev[0];
         for (size_t j = 1; j <= n; ++j) {
-          cur[j] = prev[j] || (cur[j - 1] && text[j - 1] != '.');
+          cur[j] = prev[j] ||
+                   (cur[j - 1] && text[j - 1] != ir::kModulePathSeparator);
         }
         break;
       case GlobToken::kDoubleStar:

@@ -79,7 +79,9 @@ struct PartitionOptions {
   //   "model.layers.3"                     module path
   //   "model.layers.*", "*DecoderLayer"    glob on the path or the type
   //                                        ('*' and '?' stop at '.', '**'
-  //                                        does not)
+  //                                        does not; path segments are any
+  //                                        PyTorch name, ir/names.h:
+  //                                        "trunk_output.*.block1-*")
   //   "re:.*layers\.[0-9]+"                ECMAScript regex, full match on
   //                                        the path or either type
   std::vector<std::string> targets;

@@ -326,6 +326,26 @@ TEST(PartitionerTest, ModulePatternMatches) {
   EXPECT_FALSE(ModulePatternMatches("re:(", "model", ""));
 }
 
+TEST(PartitionerTest, ModulePatternsMatchPyTorchNames) {
+  // Segments are whatever PyTorch allows (ir/names.h): torchvision's RegNet
+  // has "trunk_output.block1.block1-0".
+  const std::string t = "torchvision.models.regnet.ResBottleneckBlock";
+  const std::string path = "trunk_output.block1.block1-0";
+  EXPECT_TRUE(ModulePatternMatches(path, path, t));
+  EXPECT_TRUE(ModulePatternMatches("trunk_output.*.block1-*", path, ""));
+  EXPECT_TRUE(ModulePatternMatches("trunk_output.block1.block?-?", path, ""));
+  EXPECT_FALSE(ModulePatternMatches("trunk_output.*", path, ""));
+  EXPECT_TRUE(ModulePatternMatches("trunk_output.**", path, ""));
+  EXPECT_TRUE(ModulePatternMatches("re:.*\\.block1-[0-9]+", path, ""));
+  EXPECT_FALSE(ModulePatternMatches("block1-0", path, ""));
+  EXPECT_TRUE(ModulePatternMatches("0.my block", "0.my block", ""));
+  EXPECT_TRUE(ModulePatternMatches("*.bl*ck",
+                                   "0.bl\xc3\xb6"
+                                   "ck",
+                                   ""));
+  EXPECT_TRUE(ModulePatternMatches("a*b", "a*b", ""));
+}
+
 TEST(PartitionerTest, IgnoredModulesNeverStartASubgraph) {
   Decoder d = BuildDecoder({.layers = 4});
   PartitionOptions o = Llama();

@@ -243,9 +243,10 @@ absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
         [&] { return torch::jit::pickle_load(data); });
     if (!value.ok()) {
       std::string hint;
-      if (absl::StrContains(value.status().message(), "Unknown opcode")) {
-        // Python pickles a one-entry dict with SETITEM, which LibTorch's
-        // unpickler does not implement.
+      if (absl::StrContains(value.status().message(), "Unknown opcode") ||
+          absl::StrContains(value.status().message(), "unknown type")) {
+        // LibTorch's unpickler implements only what torch.save of tensors,
+        // lists, tuples and dicts needs (e.g. no sets, no other classes).
         hint =
             " (LibTorch reads only part of Python's pickle format: save the "
             "token ids as one tensor, torch.save(ids, path), or as JSON "

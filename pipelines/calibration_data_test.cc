@@ -47,7 +47,8 @@ TEST(CalibrationDataTest, ReadsPythonTorchSaveTensor) {
 
 TEST(CalibrationDataTest, ReadsListOfDictsAndDictOfLists) {
   at::Tensor ids = ExpectedIds();
-  for (const char* name : {"tokens_dicts.pt", "tokens_lists.pt"}) {
+  for (const char* name :
+       {"tokens_dicts.pt", "tokens_lists.pt", "tokens_single_key.pt"}) {
     SCOPED_TRACE(name);
     absl::StatusOr<at::Tensor> t = LoadTokenFile(TestData(name));
     ASSERT_TRUE(t.ok()) << t.status();
@@ -55,9 +56,8 @@ TEST(CalibrationDataTest, ReadsListOfDictsAndDictOfLists) {
   }
 }
 
-TEST(CalibrationDataTest, SingleKeyDictsGetAHint) {
-  absl::StatusOr<at::Tensor> t =
-      LoadTokenFile(TestData("tokens_single_key.pt"));
+TEST(CalibrationDataTest, UnreadablePicklesGetAHint) {
+  absl::StatusOr<at::Tensor> t = LoadTokenFile(TestData("tokens_set.pt"));
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(t.status().message(), "torch.save(ids, path)"))

@@ -98,7 +98,7 @@ absl::Status ResolveAttributePath(const ir::Node& node,
     }
     const c10::ClassType& type = *current.toObjectRef().type();
     std::string name(parts[i]);
-    c10::optional<size_t> slot = type.findAttributeSlot(name);
+    std::optional<size_t> slot = type.findAttributeSlot(name);
     if (!slot.has_value()) {
       return absl::NotFoundError(absl::StrCat(
           node.Describe(), ": bad attribute path '", path, "': module '", where,

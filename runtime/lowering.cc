@@ -306,7 +306,7 @@ class Lowerer {
           std::vector<c10::TypePtr> types;
           for (Value* v : elements) types.push_back(v->type());
           std::ostringstream why;
-          c10::optional<c10::TypePtr> unified = c10::unifyTypeList(types, why);
+          std::optional<c10::TypePtr> unified = c10::unifyTypeList(types, why);
           if (!unified.has_value()) {
             return absl::InvalidArgumentError(absl::StrCat(
                 node.Describe(),
@@ -526,7 +526,7 @@ c10::FunctionSchema ForwardSchema(const c10::FunctionSchema* original,
     if (original != nullptr && i < original->arguments().size() &&
         *original->arguments()[i].type() == *in->type()) {
       const c10::Argument& a = original->arguments()[i];
-      args.emplace_back(i == 0 ? "self" : a.name(), in->type(), c10::nullopt,
+      args.emplace_back(i == 0 ? "self" : a.name(), in->type(), std::nullopt,
                         a.default_value());
     } else {
       args.emplace_back(i == 0 ? "self" : in->debugName(), in->type());

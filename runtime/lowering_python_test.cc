@@ -1,6 +1,6 @@
 // Saves lowered GraphModules and checks that Python torch (the
-// project's Python, the PyTorch tracecut builds against) loads them and computes the same
-// outputs (runtime/python_load_check.py).
+// project's Python, the PyTorch tracecut builds against) loads them and
+// computes the same outputs (runtime/python_load_check.py).
 
 #include <sys/wait.h>
 #include <torch/script.h>

@@ -283,7 +283,7 @@ TEST(SaveTest, SaveLoadRunsTheSameAndKeepsExtraFiles) {
   EXPECT_THAT(ListDir(dir), ::testing::ElementsAre("model.pt"));
 
   torch::jit::ExtraFilesMap extra = {{"config.json", ""}, {"tracecut.txt", ""}};
-  torch::jit::Module loaded = torch::jit::load(path, c10::nullopt, extra);
+  torch::jit::Module loaded = torch::jit::load(path, std::nullopt, extra);
   EXPECT_EQ(extra["config.json"], R"({"model_type": "mlp"})");
   EXPECT_EQ(extra["tracecut.txt"], "lowered");
   absl::StatusOr<Interpreter> interp = Interpreter::Create(gm);
@@ -295,7 +295,7 @@ TEST(SaveTest, SaveLoadRunsTheSameAndKeepsExtraFiles) {
   options.include_extra_files = false;
   ASSERT_TRUE(SaveTorchScript(gm, path, options).ok());
   extra = {{"config.json", ""}};
-  torch::jit::load(path, c10::nullopt, extra);
+  torch::jit::load(path, std::nullopt, extra);
   EXPECT_EQ(extra["config.json"], "");
 }
 

@@ -221,7 +221,7 @@ absl::StatusOr<c10::TypePtr> UnifiedElementType(
   types.reserve(elements.size());
   for (const c10::IValue& v : elements) types.push_back(v.type());
   std::ostringstream why;
-  c10::optional<c10::TypePtr> unified = c10::unifyTypeList(types, why);
+  std::optional<c10::TypePtr> unified = c10::unifyTypeList(types, why);
   if (!unified.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("list elements have no common type: ", why.str()));

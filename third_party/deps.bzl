@@ -6,7 +6,7 @@ docs/consuming.md. Every repository is skipped when the workspace already
 defines one of the same name, so consumers can bring their own.
 """
 
-load("//third_party:system_libs.bzl", "system_absl", "pytorch_repository", "system_stub_repos")
+load("//third_party:system_libs.bzl", "pytorch_repository", "system_absl", "system_stub_repos")
 
 def _maybe(rule, name, **kwargs):
     if name not in native.existing_rules():

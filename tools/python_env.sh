@@ -24,29 +24,31 @@ tracecut_python_lock() {
   echo "$(tracecut_repo_root)/third_party/python/requirements.lock"
 }
 
-# The cache directory of the account, also when Bazel runs a test without
-# $HOME (then from the password database).
-tracecut_cache_dir() {
-  if [[ -n ${XDG_CACHE_HOME:-} ]]; then
-    echo "$XDG_CACHE_HOME"
-    return
-  fi
-  local home=${HOME:-}
-  if [[ -z $home ]]; then home=$(getent passwd "$(id -u)" 2>/dev/null | cut -d: -f6) || true; fi
-  echo "${home:-/nonexistent}/.cache"
-}
-
-# Prints the environment's directory (it may not exist yet).
+# Prints the environment's directory (it may not exist yet): the first of
+# $XDG_CACHE_HOME, ~/.cache and the account's home directory from the password
+# database (Bazel runs tests with HOME set to a temporary directory) that
+# holds a complete one, else the first of them.
 tracecut_python_env_dir() {
   if [[ -n ${TRACECUT_PYTHON_ENV:-} ]]; then
     echo "$TRACECUT_PYTHON_ENV"
     return
   fi
-  local lock version key
+  local lock version key name pw_home candidates=() c
   lock=$(tracecut_python_lock)
   version=$("$TRACECUT_BASE_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || version=none
   key=$({ cat "$lock"; echo "$version"; } | sha256sum | cut -c1-16)
-  echo "$(tracecut_cache_dir)/tracecut/python${version}-${key}"
+  name="tracecut/python${version}-${key}"
+  if [[ -n ${XDG_CACHE_HOME:-} ]]; then candidates+=("$XDG_CACHE_HOME"); fi
+  if [[ -n ${HOME:-} ]]; then candidates+=("$HOME/.cache"); fi
+  pw_home=$(getent passwd "$(id -u)" 2>/dev/null | cut -d: -f6) || true
+  if [[ -n $pw_home ]]; then candidates+=("$pw_home/.cache"); fi
+  for c in "${candidates[@]}"; do
+    if [[ -f $c/$name/.tracecut-complete ]]; then
+      echo "$c/$name"
+      return
+    fi
+  done
+  echo "${candidates[0]:-/nonexistent}/$name"
 }
 
 # True when the environment is complete: bootstrap writes this marker last.

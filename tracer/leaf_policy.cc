@@ -3,14 +3,17 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "ir/names.h"
 
 namespace tracecut::tracer {
 namespace {
 
-// Glob with a configurable single-star class: for paths '*' stops at '.',
-// for types it does not; '**' always spans. Recursive: patterns and paths
-// are short.
+// Glob with a configurable single-star class: for paths '*' stays within a
+// module path segment (ir/names.h: any characters but the separator, so
+// "block1-*" matches "block1-0"), for types it does not; '**' always spans.
+// Recursive: patterns and paths are short.
 bool Glob(absl::string_view p, absl::string_view s, bool star_stops_at_dot) {
+  constexpr char kDot = ir::kModulePathSeparator;
   while (!p.empty()) {
     if (p[0] == '*') {
       bool spans = !star_stops_at_dot;
@@ -22,11 +25,11 @@ bool Glob(absl::string_view p, absl::string_view s, bool star_stops_at_dot) {
       absl::string_view rest = p.substr(stars);
       for (size_t i = 0;; ++i) {
         if (Glob(rest, s.substr(i), star_stops_at_dot)) return true;
-        if (i == s.size() || (!spans && s[i] == '.')) return false;
+        if (i == s.size() || (!spans && s[i] == kDot)) return false;
       }
     }
     if (s.empty()) return false;
-    if (p[0] != s[0] && !(p[0] == '?' && s[0] != '.')) return false;
+    if (p[0] != s[0] && !(p[0] == '?' && s[0] != kDot)) return false;
     p.remove_prefix(1);
     s.remove_prefix(1);
   }

@@ -25,10 +25,13 @@
 namespace tracecut::tracer {
 
 // Glob match of a dotted module path: '*' matches within one segment (no
-// '.'), '**' matches across segments, '?' one non-'.' character.
+// '.'), '**' matches across segments, '?' one non-'.' byte. Segments are
+// whatever PyTorch allows (ir/names.h), and a name matches itself even when
+// it holds '*' or '?'.
 //   GlobMatch("model.layers.*.mlp", "model.layers.3.mlp")  // true
 //   GlobMatch("model.*", "model.layers.3")                 // false
 //   GlobMatch("model.**", "model.layers.3")                // true
+//   GlobMatch("trunk.*.block1-?", "trunk.block1.block1-0")  // true
 bool GlobMatch(absl::string_view pattern, absl::string_view path);
 
 class LeafPolicy {

@@ -22,6 +22,41 @@ TEST(GlobMatchTest, SegmentsAndDoubleStar) {
   EXPECT_FALSE(GlobMatch("a.*", "a"));
 }
 
+TEST(GlobMatchTest, SegmentsArePyTorchNames) {
+  // torchvision's RegNet: trunk_output.block1.block1-0.proj.0.
+  const char kPath[] = "trunk_output.block1.block1-0";
+  EXPECT_TRUE(GlobMatch("trunk_output.block1.block1-0", kPath));
+  EXPECT_TRUE(GlobMatch("trunk_output.*.block1-*", kPath));
+  EXPECT_TRUE(GlobMatch("trunk_output.block?.block?-?", kPath));
+  EXPECT_TRUE(GlobMatch("**.block1-0", kPath));
+  EXPECT_FALSE(GlobMatch("*.block1-0", kPath));
+  EXPECT_FALSE(GlobMatch("trunk_output.block1.block1", kPath));
+  EXPECT_TRUE(GlobMatch("0.*", "0.1"));
+  EXPECT_TRUE(GlobMatch("my block.*", "my block.sub module"));
+  EXPECT_TRUE(GlobMatch("bl*ck",
+                        "bl\xc3\xb6"
+                        "ck"));
+  EXPECT_TRUE(GlobMatch("bl??ck",
+                        "bl\xc3\xb6"
+                        "ck"));  // '?' is one byte.
+  // A name holding glob characters matches itself.
+  EXPECT_TRUE(GlobMatch("a*b.c?d", "a*b.c?d"));
+}
+
+TEST(LeafPolicyTest, PathsWithPyTorchNames) {
+  LeafPolicy p = LeafPolicy::None();
+  p.AddTypeOrPath("block1-0");
+  EXPECT_TRUE(p.IsLeaf("block1-0", "m.ResBottleneckBlock"));
+  // A path pattern names a path from the root, not a segment anywhere.
+  EXPECT_FALSE(
+      p.IsLeaf("trunk_output.block1.block1-0", "m.ResBottleneckBlock"));
+  p.AddTypeOrPath("trunk_output.*.block1-0").AddTypeOrPath("sp ace");
+  EXPECT_TRUE(p.IsLeaf("trunk_output.block1.block1-0", "m.ResBottleneckBlock"));
+  EXPECT_FALSE(
+      p.IsLeaf("trunk_output.block1.block1-1", "m.ResBottleneckBlock"));
+  EXPECT_TRUE(p.IsLeaf("sp ace", "m.Block"));
+}
+
 TEST(LeafPolicyTest, DefaultLeavesAreTorchNnBuiltinsAndConv1D) {
   LeafPolicy p = LeafPolicy::Default();
   EXPECT_TRUE(p.IsLeaf("fc", "torch.nn.modules.linear.Linear"));

@@ -19,7 +19,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "ir/graph.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 
 namespace tracecut::tracer {
@@ -1724,14 +1724,7 @@ absl::StatusOr<ir::Node*> Tracer::AddNode(ir::OpKind op, std::string target,
 
 std::string Tracer::UniqueName(absl::string_view hint) {
   // Graph::UniqueName's rules.
-  std::string base(hint);
-  for (char& c : base) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) c = '_';
-  }
-  if (base.empty()) base = "_";
-  if (absl::ascii_isdigit(static_cast<unsigned char>(base[0]))) {
-    base.insert(base.begin(), '_');
-  }
+  std::string base = ir::SanitizeName(hint);
   if (graph_.FindNode(base) == nullptr) return base;
   std::string stem = base;
   size_t us = stem.rfind('_');

@@ -10,15 +10,10 @@
 namespace tracecut::transforms::fusion_math {
 namespace {
 
-// LibTorch 1.13 takes c10::optional, which std::optional does not convert to.
-c10::optional<at::Tensor> C10(const std::optional<at::Tensor>& t) {
-  return t ? c10::optional<at::Tensor>(*t) : c10::nullopt;
-}
-
 // Reference BatchNorm in inference mode, float64.
 at::Tensor RefBatchNorm(const at::Tensor& y, const BatchNormParams& bn) {
   auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
-  c10::optional<at::Tensor> w, b;
+  std::optional<at::Tensor> w, b;
   if (bn.weight) w = d(*bn.weight);
   if (bn.bias) b = d(*bn.bias);
   return at::batch_norm(d(y), w, b, d(bn.running_mean), d(bn.running_var),
@@ -56,8 +51,8 @@ TEST_P(FoldConvTest, MatchesConvThenBatchNorm) {
   EXPECT_EQ(fused->bias->scalar_type(), at::kFloat);
 
   at::Tensor x = at::randn({2, 3, 10, 10});
-  at::Tensor expected = RefBatchNorm(at::conv2d(x, w, C10(b), 1, 1), bn);
-  at::Tensor actual = at::conv2d(x, fused->weight, C10(fused->bias), 1, 1);
+  at::Tensor expected = RefBatchNorm(at::conv2d(x, w, b, 1, 1), bn);
+  at::Tensor actual = at::conv2d(x, fused->weight, fused->bias, 1, 1);
   ErrorStats err = CompareTensors(actual, expected);
   EXPECT_LT(err.max_rel, 1e-5) << "max_abs=" << err.max_abs;
 }
@@ -151,10 +146,10 @@ TEST(FoldBatchNormTest, FollowingLinearMatches) {
       auto fused = FoldBatchNormIntoFollowingLinear(w, b, bn);
       ASSERT_TRUE(fused.ok()) << fused.status();
       at::Tensor x = at::randn({9, 5});
-      at::Tensor expected =
-          at::linear(RefBatchNorm(x, bn), w.to(at::kDouble),
-                     b ? C10(b->to(at::kDouble)) : c10::nullopt);
-      at::Tensor actual = at::linear(x, fused->weight, C10(fused->bias));
+      at::Tensor expected = at::linear(
+          RefBatchNorm(x, bn), w.to(at::kDouble),
+          b ? std::optional<at::Tensor>(b->to(at::kDouble)) : std::nullopt);
+      at::Tensor actual = at::linear(x, fused->weight, fused->bias);
       EXPECT_LT(CompareTensors(actual, expected).max_rel, 1e-5);
     }
   }
@@ -177,9 +172,9 @@ TEST(ConcatLinearsTest, MergesAnyOutFeaturesAndZeroFillsMissingBias) {
   EXPECT_TRUE(BitwiseEqual(merged->weight.narrow(0, 3, 5), parts[1].weight));
   EXPECT_TRUE(BitwiseEqual(merged->bias->narrow(0, 8, 2), *parts[2].bias));
   at::Tensor x = at::randn({6, 4});
-  at::Tensor y = at::linear(x, merged->weight, C10(merged->bias));
+  at::Tensor y = at::linear(x, merged->weight, merged->bias);
   EXPECT_TRUE(at::allclose(y.narrow(1, 0, 3),
-                           at::linear(x, parts[0].weight, C10(parts[0].bias))));
+                           at::linear(x, parts[0].weight, parts[0].bias)));
   EXPECT_TRUE(
       at::allclose(y.narrow(1, 3, 5), at::linear(x, parts[1].weight, {})));
 }

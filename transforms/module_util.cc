@@ -8,12 +8,12 @@
 #include <memory>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
+#include "ir/names.h"
 #include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 
@@ -128,7 +128,7 @@ absl::StatusOr<Module> Walk(const Module& root,
                             const std::vector<std::string>& parts, size_t n) {
   Module m = root;
   for (size_t i = 0; i < n; ++i) {
-    c10::optional<c10::IValue> v;
+    std::optional<c10::IValue> v;
     if (m.type()->hasAttribute(parts[i])) v = m.attr(parts[i]);
     if (!v || !v->isObject() || !v->toObjectRef().type()->is_module()) {
       return absl::NotFoundError(absl::StrCat(
@@ -295,7 +295,7 @@ absl::StatusOr<Conv2dLeaf> ReadConv2d(const Module& m) {
     if (IsNone(b)) conv.bias.reset();
     auto constant = [&](size_t i) { return torch::jit::toIValue(n->input(i)); };
     auto stride = constant(3), padding = constant(4), dilation = constant(5);
-    c10::optional<c10::IValue> groups;
+    std::optional<c10::IValue> groups;
     if (n->kind() == c10::Symbol::fromQualString("aten::_convolution")) {
       auto transposed = constant(6);
       if (!transposed || !transposed->isBool() || transposed->toBool()) {
@@ -463,12 +463,7 @@ absl::StatusOr<std::string> AddSubmodule(runtime::GraphModule& gm,
         const std::vector<std::string> parts = SplitDots(parent_path);
         RETURN_IF_ERROR(MakeTypePrivate(gm.module(), parts, parts.size()));
         ASSIGN_OR_RETURN(Module parent, Walk(gm.module(), parts, parts.size()));
-        std::string base;
-        for (char c : name_hint) {
-          base.push_back(
-              absl::ascii_isalnum(static_cast<unsigned char>(c)) ? c : '_');
-        }
-        if (base.empty() || absl::ascii_isdigit(base[0])) base = "_" + base;
+        const std::string base = ir::SanitizeName(name_hint);
         std::string name = base;
         for (int i = 1; parent.hasattr(name) || parent.find_method(name); ++i) {
           name = absl::StrCat(base, "_", i);

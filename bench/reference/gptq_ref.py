@@ -124,7 +124,9 @@ def main():
     ap.add_argument("--act_order", type=int, default=1)
     args = ap.parse_args()
     torch.set_grad_enabled(False)
-    data = torch.load(args.problems)
+    # Written by gptq_bench (LibTorch's pickle_save, whose dict type tags the
+    # weights-only loader refuses): our own file, so a full unpickle.
+    data = torch.load(args.problems, weights_only=False)
     names = sorted({k.rsplit("|", 1)[0] for k in data})
     layers = []
     total = 0.0

@@ -52,7 +52,9 @@ def main():
     ap.add_argument("--group", type=int, default=128)
     args = ap.parse_args()
     torch.set_grad_enabled(False)
-    data = torch.load(args.problems)
+    # Written by gptq_bench (LibTorch's pickle_save, whose dict type tags the
+    # weights-only loader refuses): our own file, so a full unpickle.
+    data = torch.load(args.problems, weights_only=False)
     layers = []
     for name in sorted({k.rsplit("|", 1)[0] for k in data}):
         W = data[name + "|W"].float()

@@ -226,6 +226,44 @@ std::unique_ptr<Graph> Scopes() {
   return g;
 }
 
+// Module paths as PyTorch allows them (any non-empty segment without '.'):
+// torchvision RegNet's "block1-0", leading digits, UTF-8, spaces, quotes,
+// backslashes, control characters, glob and text-syntax characters; node
+// names derived from them stay identifiers.
+std::unique_ptr<Graph> ModulePaths() {
+  auto g = std::make_unique<Graph>();
+  Node* x = Must(g->Placeholder("x"));
+  const Scope root(
+      std::vector<ScopeEntry>{{"", "torchvision.models.regnet.RegNet"}});
+  const Scope stage =
+      root.Push({"trunk_output", "torch.nn.Sequential"})
+          .Push({"trunk_output.block1", "torchvision.models.regnet.AnyStage"});
+  const Scope block =
+      stage.Push({"trunk_output.block1.block1-0",
+                  "torchvision.models.regnet.ResBottleneckBlock"});
+  Node* proj =
+      Must(g->CallModule("trunk_output.block1.block1-0.proj.0", {Ref(x)}));
+  proj->set_scope(block.Push(
+      {"trunk_output.block1.block1-0.proj.0", "torch.nn.modules.conv.Conv2d"}));
+  Node* prev = proj;
+  for (const std::string& path : {
+           std::string("0.1"),
+           std::string("3d conv.weight"),
+           std::string("bl\xc3\xb6"
+                       "ck.\xd0\xb1\xd0\xbb\xd0\xbe\xd0\xba"),
+           std::string("q\"uote.back\\slash"),
+           std::string("tab\t.new\nline"),
+           std::string("x:y.*.?.%z.#c"),
+       }) {
+    Node* w = Must(g->GetAttr(path));
+    w->set_scope(block.Push({path, "torch.nn.modules.linear.Linear"}));
+    prev = Must(g->CallFunction("aten::add.Tensor", {Ref(prev), Ref(w)}));
+    prev->set_scope(block);
+  }
+  Must(g->Output(Ref(prev)));
+  return g;
+}
+
 // Every meta field, with odd keys and values, on nodes and on the graph.
 std::unique_ptr<Graph> Meta() {
   auto g = std::make_unique<Graph>();
@@ -330,6 +368,7 @@ std::vector<NamedGraph> VariedGraphs() {
   out.push_back({"constants", Constants()});
   out.push_back({"nested", Nested()});
   out.push_back({"scopes", Scopes()});
+  out.push_back({"module_paths", ModulePaths()});
   out.push_back({"meta", Meta()});
   out.push_back({"edited", Edited()});
   out.push_back({"getitem", Getitem()});

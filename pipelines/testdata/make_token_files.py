@@ -7,8 +7,9 @@ tokens_tensor.pt  int64 tensor [6, 16], ids in [0, 256)
 tokens_dicts.pt   a list of 6 dicts {"input_ids": 1-D int64 tensor [16],
                   "attention_mask": ones}, as tokenizers return them
 tokens_lists.pt   {"input_ids": [[...16 ints...] x 6], "attention_mask": ...}
-tokens_single_key.pt  a list of dicts with "input_ids" only: Python pickles
-                  one-key dicts with SETITEM, which LibTorch cannot read
+tokens_single_key.pt  a list of dicts with "input_ids" only (Python pickles
+                  one-key dicts with SETITEM, which LibTorch 1.13 could not read)
+tokens_set.pt     a Python set of ints: opcodes LibTorch's unpickler lacks
 tokens_float.pt   float32 tensor [6, 16] (wrong dtype)
 tokens_3d.pt      int64 tensor [2, 3, 16] (wrong shape)
 Every file holds the same ids (seed 7).
@@ -33,6 +34,7 @@ def main(out):
     torch.save([{"input_ids": row.clone()} for row in ids], os.path.join(out, "tokens_single_key.pt"))
     torch.save(ids.to(torch.float32), os.path.join(out, "tokens_float.pt"))
     torch.save(ids.view(2, 3, 16), os.path.join(out, "tokens_3d.pt"))
+    torch.save({1, 2, 3}, os.path.join(out, "tokens_set.pt"))
 
 
 if __name__ == "__main__":
