@@ -27,7 +27,7 @@ trap 'rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # shellcheck disable=SC2086
-bazel $STARTUP build $FLAGS //bench:bench_main //bench:transforms_bench \
+bazel $STARTUP build $FLAGS --symlink_prefix=/ //bench:bench_main //bench:transforms_bench \
   //bench:gptq_bench //partition:partition_bench //tools:tracecut \
   //tests/fixtures:models
 # shellcheck disable=SC2086

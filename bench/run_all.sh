@@ -37,8 +37,10 @@ RAW="$WORK/raw.jsonl"
 LOAD_START="$(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$RAW"
 
+# No convenience symlinks: re-pointed at another output base (STARTUP), the
+# workspace's bazel-<name> link would be walked as a package by `//...`.
 # shellcheck disable=SC2086
-bazel $STARTUP build $FLAGS //bench:bench_main //tools:tracecut \
+bazel $STARTUP build $FLAGS --symlink_prefix=/ //bench:bench_main //tools:tracecut \
   //bench:pipeline_bench //bench:transforms_bench //bench:gptq_bench \
   //tests/fixtures:models
 # shellcheck disable=SC2086
