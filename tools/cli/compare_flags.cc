@@ -66,8 +66,16 @@ absl::StatusOr<runtime::CompareOptions> CompareOptionsFromFlags(
   return options;
 }
 
-bool HasCompareFlags(const ParsedArgs& args) {
-  return args.Has("rtol") || args.Has("atol") || args.Has("tolerance");
+absl::StatusOr<runtime::CompareOptions> CheckOptionsFromFlags(
+    const ParsedArgs& args) {
+  ASSIGN_OR_RETURN(runtime::CompareOptions options,
+                   CompareOptionsFromFlags(args));
+  if (!args.Has("check") &&
+      (args.Has("rtol") || args.Has("atol") || args.Has("tolerance"))) {
+    return UsageError(
+        "--rtol and --atol set the tolerances of --check: add --check");
+  }
+  return options;
 }
 
 tracer::hf::Json WorstJson(const std::optional<runtime::ElementDiff>& worst) {

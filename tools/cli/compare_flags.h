@@ -30,8 +30,10 @@ std::vector<FlagSpec> CompareFlags(bool tolerance_alias = false);
 absl::StatusOr<runtime::CompareOptions> CompareOptionsFromFlags(
     const ParsedArgs& args);
 
-// Whether --rtol, --atol or --tolerance was given.
-bool HasCompareFlags(const ParsedArgs& args);
+// CompareOptionsFromFlags for a command whose check is optional: also a
+// usage error when a tolerance is given without --check.
+absl::StatusOr<runtime::CompareOptions> CheckOptionsFromFlags(
+    const ParsedArgs& args);
 
 // A check's worst element for --json: {"path", "flat_index", "index",
 // "actual", "expected", "abs_error", "rel_error"}, or null.

@@ -136,12 +136,7 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
   const bool check = args.Has("check");
   std::optional<std::string> output = args.Get("output");
   ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
-                   CompareOptionsFromFlags(args));
-  if (!check && HasCompareFlags(args)) {
-    return UsageError(
-        "--rtol and --atol set the tolerances of --check: add "
-        "--check");
-  }
+                   CheckOptionsFromFlags(args));
 
   partition::PartitionOptions popts;
   if (std::optional<std::string> n = args.Get("targets-per-subgraph")) {

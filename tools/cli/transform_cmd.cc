@@ -144,12 +144,7 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
                    PipelineFromFlag(args));
   ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
-                   CompareOptionsFromFlags(args));
-  if (!check && HasCompareFlags(args)) {
-    return UsageError(
-        "--rtol and --atol set the tolerances of --check: add "
-        "--check");
-  }
+                   CheckOptionsFromFlags(args));
   if (!output.has_value() || output->empty() || *output == "-") {
     return UsageError("-o OUT.pt is required (a file path)");
   }
