@@ -1,4 +1,4 @@
-# Shared by the bad-input tests (sourced): paths, counters and expect_error.
+# Shared by the CLI tests (sourced): paths, counters, fail and expect_error.
 #
 # expect_error NAME MENTION OUTDIR OUTFILE -- ARGS...
 #   Runs `tracecut ARGS` and checks the contract: exit status in 1..127 (an

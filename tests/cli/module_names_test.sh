@@ -9,19 +9,10 @@
 
 set -u
 
-RUNFILES="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-tracecut}"
-TRACECUT="$RUNFILES/tools/tracecut"
+# RUNFILES, TRACECUT, TMP, PYTHON, the counters and fail().
+# shellcheck source=tests/cli/bad_input_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bad_input_lib.sh"
 MODEL="$RUNFILES/tests/fixtures/regnet_names.pt"
-TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-PYTHON="${TRACECUT_PYTHON:-python3}"
-
-failures=0
-cases=0
-
-fail() {
-  echo "FAIL [$1]: $2"
-  failures=$((failures + 1))
-}
 
 # expect_ok NAME OUT -- ARGS...: `tracecut ARGS` exits 0, stdout to OUT.
 expect_ok() {
