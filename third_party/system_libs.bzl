@@ -129,13 +129,8 @@ cc_library(
     ],
 )
 
-# The project's Python (tools/python): runs fixture generators, checks against
-# Python torch and transformers, and the benchmark peers.
-sh_binary(
-    name = "python_bin",
-    srcs = ["python"],
-)
-
+# The project's Python (tools/python), for genrules (`tools`) and tests
+# (`data`): fixture generators, checks against Python torch, benchmark peers.
 exports_files(["python"])
 """.format(lib = str(lib)))
 
