@@ -5,16 +5,21 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "ir/status_macros.h"
+#include "tracer/export/pt2_archive.h"
+#include "tracer/export/pt2_import.h"
 
 namespace tracecut::tracer {
 namespace {
@@ -92,11 +97,95 @@ absl::Status CheckArchive(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Parses the embedded files tracecut knows into `loaded`.
+absl::Status ReadModelFiles(const std::string& path,
+                            torch::jit::ExtraFilesMap& extra,
+                            LoadedModel& loaded) {
+  for (const auto& [name, text] : extra) {
+    if (!text.empty()) loaded.extra_files[name] = text;
+  }
+  if (!extra[kConfigJson].empty()) {
+    ASSIGN_OR_RETURN(loaded.config,
+                     hf::HfConfig::Parse(extra[kConfigJson],
+                                         absl::StrCat(path, ":", kConfigJson)));
+  }
+  if (!extra[kInputsJson].empty()) {
+    ASSIGN_OR_RETURN(loaded.inputs,
+                     hf::ParseInputsJson(extra[kInputsJson],
+                                         absl::StrCat(path, ":", kInputsJson)));
+  }
+  if (!extra[kModelJson].empty() && loaded.config.has_value()) {
+    const std::string source = absl::StrCat(path, ":", kModelJson);
+    std::vector<std::string> types;
+    try {
+      nlohmann::json j = nlohmann::json::parse(extra[kModelJson]);
+      if (j.contains("no_split_modules")) {
+        types = j["no_split_modules"].get<std::vector<std::string>>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": \"no_split_modules\" must be a list of strings (",
+          e.what(), ")"));
+    }
+    loaded.config->set_no_split_modules(std::move(types));
+  }
+  return absl::OkStatus();
+}
+
+// A checkpoint directory holding one .pt2: that file.
+absl::StatusOr<std::string> Pt2InDirectory(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".pt2") {
+      found.push_back(entry.path().string());
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("cannot list model directory '",
+                                            dir, "': ", ec.message()));
+  }
+  std::sort(found.begin(), found.end());
+  if (found.size() == 1) return found[0];
+  if (found.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model path '", dir,
+        "' is a directory without a .pt2 (make one with `tracecut export ", dir,
+        " -o ", dir, "/model.pt2`)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model directory '", dir, "' holds several .pt2 files (",
+                   absl::StrJoin(found, ", "), "); name one"));
+}
+
+absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
+  ASSIGN_OR_RETURN(exported::Pt2Archive archive,
+                   exported::ReadPt2Archive(path));
+  LoadedModel loaded;
+  loaded.path = path;
+  ASSIGN_OR_RETURN(loaded.module, exported::ProgramToModule(archive));
+  torch::jit::ExtraFilesMap extra = {
+      {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};
+  for (auto& [name, text] : extra) {
+    auto it = archive.extra_files.find(name);
+    if (it != archive.extra_files.end()) text = it->second;
+  }
+  RETURN_IF_ERROR(ReadModelFiles(path, extra, loaded));
+  return loaded;
+}
+
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    ASSIGN_OR_RETURN(std::string pt2, Pt2InDirectory(path));
+    return LoadPt2(pt2);
+  }
+  if (exported::IsPt2Path(path)) return LoadPt2(path);
   RETURN_IF_ERROR(CheckArchive(path));
-  torch::jit::ExtraFilesMap extra = {{kConfigJson, ""}, {kInputsJson, ""}};
+  torch::jit::ExtraFilesMap extra = {
+      {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};
   LoadedModel loaded;
   loaded.path = path;
   try {
@@ -122,19 +211,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot load TorchScript model '", path, "': ", FirstLine(e.what())));
   }
-  for (const auto& [name, text] : extra) {
-    if (!text.empty()) loaded.extra_files[name] = text;
-  }
-  if (!extra[kConfigJson].empty()) {
-    ASSIGN_OR_RETURN(loaded.config,
-                     hf::HfConfig::Parse(extra[kConfigJson],
-                                         absl::StrCat(path, ":", kConfigJson)));
-  }
-  if (!extra[kInputsJson].empty()) {
-    ASSIGN_OR_RETURN(loaded.inputs,
-                     hf::ParseInputsJson(extra[kInputsJson],
-                                         absl::StrCat(path, ":", kInputsJson)));
-  }
+  RETURN_IF_ERROR(ReadModelFiles(path, extra, loaded));
   return loaded;
 }
 

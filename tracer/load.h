@@ -22,6 +22,9 @@ namespace tracecut::tracer {
 // Names of the extra files read from the archive.
 inline constexpr char kConfigJson[] = "config.json";
 inline constexpr char kInputsJson[] = "tracecut_inputs.json";
+// What `tracecut export` records about the model class:
+// {"model_class": ..., "no_split_modules": [...]}.
+inline constexpr char kModelJson[] = "tracecut_model.json";
 
 struct LoadedModel {
   std::string path;

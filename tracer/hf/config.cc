@@ -247,6 +247,13 @@ const std::vector<ArchitectureDefaults>& KnownArchitectures() {
 HfDefaults DefaultsFor(const HfConfig& config) {
   HfDefaults d;
   d.ignore = {"lm_head"};
+  if (!config.no_split_modules().empty()) {
+    d.model_type = config.model_type();
+    for (const std::string& t : config.no_split_modules()) {
+      if (!absl::StrContains(t, "Embedding")) d.sequential_targets.push_back(t);
+    }
+    if (!d.sequential_targets.empty()) return d;
+  }
   const ArchitectureDefaults* match = nullptr;
   for (const ArchitectureDefaults& row : KnownArchitectures()) {
     if (config.model_type() == row.model_type) {

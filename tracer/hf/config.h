@@ -60,6 +60,16 @@ class HfConfig {
   // (CLIP-style composite configs) when the top level lacks the key.
   absl::StatusOr<std::optional<int64_t>> FindInt(absl::string_view key) const;
 
+  // The model class's `_no_split_modules`, when whoever loaded the config
+  // knows them (tracecut export records them next to config.json); they win
+  // over the architecture table in DefaultsFor.
+  const std::vector<std::string>& no_split_modules() const {
+    return no_split_modules_;
+  }
+  void set_no_split_modules(std::vector<std::string> types) {
+    no_split_modules_ = std::move(types);
+  }
+
  private:
   HfConfig(Json json, std::string source)
       : json_(std::move(json)), source_(std::move(source)) {}
@@ -73,6 +83,7 @@ class HfConfig {
   std::string text_;
   std::string model_type_;
   std::vector<std::string> architectures_;
+  std::vector<std::string> no_split_modules_;
 };
 
 // What HF tooling derives from a config.
@@ -95,9 +106,10 @@ struct ArchitectureDefaults {
 // The known architectures, in lookup order. Extend here.
 const std::vector<ArchitectureDefaults>& KnownArchitectures();
 
-// Defaults for `config`: matched by model_type, else by an architectures
-// entry "<prefix>For..." / "<prefix>Model". Unknown models get no sequential
-// targets and the default ignore list ({"lm_head"}).
+// Defaults for `config`: its no_split_modules() when set (entries naming
+// embeddings dropped, as in the table), else matched by model_type, else by an
+// architectures entry "<prefix>For..." / "<prefix>Model". Unknown models get no
+// sequential targets and the default ignore list ({"lm_head"}).
 HfDefaults DefaultsFor(const HfConfig& config);
 
 }  // namespace tracecut::tracer::hf

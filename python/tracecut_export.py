@@ -1,0 +1,327 @@
+"""`tracecut export`: a Hugging Face transformers model to a torch.export .pt2.
+
+    tools/python python/tracecut_export.py HF_DIR_OR_MODEL_ID -o OUT.pt2 \
+        [--torchscript] [--batch=N] [--seq-len=N] [--class=NAME]
+    tools/python python/tracecut_export.py --config-only CONFIG.json ...
+
+The model is built with transformers' own classes from the checkpoint's
+config.json (and its safetensors weights unless --random-weights), exported
+with torch.export (eager-mode attention, no KV cache), and saved with these
+files embedded next to the program, which `tracecut` reads back:
+
+  config.json           the model's config, as transformers writes it
+  tracecut_inputs.json  the example inputs, as descriptions (name, shape,
+                        dtype, how values are drawn), so every subcommand can
+                        rebuild them deterministically
+  tracecut_model.json   {"model_class", "no_split_modules", "exporter"}
+
+--torchscript writes a TorchScript .pt (torch.jit.trace) with the same
+files embedded, for LibTorch-only users.
+
+Errors go to stderr as one line "tracecut export: ..." (exit 1); when
+torch.export fails, the line names the innermost module and source line of
+model code that the failure points at.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import traceback
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class ExportError(Exception):
+  pass
+
+
+def _fail(message):
+  raise ExportError(message)
+
+
+def _load_config(source, trust_remote_code=False):
+  import transformers
+  if os.path.isfile(source) and source.endswith(".json"):
+    return transformers.AutoConfig.from_pretrained(os.path.dirname(source) or
+                                                   ".")
+  if os.path.isdir(source):
+    if not os.path.isfile(os.path.join(source, "config.json")):
+      _fail(f"{source}: no config.json in this directory (not a Hugging Face "
+            "checkpoint)")
+  try:
+    return transformers.AutoConfig.from_pretrained(
+        source, local_files_only=True, trust_remote_code=trust_remote_code)
+  except (OSError, ValueError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+    _fail(f"{source}: cannot read a Hugging Face config ({first}); give a "
+          "checkpoint directory or a model id already in the local Hugging "
+          "Face cache (tracecut never downloads)")
+
+
+def _model_class(config, name):
+  import transformers
+  names = [name] if name else list(getattr(config, "architectures", None) or [])
+  for n in names:
+    cls = getattr(transformers, n, None)
+    if cls is not None:
+      return cls
+    if name:
+      _fail(f"--class={name}: transformers {transformers.__version__} has no "
+            "such class")
+  auto = transformers.AutoModel
+  try:
+    return auto._model_mapping[type(config)]
+  except KeyError:
+    _fail(f"config.json names no architecture that transformers "
+          f"{transformers.__version__} knows ({names or 'none'}) and "
+          f"model_type '{config.model_type}' has no AutoModel class; give "
+          "--class=NAME")
+
+
+def _has_weights(directory):
+  if not os.path.isdir(directory):
+    return True  # A model id in the cache: from_pretrained finds them.
+  return any(
+      f.endswith(".safetensors") or f.endswith(".bin")
+      for f in os.listdir(directory))
+
+
+def build_model(source, class_name=None, random_weights=False, seed=0):
+  """The transformers model of `source`, in eval mode on the CPU."""
+  import torch
+  config = _load_config(source)
+  cls = _model_class(config, class_name)
+  attn = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+  config._attn_implementation = attn
+  if hasattr(config, "use_cache"):
+    config.use_cache = False
+  if random_weights or not _has_weights(source):
+    if not random_weights:
+      _fail(f"{source}: no *.safetensors or *.bin weights in this directory; "
+            "give --random-weights to export with seeded random weights")
+    torch.manual_seed(seed)
+    model = cls(config)
+  else:
+    try:
+      model = cls.from_pretrained(
+          source, config=config, local_files_only=True, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError) as e:
+      _fail(f"{source}: cannot load the weights of {cls.__name__}: "
+            f"{str(e).strip().splitlines()[0]}")
+  return model.eval(), config
+
+
+# Input descriptions (tracecut_inputs.json; see tracer/hf/inputs.h).
+def _tokens(name, batch, seq, vocab):
+  return {"name": name, "shape": [batch, seq], "dtype": "int64",
+          "kind": "tokens", "high": int(vocab)}
+
+
+def input_specs(model, config, batch, seq_len):
+  """Example-input descriptions for `model`'s forward, by modality."""
+  import inspect
+  params = inspect.signature(model.forward).parameters
+  main = getattr(model, "main_input_name", "input_ids")
+  vocab = getattr(config, "vocab_size", None)
+  text_config = getattr(config, "text_config", None)
+  vision_config = getattr(config, "vision_config", None)
+  specs = []
+  if main == "input_ids" or "input_ids" in params and main not in params:
+    v = vocab or getattr(text_config, "vocab_size", None) or 1000
+    specs.append(_tokens("input_ids", batch, seq_len, v))
+  if main == "pixel_values" or (vision_config is not None and
+                                "pixel_values" in params):
+    vc = vision_config or config
+    size = getattr(vc, "image_size", 224)
+    size = size if isinstance(size, int) else size[0]
+    channels = getattr(vc, "num_channels", 3)
+    specs.append({"name": "pixel_values", "shape": [batch, channels, size,
+                                                    size],
+                  "dtype": "float32", "kind": "normal"})
+  if main == "input_features":
+    mels = getattr(config, "num_mel_bins", 80)
+    frames = 2 * getattr(config, "max_source_positions", 1500)
+    specs.append({"name": "input_features", "shape": [batch, mels, frames],
+                  "dtype": "float32", "kind": "normal"})
+  if main == "input_values":
+    specs.append({"name": "input_values", "shape": [batch, 16000],
+                  "dtype": "float32", "kind": "normal"})
+  if getattr(config, "is_encoder_decoder", False) and (
+      "decoder_input_ids" in params):
+    v = vocab or 1000
+    specs.append(_tokens("decoder_input_ids", batch, seq_len, v))
+  if not specs:
+    _fail(f"{type(model).__name__}: main input '{main}' is not one tracecut "
+          "knows how to make (input_ids, pixel_values, input_features, "
+          "input_values)")
+  return specs
+
+
+def make_inputs(specs, seed=1234):
+  import torch
+  g = torch.Generator().manual_seed(seed)
+  out = {}
+  for s in specs:
+    dtype = getattr(torch, s["dtype"])
+    if s["kind"] == "tokens":
+      out[s["name"]] = torch.randint(0, s["high"], s["shape"], generator=g,
+                                     dtype=dtype)
+    elif s["kind"] == "ones":
+      out[s["name"]] = torch.ones(s["shape"], dtype=dtype)
+    else:
+      out[s["name"]] = torch.randn(s["shape"], generator=g, dtype=dtype)
+  return out
+
+
+def _forward_params(model):
+  import inspect
+  return inspect.signature(model.forward).parameters
+
+
+def output_names(model, inputs):
+  """Names of the tensors the model returns, in torch.export's flat order."""
+  import torch
+  with torch.no_grad():
+    kwargs = dict(inputs)
+    if "use_cache" in _forward_params(model):
+      kwargs["use_cache"] = False
+    out = model(**kwargs)
+  if isinstance(out, torch.Tensor):
+    return ["output"]
+  if hasattr(out, "keys"):
+    return [k for k in out.keys() if isinstance(out[k], torch.Tensor)]
+  return [f"output{i}" for i in range(len(out))]
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
+
+
+def _explain(model, error):
+  """One line naming where in model code torch.export failed."""
+  text = "".join(traceback.format_exception(error))
+  frames = _FRAME.findall(text)
+  # The innermost frame in model code (not torch's own machinery).
+  model_frames = [
+      f for f in frames if "/torch/" not in f[0] and "/_dynamo/" not in f[0]
+      and not f[0].endswith("tracecut_export.py")
+  ]
+  where = ""
+  if model_frames:
+    path, line, func = model_frames[-1]
+    where = f" at {path}:{line} (in {func})"
+    owner = _module_for_source(model, path, func)
+    if owner:
+      where = f" in module {owner}{where}"
+  first = str(error).strip().splitlines()[0] if str(error).strip() else (
+      type(error).__name__)
+  return f"torch.export cannot export {type(model).__name__}{where}: {first}"
+
+
+def _module_for_source(model, path, func):
+  """The first submodule path whose class is defined in `path` and has a
+  method `func`."""
+  import inspect
+  for name, sub in model.named_modules():
+    try:
+      src = inspect.getsourcefile(type(sub))
+    except TypeError:
+      continue
+    if src and os.path.abspath(src) == os.path.abspath(path) and hasattr(
+        type(sub), func):
+      return f"{name or '<root>'} ({type(sub).__name__})"
+  return ""
+
+
+def export(source, output, torchscript=False, batch=2, seq_len=16,
+           class_name=None, random_weights=False, seed=0):
+  import torch
+  import transformers
+  model, config = build_model(source, class_name, random_weights, seed)
+  specs = input_specs(model, config, batch, seq_len)
+  inputs = make_inputs(specs)
+  names = [s["name"] for s in specs]
+  outputs = output_names(model, inputs)
+  files = {
+      "config.json": config.to_json_string(use_diff=False),
+      "tracecut_inputs.json": json.dumps({"inputs": specs,
+                                          "outputs": outputs}, indent=1),
+      "tracecut_model.json": json.dumps({
+          "model_class": type(model).__name__,
+          "no_split_modules": list(model._no_split_modules or []),
+          "exporter": (f"tracecut_export (torch {torch.__version__}, "
+                       f"transformers {transformers.__version__})"),
+      }, indent=1),
+  }
+  kwargs = dict(inputs)
+  if "use_cache" in _forward_params(model):
+    kwargs["use_cache"] = False
+  # torch.export.save wants a name ending in .pt2.
+  tmp = os.path.join(os.path.dirname(os.path.abspath(output)),
+                     f".{os.path.basename(output)}.{os.getpid()}.tmp.pt2")
+  try:
+    with torch.no_grad():
+      if torchscript:
+        try:
+          traced = torch.jit.trace(model, example_kwarg_inputs=kwargs,
+                                   strict=False, check_trace=False)
+        except Exception as e:  # pylint: disable=broad-except
+          _fail(_explain(model, e).replace("torch.export", "torch.jit.trace"))
+        torch.jit.save(traced, tmp, _extra_files=files)
+      else:
+        try:
+          ep = torch.export.export(model, (), kwargs, strict=False)
+          # Inference IR: functional, no grad-mode regions.
+          ep = ep.run_decompositions({})
+        except ExportError:
+          raise
+        except Exception as e:  # pylint: disable=broad-except
+          _fail(_explain(model, e))
+        torch.export.save(ep, tmp, extra_files=files)
+    os.replace(tmp, output)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return model, inputs
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(
+      prog="tracecut export",
+      description=("Export a Hugging Face transformers model (checkpoint "
+                   "directory or model id in the local cache) to a "
+                   "torch.export .pt2 that tracecut reads."))
+  p.add_argument("model", metavar="HF_DIR_OR_MODEL_ID")
+  p.add_argument("-o", "--output", required=True, metavar="OUT.pt2")
+  p.add_argument("--torchscript", action="store_true",
+                 help="write a TorchScript .pt (torch.jit.trace) instead")
+  p.add_argument("--batch", type=int, default=2,
+                 help="batch size of the example inputs (default 2)")
+  p.add_argument("--seq-len", type=int, default=16,
+                 help="sequence length of the example inputs (default 16)")
+  p.add_argument("--class", dest="class_name", default=None,
+                 help="transformers class to build (default: config.json's "
+                 "architectures[0])")
+  p.add_argument("--random-weights", action="store_true",
+                 help="seeded random weights instead of the checkpoint's")
+  p.add_argument("--seed", type=int, default=0,
+                 help="seed of --random-weights (default 0)")
+  a = p.parse_args(argv)
+  if a.batch < 1 or a.seq_len < 1:
+    p.error("--batch and --seq-len must be >= 1")
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+  try:
+    export(a.model, a.output, a.torchscript, a.batch, a.seq_len, a.class_name,
+           a.random_weights, a.seed)
+  except ExportError as e:
+    print(f"tracecut export: {e}", file=sys.stderr)
+    return EXIT_ERROR
+  print(f"tracecut export: wrote {a.output}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,283 @@
+#include "tracer/export/pt2_archive.h"
+
+#include <caffe2/serialize/inline_container.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+#include "runtime/torch_status.h"
+
+namespace tracecut::tracer::exported {
+namespace {
+
+namespace schema = torch::_export;
+
+constexpr char kModelsDir[] = "models/";
+constexpr char kWeightsDir[] = "data/weights/";
+constexpr char kWeightsConfig[] = "data/weights/model_weights_config.json";
+constexpr char kConstantsDir[] = "data/constants/";
+constexpr char kConstantsConfig[] =
+    "data/constants/model_constants_config.json";
+constexpr char kExtraDir[] = "extra/";
+
+std::string ReadRecord(caffe2::serialize::PyTorchStreamReader& reader,
+                       const std::string& name) {
+  auto [data, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
+// Parses `text` as schema type T; errors name the record and, for a schema
+// mismatch, the torch version that wrote it.
+template <typename T>
+absl::StatusOr<T> ParseJson(const std::string& text, const std::string& where,
+                            const std::string& writer) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": not valid JSON: ", e.what()));
+  }
+  try {
+    return j.get<T>();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": does not match the torch.export schema of LibTorch ",
+        TORCH_VERSION, writer.empty() ? "" : " (written by torch ", writer,
+        writer.empty() ? "" : ")", ": ", e.what()));
+  }
+}
+
+int64_t AsInt(const schema::SymInt& s, const std::string& what) {
+  if (s.tag() != schema::SymInt::Tag::AS_INT) {
+    throw std::invalid_argument(
+        absl::StrCat(what, " has a symbolic size or stride"));
+  }
+  return s.get_as_int();
+}
+
+// The tensors a payload config lists, from the files under `dir`.
+absl::Status ReadPayloads(caffe2::serialize::PyTorchStreamReader& reader,
+                          const std::string& path, const std::string& dir,
+                          const std::string& config_name,
+                          const std::string& writer,
+                          std::map<std::string, torch::Tensor>& out) {
+  if (!reader.hasRecord(config_name)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(schema::PayloadConfig config,
+                   ParseJson<schema::PayloadConfig>(
+                       ReadRecord(reader, config_name),
+                       absl::StrCat(path, ":", config_name), writer));
+  // Sorted, so errors and storage sharing do not depend on hash order.
+  std::map<std::string, const schema::PayloadMeta*> entries;
+  for (const auto& [fqn, meta] : config.get_config()) entries[fqn] = &meta;
+  std::map<std::string, torch::Tensor> storages;  // By payload file.
+  for (const auto& [fqn, meta] : entries) {
+    const std::string where = absl::StrCat(path, ": tensor '", fqn, "'");
+    if (meta->get_use_pickle()) {
+      return absl::UnimplementedError(absl::StrCat(
+          where,
+          " is stored pickled (a tensor subclass or a non-strided tensor); "
+          "tracecut reads plain tensors only"));
+    }
+    if (!meta->get_tensor_meta().has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has no tensor_meta"));
+    }
+    const schema::TensorMeta& tm = *meta->get_tensor_meta();
+    std::optional<c10::ScalarType> dtype = ToScalarType(tm.get_dtype());
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has an unknown dtype"));
+    }
+    const std::string file = dir + meta->get_path_name();
+    if (!reader.hasRecord(file)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": payload file '", file, "' is missing from the archive"));
+    }
+    auto storage_it = storages.find(file);
+    if (storage_it == storages.end()) {
+      auto [data, size] = reader.getRecord(file);
+      const size_t item = c10::elementSize(*dtype);
+      if (size % item != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": payload '", file, "' has ", size,
+                         " bytes, not a multiple of the ", item, "-byte ",
+                         c10::toString(*dtype)));
+      }
+      torch::Tensor flat = torch::empty({static_cast<int64_t>(size / item)},
+                                        torch::dtype(*dtype));
+      if (size > 0) std::memcpy(flat.data_ptr(), data.get(), size);
+      storage_it = storages.emplace(file, flat).first;
+    }
+    torch::Tensor flat = storage_it->second;
+    if (flat.scalar_type() != *dtype) flat = flat.view(*dtype);
+    ASSIGN_OR_RETURN(
+        torch::Tensor t, runtime::TorchCall(where, [&] {
+          std::vector<int64_t> sizes, strides;
+          for (const auto& s : tm.get_sizes()) sizes.push_back(AsInt(s, fqn));
+          for (const auto& s : tm.get_strides()) {
+            strides.push_back(AsInt(s, fqn));
+          }
+          const int64_t offset = AsInt(tm.get_storage_offset(), fqn);
+          int64_t last = offset;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            if (sizes[i] == 0) return torch::empty(sizes, flat.options());
+            last += (sizes[i] - 1) * strides[i];
+          }
+          if (last >= flat.numel()) {
+            throw std::invalid_argument(absl::StrCat(
+                "sizes and strides reach element ", last, " of a payload of ",
+                flat.numel(), " elements (truncated payload?)"));
+          }
+          return flat.as_strided(sizes, strides, offset);
+        }));
+    out[fqn] = t;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsPt2Path(const std::string& path) { return absl::EndsWith(path, ".pt2"); }
+
+std::optional<c10::ScalarType> ToScalarType(schema::ScalarType type) {
+  using S = schema::ScalarType;
+  switch (type) {
+    case S::BYTE:
+      return c10::kByte;
+    case S::CHAR:
+      return c10::kChar;
+    case S::SHORT:
+      return c10::kShort;
+    case S::INT:
+      return c10::kInt;
+    case S::LONG:
+      return c10::kLong;
+    case S::HALF:
+      return c10::kHalf;
+    case S::FLOAT:
+      return c10::kFloat;
+    case S::DOUBLE:
+      return c10::kDouble;
+    case S::COMPLEXHALF:
+      return c10::kComplexHalf;
+    case S::COMPLEXFLOAT:
+      return c10::kComplexFloat;
+    case S::COMPLEXDOUBLE:
+      return c10::kComplexDouble;
+    case S::BOOL:
+      return c10::kBool;
+    case S::BFLOAT16:
+      return c10::kBFloat16;
+    case S::UINT16:
+      return c10::kUInt16;
+    case S::FLOAT8E4M3FN:
+      return c10::kFloat8_e4m3fn;
+    case S::FLOAT8E5M2:
+      return c10::kFloat8_e5m2;
+    case S::FLOAT8E4M3FNUZ:
+      return c10::kFloat8_e4m3fnuz;
+    case S::FLOAT8E5M2FNUZ:
+      return c10::kFloat8_e5m2fnuz;
+    case S::FLOAT8E8M0FNU:
+      return c10::kFloat8_e8m0fnu;
+    case S::UINT32:
+      return c10::kUInt32;
+    case S::UINT64:
+      return c10::kUInt64;
+    default:
+      return std::nullopt;
+  }
+}
+
+absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("model file '", path, "' does not exist"));
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model path '", path, "' is a directory, not a .pt2"));
+  }
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  RETURN_IF_ERROR(runtime::TorchCall(
+      absl::StrCat("model file '", path,
+                   "' is not a torch.export archive (a .pt2 is a zip written "
+                   "by torch.export.save)"),
+      [&] {
+        reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+      }));
+
+  Pt2Archive archive;
+  archive.path = path;
+  std::vector<std::string> records;
+  RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat("reading ", path), [&] {
+    records = reader->getAllRecords();
+  }));
+  std::string model_json;
+  std::vector<std::string> models;
+  for (const std::string& r : records) {
+    if (absl::StartsWith(r, kModelsDir) && absl::EndsWith(r, ".json") &&
+        r.find('/', sizeof(kModelsDir) - 1) == std::string::npos) {
+      models.push_back(r);
+    }
+  }
+  if (models.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model file '", path,
+                     "' is a zip archive but not a torch.export program (no "
+                     "models/*.json; was it written by torch.export.save?)"));
+  }
+  std::sort(models.begin(), models.end());
+  model_json = models.front();
+  for (const std::string& m : models) {
+    if (m == "models/model.json") model_json = m;
+  }
+  if (models.size() > 1 && model_json != "models/model.json") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": holds several programs (", absl::StrJoin(models, ", "),
+        "); tracecut reads archives of one model"));
+  }
+
+  return runtime::TorchCall(
+      absl::StrCat("reading ", path), [&]() -> absl::StatusOr<Pt2Archive> {
+        const std::string text = ReadRecord(*reader, model_json);
+        // The writer's version, for errors: best effort, before the schema.
+        std::string writer;
+        try {
+          nlohmann::json j = nlohmann::json::parse(text);
+          if (j.contains("torch_version") && j["torch_version"].is_string()) {
+            writer = j["torch_version"].get<std::string>();
+          }
+        } catch (const nlohmann::json::exception&) {
+        }
+        ASSIGN_OR_RETURN(
+            archive.program,
+            ParseJson<schema::ExportedProgram>(
+                text, absl::StrCat(path, ":", model_json), writer));
+        RETURN_IF_ERROR(ReadPayloads(*reader, path, kWeightsDir, kWeightsConfig,
+                                     writer, archive.tensors));
+        RETURN_IF_ERROR(ReadPayloads(*reader, path, kConstantsDir,
+                                     kConstantsConfig, writer,
+                                     archive.tensors));
+        for (const std::string& r : records) {
+          if (absl::StartsWith(r, kExtraDir)) {
+            archive.extra_files[r.substr(sizeof(kExtraDir) - 1)] =
+                ReadRecord(*reader, r);
+          }
+        }
+        return std::move(archive);
+      });
+}
+
+}  // namespace tracecut::tracer::exported

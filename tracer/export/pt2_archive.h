@@ -1,0 +1,49 @@
+#ifndef TRACECUT_TRACER_EXPORT_PT2_ARCHIVE_H_
+#define TRACECUT_TRACER_EXPORT_PT2_ARCHIVE_H_
+
+// Reading a torch.export archive (.pt2, as torch.export.save writes it) with
+// LibTorch's own pieces: the zip container (caffe2's PyTorchStreamReader) and
+// the PT2 schema with its JSON deserializer
+// (torch/csrc/utils/generated_serialization_types.h, generated from
+// torch/_export/serde/schema.py). No parser of our own.
+//
+//   ASSIGN_OR_RETURN(Pt2Archive a, ReadPt2Archive("llama.pt2"));
+//   a.program.get_graph_module().get_graph().get_nodes() ...
+//   a.tensors.at("model.embed_tokens.weight")
+
+#include <torch/csrc/utils/generated_serialization_types.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tracecut::tracer::exported {
+
+struct Pt2Archive {
+  std::string path;
+  torch::_export::ExportedProgram program;
+  // Parameters, buffers and lifted constants by fully qualified name, as the
+  // archive's weights and constants configs list them. Entries that share a
+  // payload file (tied weights) share one tensor.
+  std::map<std::string, torch::Tensor> tensors;
+  // Files passed as `extra_files` to torch.export.save, by name.
+  std::map<std::string, std::string> extra_files;
+};
+
+// True when `path` looks like a torch.export archive by name (".pt2").
+bool IsPt2Path(const std::string& path);
+
+// Reads the archive at `path`. Errors name the file and what is wrong: not a
+// zip, no models/*.json, JSON that does not match the schema of this
+// LibTorch (with the exporting torch version), a payload file missing or of
+// the wrong size, pickled payloads (which need Python to read).
+absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path);
+
+// c10's dtype for the schema's ScalarType; nullopt for UNKNOWN.
+std::optional<c10::ScalarType> ToScalarType(torch::_export::ScalarType type);
+
+}  // namespace tracecut::tracer::exported
+
+#endif  // TRACECUT_TRACER_EXPORT_PT2_ARCHIVE_H_
