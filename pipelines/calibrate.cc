@@ -201,7 +201,14 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
                         absl::StrCat(model_path, ": ", gm.status().message()));
   }
   LoadedForCalibration out{std::move(*gm)};
-  ASSIGN_OR_RETURN(out.model.mutable_extra_files(), ReadExtraFiles(model_path));
+  out.file = loaded.path;
+  if (loaded.from_torch_export) {
+    // A .pt2 (or a directory holding one): the files LoadModel read.
+    out.model.mutable_extra_files() = loaded.extra_files;
+  } else {
+    ASSIGN_OR_RETURN(out.model.mutable_extra_files(),
+                     ReadExtraFiles(model_path));
+  }
   if (loaded.config.has_value()) {
     const tracer::hf::HfConfig& config = *loaded.config;
     ASSIGN_OR_RETURN(out.vocab_size, config.FindInt("vocab_size"));
@@ -307,8 +314,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   p.resume = options.resume;
   p.stop_after_subgraph = options.stop_after_subgraph;
   p.progress = progress;
-  ASSIGN_OR_RETURN(std::string model_identity,
-                   ModelFileIdentity(options.model_path));
+  ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
   p.fingerprint = absl::StrCat("model ", model_identity, "; recipe ",
                                absl::StrFormat("%016x", Fnv1a64(RecipeText(r))),
                                "; targets ", absl::StrJoin(targets, ","));

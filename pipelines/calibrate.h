@@ -51,6 +51,8 @@ struct LoadedForCalibration {
   // HF sequential targets for the model type ({"LlamaDecoderLayer"}).
   std::vector<std::string> default_targets;
   std::string model_type;  // "llama"; empty when there is no config.
+  // The model file read (for a directory, the .pt2 in it).
+  std::string file;
 };
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     const std::string& model_path);

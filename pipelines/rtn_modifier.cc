@@ -74,8 +74,12 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
                    options_.modules.Select(ctx, name()));
   selected_.clear();
   std::vector<std::string> skipped;
+  transposed_.clear();
   for (const LeafModule* leaf : leaves) {
-    if (ShortType(leaf->type) != "Linear") {
+    // Hugging Face's Conv1D (GPT-2) is a Linear with its weight stored
+    // transposed, [in, out]; it is quantized as the Linear it is.
+    const bool conv1d = ShortType(leaf->type) == "Conv1D";
+    if (ShortType(leaf->type) != "Linear" && !conv1d) {
       skipped.push_back(
           absl::StrCat(leaf->path, " (", ShortType(leaf->type), ")"));
       continue;
@@ -88,12 +92,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
       continue;
     }
     selected_.insert(leaf->path);
+    if (conv1d) transposed_.insert(leaf->path);
   }
   if (selected_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name(), ": targets [", absl::StrJoin(options_.modules.targets, ", "),
-        "] select no Linear module (selected: ", absl::StrJoin(skipped, ", "),
-        ")"));
+        "] select no Linear (or Conv1D) module (selected: ",
+        absl::StrJoin(skipped, ", "), ")"));
   }
   if (!skipped.empty()) {
     ctx.Warn(absl::StrCat(name(),
@@ -136,7 +141,8 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
   if (NeedsHessian() || options_.measure_error) {
     if (p.hessian == nullptr) {
       ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-      p.hessian = std::make_unique<HessianAccumulator>(w.size(1));
+      p.hessian = std::make_unique<HessianAccumulator>(
+          w.size(transposed_.count(path) > 0 ? 0 : 1));
     }
     absl::Status added = p.hessian->Add(x);
     if (!added.ok()) {
@@ -159,7 +165,9 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
                                            Pending* pending) {
   absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-  at::Tensor original = w.detach().clone();
+  const bool transposed = transposed_.count(path) > 0;
+  at::Tensor original =
+      transposed ? w.detach().t().contiguous() : w.detach().clone();
   at::Tensor h;
   if (pending != nullptr && pending->hessian != nullptr) {
     h = pending->hessian->hessian();
@@ -186,7 +194,9 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
                                         original, outcome.baseline_weight, h));
     }
   }
-  RETURN_IF_ERROR(ctx.UpdateTensor(WeightPath(path), outcome.weight));
+  RETURN_IF_ERROR(ctx.UpdateTensor(
+      WeightPath(path),
+      transposed ? outcome.weight.t().contiguous() : outcome.weight));
   if (!outcome.warning.empty()) {
     r.notes.push_back(outcome.warning);
     ctx.Warn(absl::StrCat(name(), ": ", path, ": ", outcome.warning));

@@ -20,7 +20,9 @@
 // calibration inputs, sqrt(tr(dW H dW^T) / tr(W H W^T)) = ||dW X|| / ||W X||.
 //
 // Selected modules that are not Linear (by short type) are skipped with a
-// warning; a selection without any Linear is an error. A weight tied to
+// warning, except Hugging Face's Conv1D (GPT-2), a Linear whose weight is
+// stored transposed, which is quantized as that Linear; a selection without
+// any Linear is an error. A weight tied to
 // another parameter (OPT's lm_head and embed_tokens) is quantized for both,
 // with a warning. RTN needs no data: a selected Linear that no calibration
 // batch reached is still quantized at the end of the run (with a warning);
@@ -107,6 +109,8 @@ class WeightQuantModifier : public Modifier {
 
   WeightQuantOptions options_;
   std::set<std::string> selected_;
+  // Selected Conv1D modules: weight stored [in, out], quantized transposed.
+  std::set<std::string> transposed_;
   std::map<std::string, Pending> pending_;  // Called, not yet compressed.
   std::set<std::string> done_;
 };

@@ -182,8 +182,10 @@ def _forward_params(model):
 
 
 def output_names(model, inputs):
-  """Names of the tensors the model returns, in torch.export's flat order."""
+  """Names of the tensors the model returns, in torch.export's flat order
+  (nested outputs, like CLIP's text_model_output, as dotted paths)."""
   import torch
+  from torch.utils import _pytree
   with torch.no_grad():
     kwargs = dict(inputs)
     if "use_cache" in _forward_params(model):
@@ -191,9 +193,15 @@ def output_names(model, inputs):
     out = model(**kwargs)
   if isinstance(out, torch.Tensor):
     return ["output"]
-  if hasattr(out, "keys"):
-    return [k for k in out.keys() if isinstance(out[k], torch.Tensor)]
-  return [f"output{i}" for i in range(len(out))]
+  leaves, _ = _pytree.tree_flatten_with_path(out)
+  names = []
+  for path, value in leaves:
+    if not isinstance(value, torch.Tensor):
+      continue
+    parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+             for k in path]
+    names.append(".".join(parts) or "output")
+  return names
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
@@ -235,6 +243,26 @@ def _module_for_source(model, path, func):
   return ""
 
 
+def _export_dynamic(model, kwargs, specs):
+  """torch.export with the batch dimension (and the sequence dimension of
+  token inputs) dynamic where the model allows; dimensions the model fixes
+  are specialised (Dim.AUTO), so calibration batches of another size run."""
+  import torch
+  auto = torch.export.Dim.AUTO
+  dynamic = {k: None for k in kwargs}
+  for s in specs:
+    dims = {0: auto}
+    if s["kind"] == "tokens":
+      dims[1] = auto
+    dynamic[s["name"]] = dims
+  try:
+    return torch.export.export(model, (), kwargs, dynamic_shapes=dynamic,
+                               strict=False)
+  except Exception:  # pylint: disable=broad-except
+    # Some models cannot keep any dimension symbolic: export them static.
+    return torch.export.export(model, (), kwargs, strict=False)
+
+
 def export(source, output, torchscript=False, batch=2, seq_len=16,
            class_name=None, random_weights=False, seed=0):
   import torch
@@ -272,7 +300,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
         torch.jit.save(traced, tmp, _extra_files=files)
       else:
         try:
-          ep = torch.export.export(model, (), kwargs, strict=False)
+          ep = _export_dynamic(model, kwargs, specs)
           # Inference IR: functional, no grad-mode regions.
           ep = ep.run_decompositions({})
         except ExportError:
@@ -313,6 +341,8 @@ def main(argv=None):
     p.error("--batch and --seq-len must be >= 1")
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+  os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   try:
     export(a.model, a.output, a.torchscript, a.batch, a.seq_len, a.class_name,
            a.random_weights, a.seed)

@@ -163,6 +163,7 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
                    exported::ReadPt2Archive(path));
   LoadedModel loaded;
   loaded.path = path;
+  loaded.from_torch_export = true;
   ASSIGN_OR_RETURN(loaded.module, exported::ProgramToModule(archive));
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};

@@ -27,7 +27,11 @@ inline constexpr char kInputsJson[] = "tracecut_inputs.json";
 inline constexpr char kModelJson[] = "tracecut_model.json";
 
 struct LoadedModel {
+  // The model file (for a directory, the .pt2 in it).
   std::string path;
+  // Whether it was a torch.export program (then `module` is rebuilt from it,
+  // see tracer/export/pt2_import.h) rather than a TorchScript archive.
+  bool from_torch_export = false;
   torch::jit::Module module;
   // The embedded config.json, when present.
   std::optional<hf::HfConfig> config;
@@ -38,7 +42,9 @@ struct LoadedModel {
   torch::jit::ExtraFilesMap extra_files;
 };
 
-// Loads `path` on the CPU. Errors (all naming the file):
+// Loads `path` on the CPU: a TorchScript .pt, a torch.export .pt2, or a
+// directory holding exactly one .pt2 (a checkpoint directory that
+// `tracecut export` wrote into). Errors (all naming the file):
 //   NotFoundError            the file does not exist or cannot be opened
 //   InvalidArgumentError     the file is empty; is not a zip archive (e.g. a
 //                            pickle, or text); is a truncated or corrupt zip;

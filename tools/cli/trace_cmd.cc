@@ -13,6 +13,7 @@
 #include "ir/proto.h"
 #include "ir/status_macros.h"
 #include "ir/text.h"
+#include "runtime/lowering.h"
 #include "tools/cli/common.h"
 #include "tools/cli/graph_json.h"
 #include "tracer/tracer.h"
@@ -38,12 +39,17 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
   const std::string model = args.positional()[0];
   const std::string format = args.Get("format").value_or("text");
   if (format != "text" && format != "proto" && format != "dot" &&
-      format != "json") {
-    return UsageError(absl::StrCat("unknown --format '", format,
-                                   "' (text, proto, dot or json)"));
+      format != "json" && format != "torchscript") {
+    return UsageError(
+        absl::StrCat("unknown --format '", format,
+                     "' (text, proto, dot, json or torchscript)"));
   }
   const bool json = args.Has("json");
   std::optional<std::string> output = args.Get("output");
+  if (format == "torchscript" && (!output.has_value() || *output == "-")) {
+    return UsageError(
+        "--format=torchscript writes a .pt archive; give -o FILE");
+  }
   if (format == "proto" && !output.has_value() && !json) {
     // Binary on a terminal helps nobody; "-o -" still forces stdout.
     if (isatty(1)) {
@@ -62,10 +68,16 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
     options.config_path = *config;
   }
   ASSIGN_OR_RETURN(runtime::GraphModule gm, tracer::TraceFile(model, options));
-  ASSIGN_OR_RETURN(std::string rendered, Render(gm.graph(), format));
+  std::string rendered;
+  if (format != "torchscript") {
+    ASSIGN_OR_RETURN(rendered, Render(gm.graph(), format));
+  }
 
   // With --json, stdout carries the summary; the graph goes to -o only.
-  if (output.has_value()) {
+  if (format == "torchscript") {
+    // The traced graph lowered back to TorchScript, with the model's files.
+    RETURN_IF_ERROR(runtime::SaveTorchScript(gm, *output));
+  } else if (output.has_value()) {
     RETURN_IF_ERROR(WriteOutput(*output, rendered, io));
   } else if (!json) {
     RETURN_IF_ERROR(WriteOutput("-", rendered, io));
@@ -90,11 +102,14 @@ Subcommand TraceCommand() {
   c.name = "trace";
   c.synopsis =
       "MODEL.pt [--leaf=TYPE_OR_PATH]... [--config=config.json] "
-      "[--no-default-leaves] [--format=text|proto|dot|json] [-o FILE] "
+      "[--no-default-leaves] [--format=text|proto|dot|json|torchscript] "
+      "[-o FILE] "
       "[--json]";
-  c.summary = "Trace a TorchScript model into the graph IR.";
+  c.summary = "Trace a TorchScript or torch.export model into the graph IR.";
   c.description =
-      "Walks MODEL.pt's forward with example inputs (its embedded "
+      "MODEL is a TorchScript .pt, a torch.export .pt2 (see `tracecut "
+      "export`), or a directory holding one .pt2. "
+      "Walks the model's forward with example inputs (its embedded "
       "tracecut_inputs.json, else Hugging Face dummy inputs from its "
       "config.json), inlining submodules except leaves (torch.nn built-ins, "
       "HF Conv1D, and every --leaf). Branches on constants and input shapes "
@@ -112,7 +127,9 @@ Subcommand TraceCommand() {
       FlagSpec::Value("config", "FILE",
                       "HF config.json to use instead of the embedded one"),
       FlagSpec::Value("format", "FORMAT",
-                      "text (default), proto (binary GraphProto), dot or json"),
+                      "text (default), proto (binary GraphProto), dot, json, "
+                      "or torchscript (the graph lowered to a .pt that "
+                      "LibTorch and torch.jit.load run; needs -o)"),
       FlagSpec::Value("output", "FILE", "write the graph here ('-': stdout)")
           .Short('o'),
       FlagSpec::Bool("json",

@@ -1,0 +1,238 @@
+"""End to end on transformers' own modeling code (the pinned version).
+
+    hf_model_test.py TRACECUT MODEL_NAME
+
+For MODEL_NAME (a row of MODELS): a small config with seeded random weights
+is saved as a Hugging Face checkpoint, then
+
+  1. `tracecut export DIR -o DIR/model.pt2` (torch.export of transformers'
+     class);
+  2. `tracecut partition DIR --check --json`: subgraphs = the model's
+     decoder/encoder layers + 1, every target layer in exactly one
+     subgraph, partitioned outputs equal to the whole graph's;
+  3. `tracecut trace DIR --format=torchscript`: the imported graph lowered to
+     TorchScript, run by Python torch on the export's example inputs, equals
+     the transformers model's outputs (rtol 1e-4, atol 1e-5, fp32);
+  4. text models: `tracecut calibrate` with GPTQ W4 and with RTN W4 on the
+     same synthetic data; on held-out tokens, GPTQ's final-output error
+     against the fp32 model is below RTN's.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+RTOL = 1e-4
+ATOL = 1e-5
+
+_LM = dict(vocab_size=128, hidden_size=32, intermediate_size=64,
+           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+           max_position_embeddings=64)
+
+# name: (config class, model class, config kwargs, target layers, text?)
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LM, 2, True),
+    "mistral": ("MistralConfig", "MistralForCausalLM", _LM, 2, True),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LM, 2, True),
+    # Hidden 64: at 32, GPTQ W4 and RTN W4 are within noise on Qwen3.
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(_LM, hidden_size=64, intermediate_size=128, head_dim=16), 2,
+              True),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LM, head_dim=8), 2,
+               True),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LM, pad_token_id=0), 2,
+             True),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(_LM, num_local_experts=4, num_experts_per_tok=2), 2,
+                True),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(_LM, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32,
+                       shared_expert_intermediate_size=32), 2, True),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(vocab_size=128, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=64), 2, True),
+    "opt": ("OPTConfig", "OPTForCausalLM",
+            dict(vocab_size=128, hidden_size=32, ffn_dim=64,
+                 num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, word_embed_proj_dim=32), 2, True),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
+             dict(vocab_size=128, n_embd=32, n_layer=2, n_head=4,
+                  n_positions=64), 2, True),
+    "bert": ("BertConfig", "BertModel",
+             dict(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=64,
+                  max_position_embeddings=64), 2, False),
+    "t5": ("T5Config", "T5ForConditionalGeneration",
+           dict(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                num_decoder_layers=2, num_heads=4, decoder_start_token_id=0),
+           4, False),
+    "whisper": ("WhisperConfig", "WhisperForConditionalGeneration",
+                dict(vocab_size=128, pad_token_id=0, bos_token_id=1,
+                     eos_token_id=2, decoder_start_token_id=3,
+                     suppress_tokens=None, begin_suppress_tokens=None,
+                     d_model=32, encoder_layers=2,
+                     decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, num_mel_bins=16,
+                     max_source_positions=32, max_target_positions=64), 4,
+                False),
+    "vit": ("ViTConfig", "ViTModel",
+            dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=64, image_size=32, patch_size=8), 2,
+            False),
+    "clip": ("CLIPConfig", "CLIPModel",
+             dict(text_config=dict(vocab_size=128, hidden_size=32,
+                                   intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4,
+                                   max_position_embeddings=64),
+                  vision_config=dict(hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=2,
+                                     num_attention_heads=4, image_size=32,
+                                     patch_size=8)), 4, False),
+}
+
+GPTQ = """
+modifiers {
+  gptq {
+    scheme { bits: 4 symmetric: true group_size: 128 }
+    targets: "Linear"
+    targets: "Conv1D"
+    ignore: "lm_head"
+  }
+}
+pipeline: SEQUENTIAL
+"""
+RTN = GPTQ.replace("gptq {", "rtn {")
+
+
+def run(cmd):
+  p = subprocess.run(cmd, capture_output=True, text=True)
+  if p.returncode != 0:
+    raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n"
+                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+  return p
+
+
+def make_inputs(specs, seed):
+  g = torch.Generator().manual_seed(seed)
+  out = {}
+  for s in specs:
+    dtype = getattr(torch, s["dtype"])
+    if s["kind"] == "tokens":
+      out[s["name"]] = torch.randint(0, s["high"], s["shape"], generator=g,
+                                     dtype=dtype)
+    else:
+      out[s["name"]] = torch.randn(s["shape"], generator=g, dtype=dtype)
+  return out
+
+
+def flat_outputs(model, inputs, names):
+  with torch.no_grad():
+    kwargs = dict(inputs)
+    if "use_cache" in model.forward.__code__.co_varnames:
+      kwargs["use_cache"] = False
+    out = model(**kwargs)
+  if isinstance(out, torch.Tensor):
+    return [out]
+  # torch.export's flat order (transformers registers ModelOutput with
+  # pytree), nested outputs included.
+  from torch.utils import _pytree
+  flat = [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+  if len(flat) != len(names):
+    raise AssertionError(f"transformers returns {len(flat)} tensors, the "
+                         f"export recorded {len(names)}: {names}")
+  return flat
+
+
+def check_close(name, got, want):
+  if got.shape != want.shape:
+    raise AssertionError(f"{name}: shape {tuple(got.shape)} != "
+                         f"{tuple(want.shape)}")
+  err = (got - want).abs()
+  bound = ATOL + RTOL * want.abs()
+  if not bool((err <= bound).all()):
+    raise AssertionError(f"{name}: max abs error {err.max().item():.3g} "
+                         f"exceeds atol {ATOL} + rtol {RTOL}·|want|")
+  return err.max().item()
+
+
+def main():
+  tracecut, name = sys.argv[1], sys.argv[2]
+  config_cls, model_cls, kwargs, layers, text = MODELS[name]
+  torch.manual_seed(0)
+  config = getattr(transformers, config_cls)(**kwargs)
+  model = getattr(transformers, model_cls)(config).eval()
+  with tempfile.TemporaryDirectory() as d:
+    ckpt = os.path.join(d, name)
+    model.save_pretrained(ckpt)
+
+    # 1. export.
+    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
+
+    # 2. partition --check at the default targets.
+    p = run([tracecut, "partition", ckpt, "--check", "--json"])
+    summary = json.loads(p.stdout)
+    subgraphs = summary["subgraphs"]
+    if len(subgraphs) != layers + 1:
+      raise AssertionError(f"{len(subgraphs)} subgraphs, want {layers} + 1:"
+                           f"\n{p.stdout}")
+    seen = []
+    for sg in subgraphs:
+      seen += sg["module_paths"]
+    if len(seen) != len(set(seen)) or len(seen) != layers:
+      raise AssertionError(f"target layers {seen}: want {layers} distinct")
+    if not summary["check"]["passed"]:
+      raise AssertionError(f"partition --check failed:\n{p.stdout}")
+
+    # 3. the imported graph, lowered, against transformers.
+    traced = os.path.join(d, "traced.pt")
+    run([tracecut, "trace", ckpt, "--format=torchscript", "-o", traced])
+    files = {"tracecut_inputs.json": ""}
+    m = torch.jit.load(traced, _extra_files=files)
+    spec = json.loads(files["tracecut_inputs.json"])
+    inputs = make_inputs(spec["inputs"], seed=7)
+    want = flat_outputs(model, inputs, spec["outputs"])
+    with torch.no_grad():
+      got = m(*[inputs[s["name"]] for s in spec["inputs"]])
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    if len(got) != len(want):
+      raise AssertionError(f"{len(got)} outputs, want {len(want)} "
+                           f"({spec['outputs']})")
+    errs = [check_close(f"output {n}", g, w)
+            for n, g, w in zip(spec["outputs"], got, want)]
+    print(f"{name}: {len(subgraphs)} subgraphs; outputs match transformers "
+          f"(max abs error {max(errs):.3g})")
+
+    # 4. GPTQ W4 vs RTN W4 (text models).
+    if text:
+      errors = {}
+      held_out = make_inputs(spec["inputs"], seed=99)
+      ref = flat_outputs(model, held_out, spec["outputs"])[0]
+      for recipe_name, recipe in (("gptq", GPTQ), ("rtn", RTN)):
+        recipe_path = os.path.join(d, f"{recipe_name}.textproto")
+        with open(recipe_path, "w") as f:
+          f.write(recipe)
+        out = os.path.join(d, f"{recipe_name}.pt")
+        run([tracecut, "calibrate", ckpt, f"--recipe={recipe_path}",
+             "--synthetic=" + "128", "--seq-len=16", "-o", out])
+        q = torch.jit.load(out)
+        with torch.no_grad():
+          y = q(*[held_out[s["name"]] for s in spec["inputs"]])
+        y = y if isinstance(y, torch.Tensor) else y[0]
+        errors[recipe_name] = ((y - ref).norm() / ref.norm()).item()
+      print(f"{name}: W4 relative output error GPTQ {errors['gptq']:.4f}, "
+            f"RTN {errors['rtn']:.4f}")
+      if not errors["gptq"] < errors["rtn"]:
+        raise AssertionError(f"GPTQ error {errors['gptq']} is not below "
+                             f"RTN's {errors['rtn']}")
+
+
+if __name__ == "__main__":
+  main()
