@@ -165,6 +165,7 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
   loaded.path = path;
   loaded.from_torch_export = true;
   ASSIGN_OR_RETURN(loaded.module, exported::ProgramToModule(archive));
+  ASSIGN_OR_RETURN(loaded.example_inputs, exported::SampleInputs(archive));
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};
   for (auto& [name, text] : extra) {

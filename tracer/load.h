@@ -10,6 +10,7 @@
 
 #include <torch/script.h>
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -37,6 +38,9 @@ struct LoadedModel {
   std::optional<hf::HfConfig> config;
   // The embedded tracecut_inputs.json, when present.
   std::optional<hf::InputsFile> inputs;
+  // A torch.export program's own example inputs, by forward argument name
+  // (used when there is no tracecut_inputs.json).
+  std::map<std::string, c10::IValue> example_inputs;
   // The raw text of the embedded files that are present (config.json,
   // tracecut_inputs.json), to carry into what is saved from this model.
   torch::jit::ExtraFilesMap extra_files;

@@ -28,6 +28,7 @@ constexpr char kConstantsDir[] = "data/constants/";
 constexpr char kConstantsConfig[] =
     "data/constants/model_constants_config.json";
 constexpr char kExtraDir[] = "extra/";
+constexpr char kSampleInputs[] = "data/sample_inputs/model.pt";
 
 std::string ReadRecord(caffe2::serialize::PyTorchStreamReader& reader,
                        const std::string& name) {
@@ -270,6 +271,9 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path) {
         RETURN_IF_ERROR(ReadPayloads(*reader, path, kConstantsDir,
                                      kConstantsConfig, writer,
                                      archive.tensors));
+        if (reader->hasRecord(kSampleInputs)) {
+          archive.sample_inputs = ReadRecord(*reader, kSampleInputs);
+        }
         for (const std::string& r : records) {
           if (absl::StartsWith(r, kExtraDir)) {
             archive.extra_files[r.substr(sizeof(kExtraDir) - 1)] =

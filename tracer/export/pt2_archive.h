@@ -30,6 +30,9 @@ struct Pt2Archive {
   std::map<std::string, torch::Tensor> tensors;
   // Files passed as `extra_files` to torch.export.save, by name.
   std::map<std::string, std::string> extra_files;
+  // The program's example inputs, (args, kwargs) as torch.save wrote them;
+  // empty when the archive has none.
+  std::string sample_inputs;
 };
 
 // True when `path` looks like a torch.export archive by name (".pt2").

@@ -115,6 +115,25 @@ bool IsIdentifier(absl::string_view s) {
   return !kKeywords->contains(std::string(s));
 }
 
+// The root forward's parameter name for a program input.
+std::string LocalName(const std::string& value) {
+  return IsIdentifier(value) && !absl::StartsWith(value, "__")
+             ? value
+             : absl::StrCat("in_", absl::StrReplaceAll(value, {{".", "_"}}));
+}
+
+void Flatten(const c10::IValue& v, std::vector<c10::IValue>& out) {
+  if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) Flatten(e, out);
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) Flatten(e, out);
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) Flatten(e.value(), out);
+  } else {
+    out.push_back(v);
+  }
+}
+
 std::string Quote(absl::string_view s) {
   std::string out = "\"";
   for (char c : s) {
@@ -758,12 +777,6 @@ class Importer {
     return f;
   }
 
-  static std::string LocalName(const std::string& value) {
-    return IsIdentifier(value) && !absl::StartsWith(value, "__")
-               ? value
-               : absl::StrCat("in_", absl::StrReplaceAll(value, {{".", "_"}}));
-  }
-
   // Schedules and writes `items`: nodes in program order where possible,
   // child calls once their inputs are ready; a child that cannot be a call
   // is replaced by its own items.
@@ -1241,8 +1254,8 @@ class Importer {
                      ")", where.empty() ? "" : " at ", where, " ", what));
   }
 
-  // The innermost "File "...", line N" frame of a Python stack trace, with
-  // its source line, as "file.py:N `code`".
+  // The innermost "File "...", line N" frame of a Python stack trace that
+  // is a real file, with its source line, as "file.py:N `code`".
   static std::string LastFrame(absl::string_view trace) {
     std::vector<absl::string_view> lines = absl::StrSplit(trace, '\n');
     for (size_t k = lines.size(); k-- > 0;) {
@@ -1252,6 +1265,8 @@ class Importer {
       size_t q = l.find('"');
       if (q == absl::string_view::npos) continue;
       std::string file(l.substr(0, q));
+      // Generated code ("<eval_with_key>.3") says nothing to the user.
+      if (absl::StartsWith(file, "<")) continue;
       size_t ln = l.find("line ");
       std::string line_no;
       if (ln != absl::string_view::npos) {
@@ -1284,6 +1299,42 @@ class Importer {
 };
 
 }  // namespace
+
+absl::StatusOr<std::map<std::string, c10::IValue>> SampleInputs(
+    const Pt2Archive& archive) {
+  std::map<std::string, c10::IValue> out;
+  if (archive.sample_inputs.empty()) return out;
+  ASSIGN_OR_RETURN(
+      c10::IValue value,
+      runtime::TorchCall(
+          absl::StrCat(archive.path, ": reading its sample inputs"), [&] {
+            std::vector<char> bytes(archive.sample_inputs.begin(),
+                                    archive.sample_inputs.end());
+            return torch::jit::pickle_load(bytes);
+          }));
+  std::vector<c10::IValue> leaves;
+  Flatten(value, leaves);
+  // Flattened (args, kwargs) line up with the user and constant inputs.
+  size_t k = 0;
+  const auto& sig = archive.program.get_graph_module().get_signature();
+  for (const schema::InputSpec& spec : sig.get_input_specs()) {
+    using Tag = schema::InputSpec::Tag;
+    if (spec.tag() == Tag::CONSTANT_INPUT) {
+      ++k;
+      continue;
+    }
+    if (spec.tag() != Tag::USER_INPUT) continue;
+    if (k >= leaves.size()) return std::map<std::string, c10::IValue>();
+    const schema::Argument& arg = spec.get_user_input().get_arg();
+    if (arg.tag() == ArgTag::AS_TENSOR) {
+      if (!leaves[k].isTensor()) return std::map<std::string, c10::IValue>();
+      out[LocalName(arg.get_as_tensor().get_name())] = leaves[k];
+    }
+    ++k;
+  }
+  if (k != leaves.size()) return std::map<std::string, c10::IValue>();
+  return out;
+}
 
 absl::StatusOr<torch::jit::Module> ProgramToModule(const Pt2Archive& archive) {
   Importer importer(archive);

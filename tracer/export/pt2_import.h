@@ -23,6 +23,9 @@
 
 #include <torch/script.h>
 
+#include <map>
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "tracer/export/pt2_archive.h"
 
@@ -33,6 +36,12 @@ namespace tracecut::tracer::exported {
 // higher-order operators, custom objects, buffer or input mutation, an
 // operator TorchScript does not know.
 absl::StatusOr<torch::jit::Module> ProgramToModule(const Pt2Archive& archive);
+
+// The archive's example inputs by the name of the module's forward argument
+// they feed; empty when the archive has none or they do not line up with
+// the program's inputs.
+absl::StatusOr<std::map<std::string, c10::IValue>> SampleInputs(
+    const Pt2Archive& archive);
 
 }  // namespace tracecut::tracer::exported
 
