@@ -207,6 +207,9 @@ absl::StatusOr<TraceOptions> WithModelFiles(const LoadedModel& model,
   if (options.input_specs.empty() && model.inputs.has_value()) {
     options.input_specs = model.inputs->inputs;
   }
+  for (const std::string& path : model.required_leaves) {
+    options.leaf_policy.AddPath(path);
+  }
   if (options.input_specs.empty() && options.example_inputs.empty()) {
     options.example_inputs = model.example_inputs;
   }

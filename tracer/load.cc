@@ -164,7 +164,10 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
   LoadedModel loaded;
   loaded.path = path;
   loaded.from_torch_export = true;
-  ASSIGN_OR_RETURN(loaded.module, exported::ProgramToModule(archive));
+  ASSIGN_OR_RETURN(exported::ImportedProgram program,
+                   exported::ProgramToModule(archive));
+  loaded.module = program.module;
+  loaded.required_leaves = std::move(program.leaf_paths);
   ASSIGN_OR_RETURN(loaded.example_inputs, exported::SampleInputs(archive));
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tracer/hf/config.h"
@@ -38,6 +39,9 @@ struct LoadedModel {
   std::optional<hf::HfConfig> config;
   // The embedded tracecut_inputs.json, when present.
   std::optional<hf::InputsFile> inputs;
+  // Module paths the tracer must keep as leaves whatever the leaf policy
+  // says (their code depends on tensor values; see tracer/export).
+  std::vector<std::string> required_leaves;
   // A torch.export program's own example inputs, by forward argument name
   // (used when there is no tracecut_inputs.json).
   std::map<std::string, c10::IValue> example_inputs;

@@ -28,6 +28,7 @@
 #include "ir/graph.h"
 #include "ir/names.h"
 #include "ir/status_macros.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::tracer {
 namespace {
@@ -1074,10 +1075,9 @@ absl::Status Tracer::RunBlock(const jit::Block* block, Env& env) {
     absl::Status s;
     try {
       s = RunNode(n, env);
-    } catch (const c10::Error& e) {
-      s = NodeError(n, FirstLine(e.what_without_backtrace()));
     } catch (const std::exception& e) {
-      s = NodeError(n, FirstLine(e.what()));
+      // The line that says what failed, also inside TorchScript call stacks.
+      s = NodeError(n, runtime::TorchErrorSummary(e));
     }
     RETURN_IF_ERROR(s);
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -293,6 +294,12 @@ int Main(const std::vector<std::string>& argv, Io& io) {
     return 2;
   }
   io.err << "tracecut " << command->name << ": error: " << message << "\n";
+  // LibTorch's whole message (TorchScript call stacks), on request.
+  if (const char* v = std::getenv("TRACECUT_VERBOSE"); v != nullptr && *v) {
+    if (auto full = status.GetPayload("tracecut/torch-message")) {
+      io.err << "LibTorch's message:\n" << std::string(*full) << "\n";
+    }
+  }
   return 1;
 }
 

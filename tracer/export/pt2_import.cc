@@ -210,6 +210,21 @@ const std::map<std::string, std::string>& InfixOperators() {
   return *kOps;
 }
 
+// transformers' grouped_mm_fallback (integrations/moe.py) in TorchScript:
+// rows of `input` sorted by expert, `offs` the cumulative row counts.
+constexpr char kGroupedMmFallback[] = R"(
+def _grouped_mm_fallback(self, input: Tensor, weight: Tensor, offs: Tensor):
+    output = torch.zeros([input.size(0), weight.size(2)], dtype=input.dtype, device=input.device)
+    ends: List[int] = offs.long().tolist()
+    start = 0
+    for i in range(len(ends)):
+        end = ends[i]
+        if start != end:
+            output[start:end] = torch.mm(input[start:end], weight[i])
+        start = end
+    return output
+)";
+
 bool IsDroppedAssert(absl::string_view target) {
   return absl::StrContains(target, "._assert_tensor_metadata.") ||
          absl::StrContains(target, "._assert_scalar.") ||
@@ -225,7 +240,7 @@ class Importer {
         graph_(archive.program.get_graph_module().get_graph()),
         cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
 
-  absl::StatusOr<torch::jit::Module> Run() {
+  absl::StatusOr<ImportedProgram> Run() {
     RETURN_IF_ERROR(ReadSignature());
     RETURN_IF_ERROR(ReadNodes());
     RETURN_IF_ERROR(BuildCalls());
@@ -234,7 +249,10 @@ class Importer {
     // The root's method takes the program's user inputs by name and
     // returns its user outputs.
     RETURN_IF_ERROR(Define(*root_, root, /*is_root=*/true));
-    return modules_.at("").module;
+    ImportedProgram out;
+    out.module = modules_.at("").module;
+    out.leaf_paths.assign(leaf_paths_.begin(), leaf_paths_.end());
+    return out;
   }
 
  private:
@@ -518,6 +536,7 @@ class Importer {
         }
       }
       call->own.push_back(i);
+      node_call_.push_back(call);
     }
     if (root_->type.empty()) root_->type = "torch.nn.modules.module.Module";
     FillRegions(*root_);
@@ -719,6 +738,7 @@ class Importer {
     absl::flat_hash_map<std::string, std::string> env;  // value -> local.
     std::vector<std::string> lines;
     int temps = 0;
+    bool grouped_mm = false;  // Calls self._grouped_mm_fallback.
     std::string NewLocal(char prefix) {
       return absl::StrCat(std::string(1, prefix), temps++);
     }
@@ -773,6 +793,7 @@ class Importer {
     } else {
       absl::StrAppend(&text, "    return (", absl::StrJoin(rets, ", "), ")\n");
     }
+    if (m.grouped_mm) absl::StrAppend(&text, kGroupedMmFallback);
     f.text = std::move(text);
     return f;
   }
@@ -1138,6 +1159,18 @@ class Importer {
       std::vector<std::string> rest(positional.begin() + 1, positional.end());
       expr = absl::StrCat(positional.at(0), ".", method, "(",
                           absl::StrJoin(rest, ", "), ")");
+    } else if (target == "torch.ops.transformers.grouped_mm_fallback.default") {
+      // transformers' MoE experts: a custom op only Python registers,
+      // written out in TorchScript. Its loop depends on the routing, so
+      // the module calling it is a leaf (ImportedProgram::leaf_paths).
+      std::vector<std::string> args = positional;
+      for (const std::string& k : keyword) {
+        args.push_back(k.substr(k.find('=') + 1));
+      }
+      expr = absl::StrCat("self._grouped_mm_fallback(",
+                          absl::StrJoin(args, ", "), ")");
+      m.grouped_mm = true;
+      if (!node_call_[i]->path.empty()) leaf_paths_.insert(node_call_[i]->path);
     } else if (absl::StartsWith(target, "torch.ops.aten.")) {
       // torch.ops.aten.<op>.<overload>: TorchScript's `torch.<op>` is the
       // builtin aten::<op>; it resolves the overload from the argument types.
@@ -1291,7 +1324,9 @@ class Importer {
   mutable std::map<int, std::vector<std::string>> defined_cache_;
   std::vector<std::string> user_inputs_, user_outputs_;
   std::vector<std::unique_ptr<Call>> calls_;
+  std::vector<Call*> node_call_;  // Innermost call of each node.
   Call* root_ = nullptr;
+  std::set<std::string> leaf_paths_;
   std::map<std::string, std::string> types_;  // Module path -> type.
   std::map<std::string, ModuleInfo> modules_;
   std::map<std::pair<std::string, std::string>, std::string> aliases_;
@@ -1336,7 +1371,7 @@ absl::StatusOr<std::map<std::string, c10::IValue>> SampleInputs(
   return out;
 }
 
-absl::StatusOr<torch::jit::Module> ProgramToModule(const Pt2Archive& archive) {
+absl::StatusOr<ImportedProgram> ProgramToModule(const Pt2Archive& archive) {
   Importer importer(archive);
   return runtime::TorchCall(absl::StrCat("importing ", archive.path),
                             [&] { return importer.Run(); });

@@ -19,23 +19,31 @@
 // through the source ranges. See Note [Importing torch.export programs].
 //
 //   ASSIGN_OR_RETURN(Pt2Archive archive, ReadPt2Archive(path));
-//   ASSIGN_OR_RETURN(torch::jit::Module m, ProgramToModule(archive));
+//   ASSIGN_OR_RETURN(ImportedProgram p, ProgramToModule(archive));
 
 #include <torch/script.h>
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "tracer/export/pt2_archive.h"
 
 namespace tracecut::tracer::exported {
 
+struct ImportedProgram {
+  torch::jit::Module module;
+  // Modules whose code depends on tensor values (transformers' MoE experts,
+  // whose loop follows the routing): the tracer must keep them as leaves.
+  std::vector<std::string> leaf_paths;
+};
+
 // Errors name the archive and the node (with the model source line from its
 // stack trace) that tracecut cannot import: control-flow and other
 // higher-order operators, custom objects, buffer or input mutation, an
 // operator TorchScript does not know.
-absl::StatusOr<torch::jit::Module> ProgramToModule(const Pt2Archive& archive);
+absl::StatusOr<ImportedProgram> ProgramToModule(const Pt2Archive& archive);
 
 // The archive's example inputs by the name of the module's forward argument
 // they feed; empty when the archive has none or they do not line up with
