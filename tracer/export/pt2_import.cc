@@ -1,5 +1,10 @@
 #include "tracer/export/pt2_import.h"
 
+#include <torch/csrc/jit/frontend/parser.h>
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/frontend/sugared_value.h>
+#include <torch/csrc/jit/serialization/source_range_serialization.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -19,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -85,12 +91,88 @@ struct Call {
   int first = std::numeric_limits<int>::max();
 };
 
+// A frame of a Python stack trace: where a node's code came from.
+struct Frame {
+  std::string file;
+  int64_t line = 0;
+  std::string code;
+};
+
+// torch.export's own passes, which appear in stack traces of the nodes
+// they add (runtime asserts, symbolic sizes).
+bool IsTorchMachinery(absl::string_view file) {
+  for (absl::string_view dir : {"torch/fx/", "torch/_export/", "torch/export/",
+                                "torch/_dynamo/", "torch/_subclasses/"}) {
+    if (absl::StartsWith(file, dir) ||
+        absl::StrContains(file, absl::StrCat("/", dir))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The frames of a torch.export `stack_trace`, outermost first, without
+// generated code ("<eval_with_key>.3") and torch.export's own passes.
+std::vector<Frame> ParseFrames(absl::string_view trace) {
+  std::vector<Frame> frames;
+  std::vector<absl::string_view> lines = absl::StrSplit(trace, '\n');
+  for (size_t k = 0; k < lines.size(); ++k) {
+    absl::string_view l = absl::StripAsciiWhitespace(lines[k]);
+    if (!absl::ConsumePrefix(&l, "File \"")) continue;
+    size_t q = l.find('"');
+    if (q == absl::string_view::npos) continue;
+    Frame f;
+    f.file = std::string(l.substr(0, q));
+    if (absl::StartsWith(f.file, "<") || IsTorchMachinery(f.file)) continue;
+    size_t ln = l.find("line ");
+    if (ln != absl::string_view::npos) {
+      absl::string_view rest = l.substr(ln + 5);
+      if (!absl::SimpleAtoi(rest.substr(0, rest.find(',')), &f.line)) continue;
+    }
+    if (k + 1 < lines.size() &&
+        !absl::StartsWith(absl::StripLeadingAsciiWhitespace(lines[k + 1]),
+                          "File \"")) {
+      f.code = std::string(absl::StripAsciiWhitespace(lines[k + 1]));
+    }
+    frames.push_back(std::move(f));
+  }
+  return frames;
+}
+
+// Maps lines of generated TorchScript back to the model source, so that the
+// tracer's source locations (ir::SourceLocation) name the model's file and
+// line, as they do for scripted models.
+class GeneratedLines : public torch::jit::SourceRangeUnpickler {
+ public:
+  explicit GeneratedLines(const std::vector<std::optional<Frame>>& origins) {
+    for (size_t i = 0; i < origins.size(); ++i) {
+      if (!origins[i].has_value()) continue;
+      const Frame& f = *origins[i];
+      std::string text = f.code.empty() ? std::string(" ") : f.code;
+      auto source = std::make_shared<torch::jit::Source>(
+          text, f.file, static_cast<size_t>(f.line));
+      ranges_.emplace(i, torch::jit::SourceRange(source, 0, text.size()));
+    }
+  }
+  std::optional<torch::jit::SourceRange> findSourceRangeThatGenerated(
+      const torch::jit::SourceRange& range) override {
+    auto it = ranges_.find(range.source()->lineno_for_offset(range.start()));
+    if (it == ranges_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::map<size_t, torch::jit::SourceRange> ranges_;
+};
+
 // A method body in canonical names, with the program values it reads and
 // defines at its boundary.
 struct FunctionCode {
   std::vector<std::string> inputs;   // Value names, in parameter order.
   std::vector<std::string> outputs;  // Value names, in return order.
   std::string text;                  // "def forward(self, ...):\n ...".
+  // Per line of `text`: the model source it comes from, when known.
+  std::vector<std::optional<Frame>> origins;
 };
 
 struct ModuleInfo {
@@ -737,7 +819,14 @@ class Importer {
     std::string owner;  // Module path of `self`.
     absl::flat_hash_map<std::string, std::string> env;  // value -> local.
     std::vector<std::string> lines;
+    // The model source each line comes from (torch.export's stack traces).
+    std::vector<std::optional<Frame>> origins;
+    std::optional<Frame> origin;  // Of the lines being added.
     int temps = 0;
+    void Add(std::string line) {
+      lines.push_back(std::move(line));
+      origins.push_back(origin);
+    }
     bool grouped_mm = false;  // Calls self._grouped_mm_fallback.
     std::string NewLocal(char prefix) {
       return absl::StrCat(std::string(1, prefix), temps++);
@@ -784,8 +873,11 @@ class Importer {
     std::string text =
         absl::StrCat("def forward(self", params.empty() ? "" : ", ",
                      absl::StrJoin(params, ", "), "):\n");
-    for (const std::string& l : m.lines)
-      absl::StrAppend(&text, "    ", l, "\n");
+    f.origins.push_back(std::nullopt);
+    for (size_t k = 0; k < m.lines.size(); ++k) {
+      absl::StrAppend(&text, "    ", m.lines[k], "\n");
+      f.origins.push_back(m.origins[k]);
+    }
     if (rets.empty()) {
       absl::StrAppend(&text, "    return None\n");
     } else if (rets.size() == 1) {
@@ -906,18 +998,19 @@ class Importer {
       ASSIGN_OR_RETURN(std::string e, Lookup(m, in));
       args.push_back(e);
     }
+    m.origin = CallSite(c);
     std::string call = absl::StrCat(AttrExpr("self", *rel), ".forward(",
                                     absl::StrJoin(args, ", "), ")");
     if (f.outputs.size() == 1) {
       std::string local = m.NewLocal('t');
-      m.lines.push_back(absl::StrCat(local, " = ", call));
+      m.Add(absl::StrCat(local, " = ", call));
       m.env[f.outputs[0]] = local;
     } else {
       std::string r = m.NewLocal('r');
-      m.lines.push_back(absl::StrCat(r, " = ", call));
+      m.Add(absl::StrCat(r, " = ", call));
       for (size_t i = 0; i < f.outputs.size(); ++i) {
         std::string local = m.NewLocal('t');
-        m.lines.push_back(absl::StrCat(local, " = ", r, "[", i, "]"));
+        m.Add(absl::StrCat(local, " = ", r, "[", i, "]"));
         m.env[f.outputs[i]] = local;
       }
     }
@@ -929,7 +1022,22 @@ class Importer {
     absl::Status s = runtime::TorchCall(
         absl::StrCat("compiling the forward of module '",
                      is_root ? "<root>" : c.path, "' (", mod.type, ")"),
-        [&] { mod.module.define(f.text); });
+        [&] {
+          // Module::define, with a Source that maps lines back to the model.
+          auto source = std::make_shared<torch::jit::Source>(
+              f.text, "<tracecut export>", 1,
+              std::make_shared<GeneratedLines>(f.origins));
+          torch::jit::Parser parser(source);
+          std::vector<torch::jit::Def> defs;
+          std::vector<torch::jit::ResolverPtr> resolvers;
+          while (parser.lexer().cur().kind != torch::jit::TK_EOF) {
+            defs.emplace_back(parser.parseFunction(/*is_method=*/true));
+            resolvers.push_back(torch::jit::nativeResolver());
+          }
+          const torch::jit::SimpleSelf self(mod.module.type());
+          cu_->define(mod.module.type()->name(), {}, {}, defs, resolvers,
+                      &self);
+        });
     if (!s.ok()) {
       return absl::InternalError(absl::StrCat(archive_.path, ": ", s.message(),
                                               "\ngenerated TorchScript:\n",
@@ -977,8 +1085,8 @@ class Importer {
     auto typed = [&m](const std::vector<std::string>& items,
                       absl::string_view type) {
       std::string local = m.NewLocal('l');
-      m.lines.push_back(absl::StrCat(local, ": List[", type, "] = [",
-                                     absl::StrJoin(items, ", "), "]"));
+      m.Add(absl::StrCat(local, ": List[", type, "] = [",
+                         absl::StrJoin(items, ", "), "]"));
       return local;
     };
     auto list = [&typed](const std::vector<std::string>& items,
@@ -1114,6 +1222,9 @@ class Importer {
     const schema::Node& n = graph_.get_nodes()[i];
     const std::string& target = n.get_target();
     if (IsDroppedAssert(target)) return absl::OkStatus();
+    std::vector<Frame> frames = FramesOf(i);
+    m.origin =
+        frames.empty() ? std::nullopt : std::optional<Frame>(frames.back());
     if (absl::StartsWith(target, "torch.ops.higher_order.")) {
       return NodeError(i,
                        "is a higher-order operator (control flow or a "
@@ -1193,7 +1304,7 @@ class Importer {
       for (size_t k = 0; k < names.size(); ++k) {
         if (names[k].empty()) continue;
         std::string local = m.NewLocal('t');
-        m.lines.push_back(absl::StrCat(local, " = ", list, "[", k, "]"));
+        m.Add(absl::StrCat(local, " = ", list, "[", k, "]"));
         m.env[names[k]] = local;
       }
     };
@@ -1235,37 +1346,59 @@ class Importer {
       }
     };
     if (outs.empty()) {
-      m.lines.push_back(expr);
+      m.Add(expr);
     } else if (outs.size() == 1 &&
                (outs[0].tag() == ArgTag::AS_TENSORS ||
                 outs[0].tag() == ArgTag::AS_OPTIONAL_TENSORS)) {
       std::string r = m.NewLocal('r');
-      m.lines.push_back(absl::StrCat(r, " = ", expr));
+      m.Add(absl::StrCat(r, " = ", expr));
       bind_list(r, names_of(outs[0]));
     } else if (outs.size() == 1) {
       std::string name = single_name(outs[0]);
       std::string local = m.NewLocal('t');
-      m.lines.push_back(absl::StrCat(local, " = ", expr));
+      m.Add(absl::StrCat(local, " = ", expr));
       if (!name.empty()) m.env[name] = local;
     } else {
       std::string r = m.NewLocal('r');
-      m.lines.push_back(absl::StrCat(r, " = ", expr));
+      m.Add(absl::StrCat(r, " = ", expr));
       for (size_t k = 0; k < outs.size(); ++k) {
         if (outs[k].tag() == ArgTag::AS_TENSORS ||
             outs[k].tag() == ArgTag::AS_OPTIONAL_TENSORS) {
           std::string sub = m.NewLocal('r');
-          m.lines.push_back(absl::StrCat(sub, " = ", r, "[", k, "]"));
+          m.Add(absl::StrCat(sub, " = ", r, "[", k, "]"));
           bind_list(sub, names_of(outs[k]));
           continue;
         }
         std::string name = single_name(outs[k]);
         if (name.empty()) continue;
         std::string local = m.NewLocal('t');
-        m.lines.push_back(absl::StrCat(local, " = ", r, "[", k, "]"));
+        m.Add(absl::StrCat(local, " = ", r, "[", k, "]"));
         m.env[name] = local;
       }
     }
     return absl::OkStatus();
+  }
+
+  std::vector<Frame> FramesOf(int node) const {
+    const auto& meta = graph_.get_nodes()[node].get_metadata();
+    auto it = meta.find("stack_trace");
+    return it == meta.end() ? std::vector<Frame>() : ParseFrames(it->second);
+  }
+
+  // Where the parent calls `c`: the innermost frame of its first node whose
+  // code names the module's attribute ("self.q_proj(x)"); for modules
+  // reached by iteration (ModuleList), none.
+  std::optional<Frame> CallSite(const Call& c) const {
+    if (c.region.empty()) return std::nullopt;
+    const std::string attr = c.path.substr(c.path.rfind('.') + 1);
+    std::vector<Frame> frames = FramesOf(c.region.front());
+    for (size_t k = frames.size(); k-- > 0;) {
+      if (absl::StrContains(frames[k].code, absl::StrCat(".", attr)) ||
+          absl::StrContains(frames[k].code, absl::StrCat("\"", attr, "\""))) {
+        return frames[k];
+      }
+    }
+    return std::nullopt;
   }
 
   // ----------------------------------------------------------- errors
@@ -1280,40 +1413,15 @@ class Importer {
     const schema::Node& n = graph_.get_nodes()[i];
     std::string name = n.get_name().value_or(absl::StrCat("#", i));
     std::string where;
-    auto st = n.get_metadata().find("stack_trace");
-    if (st != n.get_metadata().end()) where = LastFrame(st->second);
+    if (std::vector<Frame> frames = FramesOf(i); !frames.empty()) {
+      const Frame& f = frames.back();
+      where =
+          absl::StrCat(f.file, ":", f.line,
+                       f.code.empty() ? "" : absl::StrCat(" `", f.code, "`"));
+    }
     return absl::UnimplementedError(
         absl::StrCat(archive_.path, ": node '", name, "' (", n.get_target(),
                      ")", where.empty() ? "" : " at ", where, " ", what));
-  }
-
-  // The innermost "File "...", line N" frame of a Python stack trace that
-  // is a real file, with its source line, as "file.py:N `code`".
-  static std::string LastFrame(absl::string_view trace) {
-    std::vector<absl::string_view> lines = absl::StrSplit(trace, '\n');
-    for (size_t k = lines.size(); k-- > 0;) {
-      absl::string_view l = absl::StripAsciiWhitespace(lines[k]);
-      if (!absl::StartsWith(l, "File \"")) continue;
-      l.remove_prefix(6);
-      size_t q = l.find('"');
-      if (q == absl::string_view::npos) continue;
-      std::string file(l.substr(0, q));
-      // Generated code ("<eval_with_key>.3") says nothing to the user.
-      if (absl::StartsWith(file, "<")) continue;
-      size_t ln = l.find("line ");
-      std::string line_no;
-      if (ln != absl::string_view::npos) {
-        absl::string_view rest = l.substr(ln + 5);
-        line_no = std::string(rest.substr(0, rest.find(',')));
-      }
-      std::string code;
-      if (k + 1 < lines.size()) {
-        code = std::string(absl::StripAsciiWhitespace(lines[k + 1]));
-      }
-      return absl::StrCat(file, ":", line_no,
-                          code.empty() ? "" : absl::StrCat(" `", code, "`"));
-    }
-    return "";
   }
 
   const Pt2Archive& archive_;

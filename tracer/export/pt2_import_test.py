@@ -106,6 +106,10 @@ def main():
       if target not in text:
         raise AssertionError(f"no {target} in the traced graph:\n{text}")
     print("net: leaves are call_module nodes at their module paths")
+    # Source locations are the model's own lines (from stack_trace).
+    if 'pt2_import_test.py":' not in text or "self.head(h)" not in text:
+      raise AssertionError(f"no source location in this file:\n{text}")
+    print("net: nodes carry the model's source file and line")
 
     # Bad input: one error each, naming the file.
     bad = os.path.join(d, "truncated.pt2")
