@@ -89,8 +89,12 @@ def _has_weights(directory):
       for f in os.listdir(directory))
 
 
-def build_model(source, class_name=None, random_weights=False, seed=0):
-  """The transformers model of `source`, in eval mode on the CPU."""
+def build_model(source, class_name=None, random_weights=False, seed=0,
+                meta=False):
+  """The transformers model of `source`, in eval mode on the CPU; with
+  `meta`, on the meta device (no weight read or allocated), plus the real
+  values of its buffers (which checkpoints do not hold when non-persistent,
+  e.g. rotary inv_freq)."""
   import torch
   config = _load_config(source)
   cls = _model_class(config, class_name)
@@ -98,6 +102,15 @@ def build_model(source, class_name=None, random_weights=False, seed=0):
   config._attn_implementation = attn
   if hasattr(config, "use_cache"):
     config.use_cache = False
+  if meta:
+    from accelerate import init_empty_weights
+    with init_empty_weights(include_buffers=False):
+      shell = cls(config)  # Parameters on meta, buffers computed.
+    buffers = {n: b.detach().contiguous().clone()
+               for n, b in shell.named_buffers() if b.device.type != "meta"}
+    with torch.device("meta"):
+      model = cls(config)
+    return model.eval(), config, buffers
   if random_weights or not _has_weights(source):
     if not random_weights:
       _fail(f"{source}: no *.safetensors or *.bin weights in this directory; "
@@ -111,7 +124,7 @@ def build_model(source, class_name=None, random_weights=False, seed=0):
     except (OSError, ValueError, RuntimeError) as e:
       _fail(f"{source}: cannot load the weights of {cls.__name__}: "
             f"{str(e).strip().splitlines()[0]}")
-  return model.eval(), config
+  return model.eval(), config, None
 
 
 # Input descriptions (tracecut_inputs.json; see tracer/hf/inputs.h).
@@ -181,8 +194,18 @@ def _forward_params(model):
   return inspect.signature(model.forward).parameters
 
 
+def _leaf_names(tree):
+  from torch.utils import _pytree
+  names = []
+  for path, _ in _pytree.tree_flatten_with_path(tree)[0]:
+    parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+             for k in path]
+    names.append(".".join(parts) or "output")
+  return names
+
+
 def output_names(model, inputs):
-  """Names of the tensors the model returns, in torch.export's flat order
+  """Names of the tensors the model returns, flattened in pytree order
   (nested outputs, like CLIP's text_model_output, as dotted paths)."""
   import torch
   from torch.utils import _pytree
@@ -193,15 +216,20 @@ def output_names(model, inputs):
     out = model(**kwargs)
   if isinstance(out, torch.Tensor):
     return ["output"]
-  leaves, _ = _pytree.tree_flatten_with_path(out)
-  names = []
-  for path, value in leaves:
-    if not isinstance(value, torch.Tensor):
-      continue
-    parts = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
-             for k in path]
-    names.append(".".join(parts) or "output")
-  return names
+  return [
+      n for n, t in zip(_leaf_names(out), _pytree.tree_leaves(out))
+      if isinstance(t, torch.Tensor)
+  ]
+
+
+def program_output_names(ep):
+  """The same names, from an exported program's output spec (no run)."""
+  from torch.utils import _pytree
+  spec = ep.call_spec.out_spec
+  if spec is None or spec.num_leaves == 1 and spec.is_leaf():
+    return ["output"]
+  return _leaf_names(_pytree.tree_unflatten(list(range(spec.num_leaves)),
+                                            spec))
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
@@ -264,18 +292,22 @@ def _export_dynamic(model, kwargs, specs):
 
 
 def export(source, output, torchscript=False, batch=2, seq_len=16,
-           class_name=None, random_weights=False, seed=0):
+           class_name=None, random_weights=False, seed=0, meta=False):
   import torch
   import transformers
-  model, config = build_model(source, class_name, random_weights, seed)
+  if meta and torchscript:
+    _fail("--meta and --torchscript exclude each other (a TorchScript file "
+          "holds its weights)")
+  model, config, buffers = build_model(source, class_name, random_weights,
+                                       seed, meta)
   specs = input_specs(model, config, batch, seq_len)
   inputs = make_inputs(specs)
-  names = [s["name"] for s in specs]
-  outputs = output_names(model, inputs)
+  if meta:
+    inputs = {k: v.to("meta") for k, v in inputs.items()}
   files = {
       "config.json": config.to_json_string(use_diff=False),
-      "tracecut_inputs.json": json.dumps({"inputs": specs,
-                                          "outputs": outputs}, indent=1),
+      # "outputs" is filled in once they are known.
+      "tracecut_inputs.json": None,
       "tracecut_model.json": json.dumps({
           "model_class": type(model).__name__,
           "no_split_modules": list(model._no_split_modules or []),
@@ -283,6 +315,11 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
                        f"transformers {transformers.__version__})"),
       }, indent=1),
   }
+  if buffers is not None:
+    import base64
+    from safetensors.torch import save
+    files["tracecut_buffers.safetensors.b64"] = base64.b64encode(
+        save(buffers)).decode("ascii")
   kwargs = dict(inputs)
   if "use_cache" in _forward_params(model):
     kwargs["use_cache"] = False
@@ -297,6 +334,9 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
                                    strict=False, check_trace=False)
         except Exception as e:  # pylint: disable=broad-except
           _fail(_explain(model, e).replace("torch.export", "torch.jit.trace"))
+        files["tracecut_inputs.json"] = json.dumps(
+            {"inputs": specs, "outputs": output_names(model, inputs)},
+            indent=1)
         torch.jit.save(traced, tmp, _extra_files=files)
       else:
         try:
@@ -307,6 +347,8 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
           raise
         except Exception as e:  # pylint: disable=broad-except
           _fail(_explain(model, e))
+        files["tracecut_inputs.json"] = json.dumps(
+            {"inputs": specs, "outputs": program_output_names(ep)}, indent=1)
         torch.export.save(ep, tmp, extra_files=files)
     os.replace(tmp, output)
   finally:
@@ -332,6 +374,10 @@ def main(argv=None):
   p.add_argument("--class", dest="class_name", default=None,
                  help="transformers class to build (default: config.json's "
                  "architectures[0])")
+  p.add_argument("--meta", action="store_true",
+                 help="build and export on the meta device: no weight is "
+                 "read; tracecut reads them from the checkpoint's "
+                 "safetensors next to OUT.pt2 when it loads the program")
   p.add_argument("--random-weights", action="store_true",
                  help="seeded random weights instead of the checkpoint's")
   p.add_argument("--seed", type=int, default=0,
@@ -345,7 +391,7 @@ def main(argv=None):
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
   try:
     export(a.model, a.output, a.torchscript, a.batch, a.seq_len, a.class_name,
-           a.random_weights, a.seed)
+           a.random_weights, a.seed, a.meta)
   except ExportError as e:
     print(f"tracecut export: {e}", file=sys.stderr)
     return EXIT_ERROR

@@ -168,7 +168,9 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
                    exported::ProgramToModule(archive));
   loaded.module = program.module;
   loaded.required_leaves = std::move(program.leaf_paths);
-  ASSIGN_OR_RETURN(loaded.example_inputs, exported::SampleInputs(archive));
+  if (!archive.extra_files.contains(kInputsJson)) {
+    ASSIGN_OR_RETURN(loaded.example_inputs, exported::SampleInputs(archive));
+  }
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};
   for (auto& [name, text] : extra) {

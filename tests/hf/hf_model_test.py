@@ -12,7 +12,9 @@ is saved as a Hugging Face checkpoint, then
      subgraph, partitioned outputs equal to the whole graph's;
   3. `tracecut trace DIR --format=torchscript`: the imported graph lowered to
      TorchScript, run by Python torch on the export's example inputs, equals
-     the transformers model's outputs (rtol 1e-4, atol 1e-5, fp32);
+     the transformers model's outputs (rtol 1e-4, atol 1e-5, fp32); the same
+     for `tracecut export --meta` (no weight read at export; tracecut reads
+     them from the checkpoint's safetensors by name);
   4. text models: `tracecut calibrate` with GPTQ W4 and with RTN W4 on the
      same synthetic data; on held-out tokens, GPTQ's final-output error
      against the fp32 model is below RTN's.
@@ -209,6 +211,21 @@ def main():
             for n, g, w in zip(spec["outputs"], got, want)]
     print(f"{name}: {len(subgraphs)} subgraphs; outputs match transformers "
           f"(max abs error {max(errs):.3g})")
+
+    # 3b. a meta-device export (no weight read) with the weights read from
+    # the checkpoint's safetensors gives the same outputs.
+    meta = os.path.join(ckpt, "meta.pt2")
+    run([tracecut, "export", ckpt, "--meta", "-o", meta])
+    meta_traced = os.path.join(d, "meta.pt")
+    run([tracecut, "trace", meta, "--format=torchscript", "-o", meta_traced])
+    with torch.no_grad():
+      got = torch.jit.load(meta_traced)(
+          *[inputs[s["name"]] for s in spec["inputs"]])
+    got = [got] if isinstance(got, torch.Tensor) else list(got)
+    for n, g, w in zip(spec["outputs"], got, want):
+      check_close(f"--meta output {n}", g, w)
+    os.remove(meta)
+    print(f"{name}: --meta export with safetensors weights matches too")
 
     # 4. GPTQ W4 vs RTN W4 (text models).
     if text:

@@ -77,7 +77,7 @@ absl::Status RunExport(const ParsedArgs& args, Io& io) {
       argv.push_back(absl::StrCat("--", flag, "=", *v));
     }
   }
-  for (const char* flag : {"torchscript", "random-weights"}) {
+  for (const char* flag : {"torchscript", "random-weights", "meta"}) {
     if (args.Has(flag)) argv.push_back(absl::StrCat("--", flag));
   }
   io.out.flush();
@@ -94,7 +94,7 @@ Subcommand ExportCommand() {
   Subcommand c;
   c.name = "export";
   c.synopsis =
-      "HF_DIR_OR_MODEL_ID -o OUT.pt2 [--torchscript] [--batch=N] "
+      "HF_DIR_OR_MODEL_ID -o OUT.pt2 [--meta] [--torchscript] [--batch=N] "
       "[--seq-len=N] [--class=NAME] [--random-weights] [--seed=N]";
   c.summary =
       "Export a Hugging Face transformers model to a torch.export .pt2.";
@@ -120,6 +120,10 @@ Subcommand ExportCommand() {
       FlagSpec::Value("class", "NAME",
                       "transformers class to build (default: config.json's "
                       "architectures[0])"),
+      FlagSpec::Bool("meta",
+                     "build and export on the meta device: no weight is read "
+                     "or held; tracecut reads the weights by name from the "
+                     "checkpoint's safetensors next to OUT.pt2"),
       FlagSpec::Bool("random-weights",
                      "seeded random weights instead of the checkpoint's "
                      "(for configs without weights)"),

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/safetensors.h"
 #include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 
@@ -94,6 +96,9 @@ absl::Status ReadPayloads(caffe2::serialize::PyTorchStreamReader& reader,
           absl::StrCat(where, " has no tensor_meta"));
     }
     const schema::TensorMeta& tm = *meta->get_tensor_meta();
+    // A meta-device export holds no data; the weights come from the
+    // checkpoint (FillFromCheckpoint).
+    if (tm.get_device().get_type() == "meta") continue;
     std::optional<c10::ScalarType> dtype = ToScalarType(tm.get_dtype());
     if (!dtype.has_value()) {
       return absl::InvalidArgumentError(
@@ -142,6 +147,108 @@ absl::Status ReadPayloads(caffe2::serialize::PyTorchStreamReader& reader,
           return flat.as_strided(sizes, strides, offset);
         }));
     out[fqn] = t;
+  }
+  return absl::OkStatus();
+}
+
+// What the program expects of a tensor input: its graph value's meta.
+struct Expected {
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes;
+};
+
+// Tensors the program reads that the archive lacks (a meta-device export,
+// `tracecut export --meta`): from the buffers the exporter embedded, then
+// from the safetensors of the directory holding the archive, by name. A
+// checkpoint tensor of another floating dtype is converted to the
+// program's; another shape is an error.
+absl::Status FillFromCheckpoint(Pt2Archive& archive) {
+  const auto& graph = archive.program.get_graph_module().get_graph();
+  const auto& sig = archive.program.get_graph_module().get_signature();
+  std::map<std::string, std::string> missing;  // fqn -> graph value.
+  for (const schema::InputSpec& spec : sig.get_input_specs()) {
+    using Tag = schema::InputSpec::Tag;
+    std::string fqn, value;
+    if (spec.tag() == Tag::PARAMETER) {
+      fqn = spec.get_parameter().get_parameter_name();
+      value = spec.get_parameter().get_arg().get_name();
+    } else if (spec.tag() == Tag::BUFFER) {
+      fqn = spec.get_buffer().get_buffer_name();
+      value = spec.get_buffer().get_arg().get_name();
+    } else if (spec.tag() == Tag::TENSOR_CONSTANT) {
+      fqn = spec.get_tensor_constant().get_tensor_constant_name();
+      value = spec.get_tensor_constant().get_arg().get_name();
+    } else {
+      continue;
+    }
+    if (!archive.tensors.contains(fqn)) missing[fqn] = value;
+  }
+  if (missing.empty()) return absl::OkStatus();
+
+  std::shared_ptr<const checkpoint::SafetensorsFile> buffers;
+  if (auto it = archive.extra_files.find(kEmbeddedBuffers);
+      it != archive.extra_files.end()) {
+    const std::string name = absl::StrCat(archive.path, ":", kEmbeddedBuffers);
+    std::string bytes;
+    if (!absl::Base64Unescape(it->second, &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not base64"));
+    }
+    ASSIGN_OR_RETURN(buffers, checkpoint::SafetensorsFile::FromBytes(
+                                  std::move(bytes), name));
+  }
+  const std::string dir =
+      std::filesystem::path(archive.path).parent_path().string();
+  std::optional<checkpoint::Checkpoint> ckpt;
+  if (checkpoint::Checkpoint::HasWeights(dir.empty() ? "." : dir)) {
+    ASSIGN_OR_RETURN(ckpt,
+                     checkpoint::Checkpoint::Open(dir.empty() ? "." : dir));
+  }
+  for (const auto& [fqn, value] : missing) {
+    torch::Tensor t;
+    std::string from;
+    if (buffers != nullptr && buffers->Has(fqn)) {
+      ASSIGN_OR_RETURN(t, buffers->Get(fqn));
+      from = buffers->name();
+    } else if (ckpt.has_value() && ckpt->Has(fqn)) {
+      ASSIGN_OR_RETURN(t, ckpt->Get(fqn));
+      from = absl::StrCat(ckpt->dir(), "'s safetensors");
+    } else {
+      return absl::NotFoundError(absl::StrCat(
+          archive.path, ": the program reads '", fqn,
+          "', which the archive does not hold (exported with --meta?) and ",
+          ckpt.has_value()
+              ? absl::StrCat("the checkpoint in '", ckpt->dir(),
+                             "' does not have")
+              : absl::StrCat("there is no checkpoint (model.safetensors) "
+                             "next to it in '",
+                             dir.empty() ? "." : dir, "'")));
+    }
+    auto meta = graph.get_tensor_values().find(value);
+    if (meta != graph.get_tensor_values().end()) {
+      std::vector<int64_t> sizes;
+      for (const auto& s : meta->second.get_sizes()) {
+        sizes.push_back(s.tag() == schema::SymInt::Tag::AS_INT ? s.get_as_int()
+                                                               : -1);
+      }
+      if (t.sizes().vec() != sizes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            from, ": tensor '", fqn, "' has shape [",
+            absl::StrJoin(t.sizes().vec(), ", "), "], the program expects [",
+            absl::StrJoin(sizes, ", "), "]"));
+      }
+      std::optional<c10::ScalarType> dtype =
+          ToScalarType(meta->second.get_dtype());
+      if (dtype.has_value() && *dtype != t.scalar_type()) {
+        if (!c10::isFloatingType(*dtype) ||
+            !c10::isFloatingType(t.scalar_type())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              from, ": tensor '", fqn, "' is ", c10::toString(t.scalar_type()),
+              ", the program expects ", c10::toString(*dtype)));
+        }
+        t = t.to(*dtype);
+      }
+    }
+    archive.tensors[fqn] = t;
   }
   return absl::OkStatus();
 }
@@ -280,6 +387,7 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path) {
                 ReadRecord(*reader, r);
           }
         }
+        RETURN_IF_ERROR(FillFromCheckpoint(archive));
         return std::move(archive);
       });
 }

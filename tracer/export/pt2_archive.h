@@ -35,10 +35,18 @@ struct Pt2Archive {
   std::string sample_inputs;
 };
 
+// The extra file in which `tracecut export --meta` embeds the buffers a
+// checkpoint does not hold (non-persistent ones, such as rotary inv_freq):
+// a safetensors image, base64 (torch.export.save takes text files only).
+inline constexpr char kEmbeddedBuffers[] = "tracecut_buffers.safetensors.b64";
+
 // True when `path` looks like a torch.export archive by name (".pt2").
 bool IsPt2Path(const std::string& path);
 
-// Reads the archive at `path`. Errors name the file and what is wrong: not a
+// Reads the archive at `path`. Tensors the program reads but the archive
+// lacks (a meta-device export) come from the embedded buffers and from the
+// safetensors checkpoint in the archive's directory, by name (converted to
+// the program's floating dtype). Errors name the file and what is wrong: not a
 // zip, no models/*.json, JSON that does not match the schema of this
 // LibTorch (with the exporting torch version), a payload file missing or of
 // the wrong size, pickled payloads (which need Python to read).

@@ -1206,8 +1206,11 @@ class Importer {
         return absl::StrCat(static_cast<int>(c10::kStrided));
       case ArgTag::AS_DEVICE: {
         const auto& d = a.get_as_device();
-        std::string s = d.get_type();
-        if (d.get_index().has_value()) absl::StrAppend(&s, ":", *d.get_index());
+        // A meta-device export runs where its weights are loaded: the CPU.
+        std::string s = d.get_type() == "meta" ? "cpu" : d.get_type();
+        if (d.get_index().has_value() && d.get_type() != "meta") {
+          absl::StrAppend(&s, ":", *d.get_index());
+        }
         return absl::StrCat("torch.device(", Quote(s), ")");
       }
       default:

@@ -1,0 +1,248 @@
+#include "checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ir/status_macros.h"
+
+namespace tracecut::checkpoint {
+namespace {
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+
+std::optional<c10::ScalarType> DTypeOf(const std::string& name) {
+  static const auto* const kTypes = new std::map<std::string, c10::ScalarType>{
+      {"F64", c10::kDouble},
+      {"F32", c10::kFloat},
+      {"F16", c10::kHalf},
+      {"BF16", c10::kBFloat16},
+      {"I64", c10::kLong},
+      {"I32", c10::kInt},
+      {"I16", c10::kShort},
+      {"I8", c10::kChar},
+      {"U8", c10::kByte},
+      {"BOOL", c10::kBool},
+      {"U16", c10::kUInt16},
+      {"U32", c10::kUInt32},
+      {"U64", c10::kUInt64},
+      {"F8_E4M3", c10::kFloat8_e4m3fn},
+      {"F8_E5M2", c10::kFloat8_e5m2}};
+  auto it = kTypes->find(name);
+  if (it == kTypes->end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
+    const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open '", path, "'"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(err, absl::StrCat("cannot stat '", path, "'"));
+  }
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->name_ = path;
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* p = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot map '", path, "'"));
+    }
+    f->mapping_ = p;
+    f->data_ = static_cast<const char*>(p);
+  }
+  ::close(fd);
+  RETURN_IF_ERROR(f->Parse());
+  return f;
+}
+
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>>
+SafetensorsFile::FromBytes(std::string bytes, std::string name) {
+  std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->name_ = std::move(name);
+  f->owned_ = std::move(bytes);
+  f->data_ = f->owned_.data();
+  f->size_ = f->owned_.size();
+  RETURN_IF_ERROR(f->Parse());
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_ != nullptr) munmap(mapping_, size_);
+}
+
+absl::Status SafetensorsFile::Parse() {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": not a valid safetensors file: ", what));
+  };
+  if (size_ < 8) return bad(absl::StrCat(size_, " bytes, no header length"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) {
+    n = (n << 8) | static_cast<unsigned char>(data_[i]);
+  }
+  if (n > size_ - 8) {
+    return bad(absl::StrCat("the header claims ", n, " bytes but the file has ",
+                            size_ - 8, " after the length (truncated?)"));
+  }
+  data_start_ = 8 + n;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(data_ + 8, data_ + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    return bad(absl::StrCat("header is not JSON: ", e.what()));
+  }
+  if (!header.is_object()) return bad("header is not a JSON object");
+  const size_t data_size = size_ - data_start_;
+  for (const auto& [key, value] : header.items()) {
+    if (key == "__metadata__") continue;
+    const std::string where = absl::StrCat("tensor '", key, "'");
+    Entry e;
+    try {
+      std::optional<c10::ScalarType> dtype =
+          DTypeOf(value.at("dtype").get<std::string>());
+      if (!dtype.has_value()) {
+        return bad(absl::StrCat(where, " has unknown dtype ",
+                                value.at("dtype").dump()));
+      }
+      e.dtype = *dtype;
+      e.shape = value.at("shape").get<std::vector<int64_t>>();
+      auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2) return bad(where + ": data_offsets needs 2");
+      e.begin = offsets[0];
+      e.end = offsets[1];
+    } catch (const nlohmann::json::exception& ex) {
+      return bad(absl::StrCat(where, ": ", ex.what()));
+    }
+    int64_t numel = 1;
+    for (int64_t d : e.shape) {
+      if (d < 0) return bad(where + " has a negative dimension");
+      numel *= d;
+    }
+    if (e.begin > e.end || e.end > data_size) {
+      return bad(absl::StrCat(where, " spans bytes [", e.begin, ", ", e.end,
+                              ") of a ", data_size,
+                              "-byte data section (truncated?)"));
+    }
+    const size_t want = static_cast<size_t>(numel) * c10::elementSize(e.dtype);
+    if (e.end - e.begin != want) {
+      return bad(absl::StrCat(where, " has ", e.end - e.begin,
+                              " bytes, but its shape and dtype need ", want));
+    }
+    entries_.emplace(key, std::move(e));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+absl::StatusOr<torch::Tensor> SafetensorsFile::Get(
+    const std::string& tensor) const {
+  auto it = entries_.find(tensor);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(name_, ": no tensor '", tensor, "'"));
+  }
+  const Entry& e = it->second;
+  torch::Tensor t = torch::empty(e.shape, torch::dtype(e.dtype));
+  if (e.end > e.begin) {
+    std::memcpy(t.data_ptr(), data_ + data_start_ + e.begin, e.end - e.begin);
+  }
+  return t;
+}
+
+bool Checkpoint::HasWeights(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(dir) / kSingleFile,
+                                 ec) ||
+         std::filesystem::exists(std::filesystem::path(dir) / kIndexFile, ec);
+}
+
+absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
+  Checkpoint c;
+  c.dir_ = dir;
+  const std::filesystem::path root(dir);
+  std::error_code ec;
+  if (std::filesystem::exists(root / kIndexFile, ec)) {
+    const std::string index = (root / kIndexFile).string();
+    std::ifstream in(index);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("cannot read '", index, "'"));
+    }
+    try {
+      nlohmann::json j = nlohmann::json::parse(text.str());
+      for (const auto& [tensor, file] : j.at("weight_map").items()) {
+        c.shard_of_[tensor] = file.get<std::string>();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index,
+                       ": not a safetensors index (wants {\"weight_map\": "
+                       "{tensor: file}}): ",
+                       e.what()));
+    }
+    return c;
+  }
+  if (std::filesystem::exists(root / kSingleFile, ec)) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f,
+                     SafetensorsFile::Open((root / kSingleFile).string()));
+    for (const std::string& name : f->names()) c.shard_of_[name] = kSingleFile;
+    c.open_[kSingleFile] = f;
+    return c;
+  }
+  return absl::NotFoundError(absl::StrCat("checkpoint directory '", dir,
+                                          "' has neither ", kSingleFile,
+                                          " nor ", kIndexFile));
+}
+
+absl::StatusOr<torch::Tensor> Checkpoint::Get(const std::string& tensor) const {
+  auto it = shard_of_.find(tensor);
+  if (it == shard_of_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint '", dir_, "' has no tensor '", tensor, "'"));
+  }
+  auto open = open_.find(it->second);
+  if (open == open_.end()) {
+    const std::string path =
+        (std::filesystem::path(dir_) / it->second).string();
+    ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f,
+                     SafetensorsFile::Open(path));
+    open = open_.emplace(it->second, std::move(f)).first;
+  }
+  if (!open->second->Has(tensor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(open->second->name(), ": no tensor '", tensor,
+                     "', which the checkpoint's index places there"));
+  }
+  return open->second->Get(tensor);
+}
+
+}  // namespace tracecut::checkpoint

@@ -1,0 +1,90 @@
+#ifndef TRACECUT_CHECKPOINT_SAFETENSORS_H_
+#define TRACECUT_CHECKPOINT_SAFETENSORS_H_
+
+// Reading safetensors files and Hugging Face checkpoint directories by
+// tensor name, lazily: a file is memory-mapped and only the tensors asked
+// for are copied out, in their stored dtype.
+//
+//   ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open("llama-dir"));
+//   ASSIGN_OR_RETURN(torch::Tensor w,
+//                    ckpt.Get("model.layers.0.mlp.down_proj.weight"));
+//
+// Format (https://github.com/huggingface/safetensors): an 8-byte
+// little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
+// "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data.
+// Every way a file can lie is an error naming the file and the tensor: a
+// header longer than the file, offsets outside the data or overlapping
+// their neighbours' ends, a byte length that disagrees with shape x dtype,
+// an unknown dtype.
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tracecut::checkpoint {
+
+class SafetensorsFile {
+ public:
+  // Maps `path`. `bytes` variant: a safetensors image held in memory (e.g.
+  // embedded in an archive); `name` stands for the file in errors.
+  static absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Open(
+      const std::string& path);
+  static absl::StatusOr<std::shared_ptr<const SafetensorsFile>> FromBytes(
+      std::string bytes, std::string name);
+  ~SafetensorsFile();
+
+  const std::string& name() const { return name_; }
+  std::vector<std::string> names() const;
+  bool Has(const std::string& tensor) const {
+    return entries_.contains(tensor);
+  }
+  // A copy of the tensor (contiguous, CPU, stored dtype).
+  absl::StatusOr<torch::Tensor> Get(const std::string& tensor) const;
+
+ private:
+  struct Entry {
+    c10::ScalarType dtype;
+    std::vector<int64_t> shape;
+    size_t begin = 0, end = 0;  // Byte offsets into the data section.
+  };
+  SafetensorsFile() = default;
+  absl::Status Parse();
+
+  std::string name_;
+  const char* data_ = nullptr;  // The whole file.
+  size_t size_ = 0;
+  void* mapping_ = nullptr;  // mmap'ed region, or null for owned bytes.
+  std::string owned_;
+  size_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+};
+
+// A Hugging Face checkpoint directory: model.safetensors, or the shards
+// that model.safetensors.index.json's "weight_map" names (opened when a
+// tensor in them is first asked for).
+class Checkpoint {
+ public:
+  static absl::StatusOr<Checkpoint> Open(const std::string& dir);
+  // Whether `dir` holds safetensors weights.
+  static bool HasWeights(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  bool Has(const std::string& tensor) const {
+    return shard_of_.contains(tensor);
+  }
+  absl::StatusOr<torch::Tensor> Get(const std::string& tensor) const;
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> shard_of_;  // Tensor -> file name.
+  mutable std::map<std::string, std::shared_ptr<const SafetensorsFile>> open_;
+};
+
+}  // namespace tracecut::checkpoint
+
+#endif  // TRACECUT_CHECKPOINT_SAFETENSORS_H_
