@@ -1,6 +1,6 @@
 """End to end on transformers' own modeling code (the pinned version).
 
-    hf_model_test.py TRACECUT MODEL_NAME
+    hf_model_test.py TRACECUT MODEL_NAME GPTQ_RECIPE
 
 For MODEL_NAME (a row of MODELS): a small config with seeded random weights
 is saved as a Hugging Face checkpoint, then
@@ -100,18 +100,6 @@ MODELS = {
                                      patch_size=8)), 4, False),
 }
 
-GPTQ = """
-modifiers {
-  gptq {
-    scheme { bits: 4 symmetric: true group_size: 128 }
-    targets: "Linear"
-    targets: "Conv1D"
-    ignore: "lm_head"
-  }
-}
-pipeline: SEQUENTIAL
-"""
-RTN = GPTQ.replace("gptq {", "rtn {")
 
 
 def run(cmd):
@@ -166,7 +154,10 @@ def check_close(name, got, want):
 
 
 def main():
-  tracecut, name = sys.argv[1], sys.argv[2]
+  tracecut, name, recipe_file = sys.argv[1], sys.argv[2], sys.argv[3]
+  with open(recipe_file) as f:
+    gptq = f.read()
+  rtn = gptq.replace("gptq {", "rtn {")
   config_cls, model_cls, kwargs, layers, text = MODELS[name]
   torch.manual_seed(0)
   config = getattr(transformers, config_cls)(**kwargs)
@@ -232,7 +223,7 @@ def main():
       errors = {}
       held_out = make_inputs(spec["inputs"], seed=99)
       ref = flat_outputs(model, held_out, spec["outputs"])[0]
-      for recipe_name, recipe in (("gptq", GPTQ), ("rtn", RTN)):
+      for recipe_name, recipe in (("gptq", gptq), ("rtn", rtn)):
         recipe_path = os.path.join(d, f"{recipe_name}.textproto")
         with open(recipe_path, "w") as f:
           f.write(recipe)
