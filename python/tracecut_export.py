@@ -271,6 +271,45 @@ def _module_for_source(model, path, func):
   return ""
 
 
+def _checkpoint_names(source):
+  """Tensor names in the checkpoint's safetensors (headers only)."""
+  from safetensors import safe_open
+  index = os.path.join(source, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index) as f:
+      return set(json.load(f)["weight_map"])
+  single = os.path.join(source, "model.safetensors")
+  if os.path.isfile(single):
+    with safe_open(single, framework="pt") as f:
+      return set(f.keys())
+  _fail(f"{source}: --meta reads the weights from the checkpoint's "
+        "safetensors, and this directory has no model.safetensors or "
+        "model.safetensors.index.json")
+
+
+def _tied_groups(model):
+  """Names that share one parameter (tied embeddings), as lists."""
+  groups = {}
+  for name, p in model.named_parameters(remove_duplicate=False):
+    groups.setdefault(id(p), []).append(name)
+  return [g for g in groups.values() if len(g) > 1]
+
+
+def _check_meta_names(model, source, tied):
+  """--meta reads weights by name: every parameter must be in the
+  checkpoint under its own name or a tied one's."""
+  names = _checkpoint_names(source)
+  alias = {n: g for g in tied for n in g}
+  missing = [n for n, _ in model.named_parameters()
+             if n not in names and not any(a in names
+                                           for a in alias.get(n, []))]
+  if missing:
+    _fail(f"{source}: --meta reads the weights by name, but the checkpoint "
+          f"stores {len(missing)} of the model's parameters under other "
+          f"names (transformers converts them when it loads; e.g. "
+          f"'{missing[0]}' is not in it); export without --meta")
+
+
 def _export_dynamic(model, kwargs, specs):
   """torch.export with the batch dimension (and the sequence dimension of
   token inputs) dynamic where the model allows; dimensions the model fixes
@@ -302,7 +341,9 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
                                        seed, meta)
   specs = input_specs(model, config, batch, seq_len)
   inputs = make_inputs(specs)
+  tied = _tied_groups(model)
   if meta:
+    _check_meta_names(model, source, tied)
     inputs = {k: v.to("meta") for k, v in inputs.items()}
   files = {
       "config.json": config.to_json_string(use_diff=False),
@@ -311,6 +352,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
       "tracecut_model.json": json.dumps({
           "model_class": type(model).__name__,
           "no_split_modules": list(model._no_split_modules or []),
+          "tied_parameters": tied,
           "exporter": (f"tracecut_export (torch {torch.__version__}, "
                        f"transformers {transformers.__version__})"),
       }, indent=1),

@@ -9,12 +9,26 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "ir/graph.h"
 #include "ir/status_macros.h"
 #include "tracer/tracer.h"
 
 namespace tracecut::tracer {
 namespace {
+
+// "input_ids: Tensor, attention_mask: Optional[Tensor]" (without self).
+std::string ForwardSignature(const torch::jit::Module& module) {
+  std::vector<std::string> out;
+  auto method = module.find_method("forward");
+  if (!method.has_value()) return "";
+  const auto& args = method->function().getSchema().arguments();
+  for (size_t i = 1; i < args.size(); ++i) {
+    out.push_back(
+        absl::StrCat(args[i].name(), ": ", args[i].type()->annotation_str()));
+  }
+  return absl::StrJoin(out, ", ");
+}
 
 constexpr struct {
   const char* name;
@@ -175,7 +189,10 @@ absl::StatusOr<ExampleInputs> ResolveExampleInputs(
       return absl::InvalidArgumentError(absl::StrCat(
           "no example value for argument '", name, "' (",
           arg.type()->annotation_str(), ") of ", ModuleTypeName(module),
-          ".forward: describe it in tracecut_inputs.json or pass it in "
+          ".forward(", ForwardSignature(module),
+          "): describe it with --input=NAME:DTYPE[D0,D1,...] or "
+          "--example-inputs=FILE on the command line, in the model's "
+          "embedded tracecut_inputs.json (docs/example_inputs.md), or in "
           "TraceOptions::example_inputs"));
     }
     if (!value.isNone() && !value.type()->isSubtypeOf(*arg.type())) {

@@ -22,6 +22,7 @@
 #include "runtime/compare.h"
 #include "tools/cli/common.h"
 #include "tools/cli/compare_flags.h"
+#include "tools/cli/model_flags.h"
 #include "tracer/hf/config.h"
 #include "tracer/hf/json.h"
 #include "tracer/load.h"
@@ -157,20 +158,10 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
   }
 
   // Trace as `tracecut trace` does, keeping the options for the inputs.
-  tracer::TraceOptions options;
-  if (args.Has("no-default-leaves")) {
-    options.leaf_policy = tracer::LeafPolicy::None();
-  }
-  for (std::string& leaf : args.GetAll("leaf")) {
-    options.leaf_policy.AddTypeOrPath(std::move(leaf));
-  }
-  if (std::optional<std::string> config = args.Get("config")) {
-    options.config_path = *config;
-  }
-  ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(model));
-  ASSIGN_OR_RETURN(options, tracer::WithModelFiles(loaded, std::move(options)));
-  ASSIGN_OR_RETURN(runtime::GraphModule gm,
-                   tracer::Trace(loaded.module, options));
+  ASSIGN_OR_RETURN(TracedModel traced, LoadAndTrace(args));
+  const tracer::LoadedModel& loaded = traced.loaded;
+  const tracer::TraceOptions& options = traced.options;
+  runtime::GraphModule& gm = traced.gm;
 
   // Targets and ignore: flags, else the HF defaults of the model's config.
   std::optional<tracer::hf::HfDefaults> defaults;
@@ -290,14 +281,6 @@ Subcommand PartitionCommand() {
       FlagSpec::Value("max-param-bytes", "N",
                       "group consecutive targets while their parameters fit "
                       "in N bytes"),
-      FlagSpec::Value("leaf", "TYPE_OR_PATH",
-                      "keep this module type or path/glob as a call_module "
-                      "when tracing")
-          .Repeated(),
-      FlagSpec::Bool("no-default-leaves",
-                     "inline torch.nn built-ins and Conv1D too"),
-      FlagSpec::Value("config", "FILE",
-                      "HF config.json to use instead of the embedded one"),
       FlagSpec::Value("format", "FORMAT", "text (default), json or dot"),
       FlagSpec::Bool("check",
                      "run the whole graph and the partition on the example "
@@ -311,6 +294,7 @@ Subcommand PartitionCommand() {
                      "print the plan as JSON (plus model, format, output and "
                      "check result, also when the check fails) on stdout"),
   };
+  for (FlagSpec& f : ModelFlags()) c.flags.push_back(std::move(f));
   c.min_positional = 1;
   c.max_positional = 1;
   c.run = RunPartition;

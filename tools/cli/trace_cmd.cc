@@ -16,6 +16,7 @@
 #include "runtime/lowering.h"
 #include "tools/cli/common.h"
 #include "tools/cli/graph_json.h"
+#include "tools/cli/model_flags.h"
 #include "tracer/tracer.h"
 
 namespace tracecut::cli {
@@ -57,17 +58,8 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
     }
   }
 
-  tracer::TraceOptions options;
-  if (args.Has("no-default-leaves")) {
-    options.leaf_policy = tracer::LeafPolicy::None();
-  }
-  for (std::string& leaf : args.GetAll("leaf")) {
-    options.leaf_policy.AddTypeOrPath(std::move(leaf));
-  }
-  if (std::optional<std::string> config = args.Get("config")) {
-    options.config_path = *config;
-  }
-  ASSIGN_OR_RETURN(runtime::GraphModule gm, tracer::TraceFile(model, options));
+  ASSIGN_OR_RETURN(TracedModel traced, LoadAndTrace(args));
+  runtime::GraphModule& gm = traced.gm;
   std::string rendered;
   if (format != "torchscript") {
     ASSIGN_OR_RETURN(rendered, Render(gm.graph(), format));
@@ -116,26 +108,22 @@ Subcommand TraceCommand() {
       "are resolved and recorded as assumptions; a branch on tensor values is "
       "an error that names the module to pass to --leaf. The graph goes to "
       "stdout, or atomically to -o FILE.";
-  c.flags = {
-      FlagSpec::Value("leaf", "TYPE_OR_PATH",
-                      "keep this module type (LlamaRMSNorm, or qualified) or "
-                      "module path/glob (model.layers.*.mlp) as a call_module")
-          .Repeated(),
-      FlagSpec::Bool("no-default-leaves",
-                     "inline torch.nn built-ins and Conv1D too (only --leaf "
-                     "modules stay call_module)"),
-      FlagSpec::Value("config", "FILE",
-                      "HF config.json to use instead of the embedded one"),
-      FlagSpec::Value("format", "FORMAT",
-                      "text (default), proto (binary GraphProto), dot, json, "
-                      "or torchscript (the graph lowered to a .pt that "
-                      "LibTorch and torch.jit.load run; needs -o)"),
-      FlagSpec::Value("output", "FILE", "write the graph here ('-': stdout)")
-          .Short('o'),
-      FlagSpec::Bool("json",
-                     "print a JSON summary (node counts per op kind, "
-                     "call_module targets, assumptions) on stdout"),
-  };
+  c.flags = ModelFlags();
+  c.flags.insert(
+      c.flags.end(),
+      {
+          FlagSpec::Value(
+              "format", "FORMAT",
+              "text (default), proto (binary GraphProto), dot, json, "
+              "or torchscript (the graph lowered to a .pt that "
+              "LibTorch and torch.jit.load run; needs -o)"),
+          FlagSpec::Value("output", "FILE",
+                          "write the graph here ('-': stdout)")
+              .Short('o'),
+          FlagSpec::Bool("json",
+                         "print a JSON summary (node counts per op kind, "
+                         "call_module targets, assumptions) on stdout"),
+      });
   c.min_positional = 1;
   c.max_positional = 1;
   c.run = RunTrace;

@@ -25,6 +25,7 @@
 #include "runtime/lowering.h"
 #include "tools/cli/common.h"
 #include "tools/cli/compare_flags.h"
+#include "tools/cli/model_flags.h"
 #include "tracer/hf/config.h"
 #include "tracer/hf/json.h"
 #include "tracer/load.h"
@@ -79,35 +80,9 @@ absl::StatusOr<std::unique_ptr<transforms::Pipeline>> PipelineFromFlag(
   return pipeline;
 }
 
-struct Traced {
-  tracer::LoadedModel loaded;
-  tracer::TraceOptions options;
-  std::optional<runtime::GraphModule> gm;
-};
-
-absl::StatusOr<Traced> TraceModel(const ParsedArgs& args) {
-  Traced t;
-  if (args.Has("no-default-leaves")) {
-    t.options.leaf_policy = tracer::LeafPolicy::None();
-  }
-  for (std::string& leaf : args.GetAll("leaf")) {
-    t.options.leaf_policy.AddTypeOrPath(std::move(leaf));
-  }
-  if (std::optional<std::string> config = args.Get("config")) {
-    t.options.config_path = *config;
-  }
-  ASSIGN_OR_RETURN(t.loaded, tracer::LoadModel(args.positional()[0]));
-  ASSIGN_OR_RETURN(t.options,
-                   tracer::WithModelFiles(t.loaded, std::move(t.options)));
-  ASSIGN_OR_RETURN(runtime::GraphModule gm,
-                   tracer::Trace(t.loaded.module, t.options));
-  t.gm.emplace(std::move(gm));
-  return t;
-}
-
 // Partition options from --targets/--ignore, falling back to HF defaults.
 absl::StatusOr<partition::PartitionOptions> PartitionFromFlags(
-    const ParsedArgs& args, const Traced& t, bool required) {
+    const ParsedArgs& args, const TracedModel& t, bool required) {
   partition::PartitionOptions popts;
   std::optional<tracer::hf::HfDefaults> defaults;
   if (t.options.config.has_value()) {
@@ -151,8 +126,8 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   // Before tracing, so a bad -o fails fast (and never replaces a device).
   RETURN_IF_ERROR(CheckOutputPath(*output));
 
-  ASSIGN_OR_RETURN(Traced t, TraceModel(args));
-  const runtime::GraphModule& gm = *t.gm;
+  ASSIGN_OR_RETURN(TracedModel t, LoadAndTrace(args));
+  const runtime::GraphModule& gm = t.gm;
   const bool per_subgraph = args.Has("targets");
 
   std::vector<PassSummary> passes;
@@ -284,14 +259,14 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
                    PipelineFromFlag(args));
   transforms::DebugOptions dopts;
   ASSIGN_OR_RETURN(dopts.compare, CompareOptionsFromFlags(args));
-  ASSIGN_OR_RETURN(Traced t, TraceModel(args));
+  ASSIGN_OR_RETURN(TracedModel t, LoadAndTrace(args));
   ASSIGN_OR_RETURN(dopts.partition,
                    PartitionFromFlags(args, t, /*required=*/true));
   ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
                    tracer::ResolveExampleInputs(t.loaded.module, t.options));
   ASSIGN_OR_RETURN(
       transforms::DebugReport report,
-      transforms::DebugPipeline(*t.gm, *pipeline, inputs.values, dopts));
+      transforms::DebugPipeline(t.gm, *pipeline, inputs.values, dopts));
 
   auto label = [&](int index) {
     for (const transforms::DebugSubgraph& s : report.subgraphs) {
@@ -346,23 +321,17 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
 }
 
 std::vector<FlagSpec> TraceFlags() {
-  return {
+  std::vector<FlagSpec> flags = {
       FlagSpec::Value("passes", "NAME,...", "passes to run, in order")
           .Repeated(),
       FlagSpec::Value("targets", "TYPE,...",
                       "module types that start a subgraph (run the passes "
                       "per subgraph)")
           .Repeated(),
-      FlagSpec::Value("leaf", "TYPE_OR_PATH",
-                      "keep this module type or path/glob as a call_module "
-                      "when tracing")
-          .Repeated(),
-      FlagSpec::Bool("no-default-leaves",
-                     "inline torch.nn built-ins and Conv1D too"),
-      FlagSpec::Value("config", "FILE",
-                      "HF config.json to use instead of the embedded one"),
       FlagSpec::Bool("json", "print a JSON summary on stdout"),
   };
+  for (FlagSpec& f : ModelFlags()) flags.push_back(std::move(f));
+  return flags;
 }
 
 Subcommand TransformCommand() {

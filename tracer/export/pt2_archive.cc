@@ -203,16 +203,42 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive) {
     ASSIGN_OR_RETURN(ckpt,
                      checkpoint::Checkpoint::Open(dir.empty() ? "." : dir));
   }
+  // Tied parameters (lm_head and embed_tokens): a checkpoint holds one name.
+  std::map<std::string, std::vector<std::string>> aliases;
+  if (auto it = archive.extra_files.find("tracecut_model.json");
+      it != archive.extra_files.end()) {
+    try {
+      nlohmann::json j = nlohmann::json::parse(it->second);
+      if (j.contains("tied_parameters")) {
+        for (const auto& group :
+             j["tied_parameters"]
+                 .get<std::vector<std::vector<std::string>>>()) {
+          for (const std::string& name : group) aliases[name] = group;
+        }
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(archive.path, ":tracecut_model.json: ", e.what()));
+    }
+  }
   for (const auto& [fqn, value] : missing) {
     torch::Tensor t;
     std::string from;
-    if (buffers != nullptr && buffers->Has(fqn)) {
-      ASSIGN_OR_RETURN(t, buffers->Get(fqn));
-      from = buffers->name();
-    } else if (ckpt.has_value() && ckpt->Has(fqn)) {
-      ASSIGN_OR_RETURN(t, ckpt->Get(fqn));
-      from = absl::StrCat(ckpt->dir(), "'s safetensors");
-    } else {
+    std::vector<std::string> names = {fqn};
+    for (const std::string& a : aliases[fqn]) {
+      if (a != fqn) names.push_back(a);
+    }
+    for (const std::string& name : names) {
+      if (buffers != nullptr && buffers->Has(name)) {
+        ASSIGN_OR_RETURN(t, buffers->Get(name));
+        from = buffers->name();
+      } else if (ckpt.has_value() && ckpt->Has(name)) {
+        ASSIGN_OR_RETURN(t, ckpt->Get(name));
+        from = absl::StrCat(ckpt->dir(), "'s safetensors");
+      }
+      if (t.defined()) break;
+    }
+    if (!t.defined()) {
       return absl::NotFoundError(absl::StrCat(
           archive.path, ": the program reads '", fqn,
           "', which the archive does not hold (exported with --meta?) and ",
