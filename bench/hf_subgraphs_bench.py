@@ -12,12 +12,16 @@ weights) is saved as a checkpoint directory, then, median wall seconds of
                           + torch.export, including their import time)
   ours: partition         `tracecut partition DIR` on the exported .pt2
                           (read the archive, rebuild, trace, partition)
-  torch.export            torch.export.export + run_decompositions, in this
-                          process (what the export step spends in torch)
+  torch.export            torch.export.export as `tracecut export` calls it
+                          (no_grad, dynamic batch and sequence), in this
+                          process: what the export step spends in torch
   llm-compressor          llmcompressor.pipelines.sequential.helpers.
                           trace_subgraphs(model, {"input_ids"},
                           ["LlamaDecoderLayer"], its default tracing_ignore),
-                          in this process (model already built and imported)
+                          in this process (model already built and imported);
+                          it traces only the skeleton around the decoder
+                          layers (each layer one call), where tracecut's graph
+                          has every operator inside them
 
 Prints a Markdown table; every cell checks its subgraph count (layers + 1).
 """
@@ -87,11 +91,16 @@ def main():
 
       ids = torch.randint(0, 1000, (2, 16))
 
+      auto = torch.export.Dim.AUTO
+
       def torch_export():
-        ep = torch.export.export(model, (), {"input_ids": ids,
-                                             "use_cache": False},
-                                 strict=False)
-        return ep.run_decompositions({})
+        # What `tracecut export` runs: no_grad, dynamic batch and sequence.
+        with torch.no_grad():
+          return torch.export.export(
+              model, (), {"input_ids": ids, "use_cache": False},
+              dynamic_shapes={"input_ids": {0: auto, 1: auto},
+                              "use_cache": None},
+              strict=False)
 
       def llmc():
         return trace_subgraphs(model, {"input_ids": ids},

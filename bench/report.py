@@ -171,11 +171,13 @@ def write_md(rows, machine, raw, path):
     for r in rows:
         if r.get("note"):
             lines.append(f"* {r['row']}: {r['note']}")
-    # Profiles of the missed targets are measured separately (bench/profile.sh)
-    # and written up by hand; they are included as they are.
-    profiles = os.path.join(os.path.dirname(os.path.abspath(__file__)), "PROFILES.md")
-    if os.path.exists(profiles):
-        lines += ["", open(profiles).read().strip()]
+    # Profiles of the missed targets (bench/profile.sh) and the Hugging Face
+    # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py) are
+    # measured separately and written up by hand; they are included as they are.
+    here = os.path.dirname(os.path.abspath(__file__))
+    for extra in ("HF.md", "PROFILES.md"):
+        if os.path.exists(os.path.join(here, extra)):
+            lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))

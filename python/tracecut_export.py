@@ -383,8 +383,14 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
       else:
         try:
           ep = _export_dynamic(model, kwargs, specs)
-          # Inference IR: functional, no grad-mode regions.
-          ep = ep.run_decompositions({})
+          # Exported under no_grad, the program has no grad-mode regions;
+          # other higher-order operators (autocast regions) go away in the
+          # inference IR, which costs about twice the export itself, so only
+          # when needed.
+          if any(n.op == "call_function" and
+                 isinstance(n.target, torch._ops.HigherOrderOperator)
+                 for n in ep.graph.nodes):
+            ep = ep.run_decompositions({})
         except ExportError:
           raise
         except Exception as e:  # pylint: disable=broad-except
