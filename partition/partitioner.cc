@@ -1064,7 +1064,55 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
       partition.warnings.push_back(std::move(w));
     }
   }
+  RETURN_IF_ERROR(CheckTargetPlacement(graph, partition));
   return partition;
+}
+
+absl::Status CheckTargetPlacement(const ir::Graph& graph,
+                                  const Partition& partition) {
+  absl::flat_hash_map<absl::string_view, int> owner;
+  for (const Subgraph& sub : partition.subgraphs) {
+    for (const std::string& path : sub.module_paths) {
+      auto [it, inserted] = owner.try_emplace(path, sub.index);
+      if (!inserted) {
+        return absl::InternalError(absl::StrCat(
+            "partition: target '", path, "' is in subgraphs ", it->second,
+            " and ", sub.index, "; each target must be in exactly one"));
+      }
+    }
+  }
+  // Consecutive nodes mostly share one scope stack: look each up once.
+  const std::vector<ir::ScopeEntry>* last_stack = nullptr;
+  int last_owner = -1;
+  std::string last_path;
+  for (const ir::Node* n : graph.nodes()) {
+    if (n->op() != ir::OpKind::kCallModule &&
+        n->op() != ir::OpKind::kCallFunction &&
+        n->op() != ir::OpKind::kCallMethod) {
+      continue;  // Inputs, parameter reads and the output live anywhere.
+    }
+    const std::vector<ir::ScopeEntry>* stack = &n->scope().stack();
+    if (stack != last_stack || n->op() == ir::OpKind::kCallModule) {
+      last_stack = stack;
+      last_owner = -1;
+      ForEachModule(n, [&](const ModuleRef& m) {
+        auto it = owner.find(m.path);
+        if (it == owner.end()) return true;
+        last_owner = it->second;
+        last_path = std::string(m.path);
+        return false;  // Outermost instance: targets do not overlap.
+      });
+    }
+    if (last_owner < 0) continue;
+    const int home = partition.SubgraphOf(n->name());
+    if (home != last_owner) {
+      return absl::InternalError(absl::StrCat(
+          "partition: ", n->Describe(), " belongs to target '", last_path,
+          "' (subgraph ", last_owner, ") but runs in subgraph ", home,
+          "; each target must be in exactly one subgraph"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tracecut::partition

@@ -120,6 +120,14 @@ bool ModulePatternMatches(absl::string_view pattern, absl::string_view path,
 absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
                                          const PartitionOptions& options);
 
+// Internal error unless `partition` (of `graph`) places every sequential
+// target instance in exactly one subgraph: each path of a module_paths list
+// appears in no other subgraph's, and every module call and computation
+// scoped inside an instance has that instance's subgraph as its home.
+// PartitionGraph checks its own result with it; exposed for tests.
+absl::Status CheckTargetPlacement(const ir::Graph& graph,
+                                  const Partition& partition);
+
 }  // namespace tracecut::partition
 
 #endif  // TRACECUT_PARTITION_PARTITIONER_H_

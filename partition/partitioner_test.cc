@@ -68,6 +68,38 @@ void ExpectNoForwardReads(const Partition& p) {
   }
 }
 
+TEST(PartitionerTest, CheckTargetPlacementCatchesASplitOrSharedTarget) {
+  Decoder d = BuildDecoder({.layers = 3});
+  auto p = PartitionGraph(*d.graph, Llama());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(CheckTargetPlacement(*d.graph, *p).ok());
+
+  // A node of layer 1 homed in layer 2's subgraph: the target is split.
+  std::string moved;
+  for (const ir::Node* n : d.graph->nodes()) {
+    bool in_layer1 = false;
+    for (const auto& e : n->scope().stack()) {
+      in_layer1 |= e.path == "model.layers.1";
+    }
+    if (n->op() == ir::OpKind::kCallFunction && in_layer1) {
+      moved = n->name();
+      break;
+    }
+  }
+  ASSERT_FALSE(moved.empty());
+  p->home[moved] = 3;
+  absl::Status split = CheckTargetPlacement(*d.graph, *p);
+  EXPECT_EQ(split.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(split.message(), HasSubstr("belongs to target 'model.layers.1' "
+                                         "(subgraph 2) but runs in subgraph 3"));
+  p->home[moved] = 2;
+
+  // One target listed by two subgraphs.
+  p->subgraphs[3].module_paths.push_back("model.layers.0");
+  EXPECT_THAT(CheckTargetPlacement(*d.graph, *p).message(),
+              HasSubstr("target 'model.layers.0' is in subgraphs 1 and 3"));
+}
+
 TEST(PartitionerTest, DecoderSplitsIntoHeadLayersAndTail) {
   Decoder d = BuildDecoder({.layers = 4});
   auto p = PartitionGraph(*d.graph, Llama());

@@ -2,18 +2,25 @@
 
 #include <caffe2/serialize/inline_container.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <google/protobuf/text_format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +30,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/report.h"
 #include "pipelines/rtn_modifier.h"
+#include "runtime/finite.h"
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
 #include "tracer/hf/config.h"
@@ -87,9 +95,33 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+constexpr char kLockFile[] = "lock";
+constexpr char kSpillDir[] = "spill";
+
+// Removes the spill files of the process `pid` from `dir` (named
+// "tracecut-<pid>-..." by the intermediates cache), all of them when pid is
+// 0, then `dir` if that left it empty.
+void RemoveSpillFiles(const std::string& dir, int64_t pid) {
+  const std::string prefix =
+      pid == 0 ? "tracecut-" : absl::StrCat("tracecut-", pid, "-");
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> names;
+    while (dirent* e = ::readdir(d)) {
+      if (absl::StartsWith(e->d_name, prefix)) names.push_back(e->d_name);
+    }
+    ::closedir(d);
+    for (const std::string& name : names) {
+      std::remove(absl::StrCat(dir, "/", name).c_str());
+    }
+  }
+  ::rmdir(dir.c_str());
+}
+
 // Removes the files a pipeline writes into a run directory, then the
 // directory if it is empty (anything else in it is left alone).
 void RemoveRunDir(const std::string& dir) {
+  RemoveSpillFiles(absl::StrCat(dir, "/", kSpillDir), 0);
+  std::remove(absl::StrCat(dir, "/", kLockFile).c_str());
   if (DIR* d = ::opendir(dir.c_str())) {
     std::vector<std::string> names;
     while (dirent* e = ::readdir(d)) {
@@ -106,6 +138,61 @@ void RemoveRunDir(const std::string& dir) {
   }
   ::rmdir(dir.c_str());
 }
+
+// An advisory lock (flock) on RUN_DIR/lock for the whole run: one run per
+// output. The file holds the owner's pid; the kernel drops the lock when the
+// owner dies, however it dies, so a lock that can be taken is never stale.
+class RunDirLock {
+ public:
+  // Creates `dir` if missing. FAILED_PRECONDITION naming the holder's pid
+  // when another process holds the lock. `previous_pid` is the pid a dead
+  // earlier run left in the file (0: none): its leftovers can go.
+  static absl::StatusOr<std::unique_ptr<RunDirLock>> Acquire(
+      const std::string& dir, absl::string_view output,
+      int64_t* previous_pid) {
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("cannot create the run directory ", dir));
+    }
+    const std::string path = absl::StrCat(dir, "/", kLockFile);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+    }
+    char buf[32] = {};
+    ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    int64_t pid = 0;
+    if (n > 0) {
+      (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(buf), &pid);
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "another tracecut run (pid ", pid, ") is writing ", output,
+            " (it holds ", path,
+            "); wait for it to finish or choose another -o / --run-dir"));
+      }
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
+    }
+    *previous_pid = pid;
+    const std::string mine = absl::StrCat(::getpid(), "\n");
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, mine.data(), mine.size(), 0) !=
+            static_cast<ssize_t>(mine.size())) {
+      const int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, absl::StrCat("cannot write ", path));
+    }
+    return std::unique_ptr<RunDirLock>(new RunDirLock(fd));
+  }
+  ~RunDirLock() { ::close(fd_); }
+
+ private:
+  explicit RunDirLock(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 PipelineKind KindFromRecipe(recipe::Recipe::Pipeline p) {
   switch (p) {
@@ -240,6 +327,9 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   ASSIGN_OR_RETURN(LoadedForCalibration loaded,
                    LoadForCalibration(options.model_path));
   runtime::GraphModule& gm = loaded.model;
+  // All of every weight, not only what the data will touch: a NaN in an
+  // embedding row no sample uses would otherwise be copied into the output.
+  RETURN_IF_ERROR(runtime::CheckModuleFinite(gm.module(), loaded.file));
 
   // Data.
   at::Tensor tokens;
@@ -301,6 +391,9 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         "or use the basic pipeline"));
   }
   p.partition.targets = targets;
+  p.calibrate_all_experts =
+      options.calibrate_all_experts.value_or(r.calibrate_all_experts());
+  if (r.has_expert_modules()) p.expert_pattern = r.expert_modules();
   if (r.has_cache()) {
     ASSIGN_OR_RETURN(p.cache.offload_device,
                      runtime::TorchCall("recipe cache.offload_device", [&] {
@@ -317,28 +410,64 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
   p.fingerprint = absl::StrCat("model ", model_identity, "; recipe ",
                                absl::StrFormat("%016x", Fnv1a64(RecipeText(r))),
-                               "; targets ", absl::StrJoin(targets, ","));
+                               "; targets ", absl::StrJoin(targets, ","),
+                               p.calibrate_all_experts
+                                   ? absl::StrCat("; all experts ",
+                                                  p.expert_pattern)
+                                   : "");
 
-  // A run directory this run creates is removed again if the run fails.
-  const bool run_dir_existed =
-      p.kind == PipelineKind::kBasic || IsDirectory(p.run_dir);
+  // A run directory this run creates is removed again if the run fails;
+  // in one it did not create, only the lock and spill files it made go.
+  const bool partitioned = p.kind != PipelineKind::kBasic;
+  const bool run_dir_existed = !partitioned || IsDirectory(p.run_dir);
   bool succeeded = false;
-  bool stopped = false;
+  bool stopped = false;  // Or interrupted with a checkpoint to resume from.
+  std::unique_ptr<RunDirLock> lock;
   absl::Cleanup cleanup = [&] {
-    if (!succeeded && !stopped && !run_dir_existed) RemoveRunDir(p.run_dir);
+    if (succeeded || stopped || !partitioned) return;
+    if (!run_dir_existed) {
+      RemoveRunDir(p.run_dir);
+    } else if (lock != nullptr) {
+      RemoveSpillFiles(absl::StrCat(p.run_dir, "/", kSpillDir), ::getpid());
+      std::remove(absl::StrCat(p.run_dir, "/", kLockFile).c_str());
+    }
   };
+  if (partitioned) {
+    int64_t previous_pid = 0;
+    ASSIGN_OR_RETURN(lock, RunDirLock::Acquire(p.run_dir, options.output_path,
+                                               &previous_pid));
+    // Spill files go under the run directory (unless the recipe says
+    // where), so the leftovers of a run killed with SIGKILL are found and
+    // removed here by the next run on the same output.
+    const std::string own_spill = absl::StrCat(p.run_dir, "/", kSpillDir);
+    if (p.cache.spill_dir.empty()) p.cache.spill_dir = own_spill;
+    RemoveSpillFiles(own_spill, 0);
+    if (previous_pid != 0 && p.cache.spill_dir != own_spill) {
+      RemoveSpillFiles(p.cache.spill_dir, previous_pid);
+    }
+  }
 
   CalibrateOutcome outcome;
   outcome.targets = targets;
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
-  ASSIGN_OR_RETURN(outcome.pipeline,
-                   RunPipeline(gm, data, modifiers, outcome.results, p));
+  absl::StatusOr<PipelineResult> piped =
+      RunPipeline(gm, data, modifiers, outcome.results, p);
+  if (absl::IsCancelled(piped.status()) && partitioned &&
+      ::access(absl::StrCat(p.run_dir, "/state.pt").c_str(), F_OK) == 0) {
+    stopped = true;  // Keep the checkpoint.
+    return absl::CancelledError(absl::StrCat(
+        piped.status().message(), "; the checkpoint in ", p.run_dir,
+        " is kept: rerun the same command with --resume to continue"));
+  }
+  if (!piped.ok()) return piped.status();
+  outcome.pipeline = std::move(*piped);
   if (outcome.pipeline.stopped) {
     stopped = true;
     outcome.stopped = true;
     return outcome;
   }
 
+  RETURN_IF_ERROR(CheckQuantResultsFinite(outcome.results, gm));
   RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
   ReportInfo info;
   info.model = options.model_path;

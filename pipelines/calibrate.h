@@ -79,6 +79,7 @@ struct CalibrateOptions {
   std::optional<PipelineKind> pipeline;
   std::optional<bool> propagate_error;
   std::vector<std::string> sequential_targets;
+  std::optional<bool> calibrate_all_experts;
 
   std::string output_path;  // The calibrated .pt (required).
   std::string report_path;  // Empty: no report file.

@@ -280,6 +280,14 @@ std::string ShortType(absl::string_view type);
 absl::Status ExportQuantParams(const CalibrationResults& results,
                                runtime::GraphModule& model);
 
+// InvalidArgument naming the module, the tensor and the first bad element
+// when any quantization parameter in `results` (weight scale / zero point /
+// g_idx, input and output scales and zero points) or the weight of a module
+// whose weight was quantized holds NaN or infinity. Run before anything is
+// written: no checkpoint carries a non-finite value.
+absl::Status CheckQuantResultsFinite(const CalibrationResults& results,
+                                     const runtime::GraphModule& model);
+
 }  // namespace tracecut::pipelines
 
 #endif  // TRACECUT_PIPELINES_MODIFIER_H_

@@ -32,6 +32,8 @@
 #include "absl/time/time.h"
 #include "ir/status_macros.h"
 #include "partition/subgraph.h"
+#include "pipelines/expert_calibration.h"
+#include "pipelines/interrupt.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 
@@ -96,14 +98,19 @@ class HookDispatcher {
     }
   }
 
-  Interpreter::HookId Attach(Interpreter& interp, int subgraph) {
+  // With `routed`, calls of modules inside its experts are not passed on:
+  // the experts' calibration data comes from their runs on all tokens.
+  Interpreter::HookId Attach(Interpreter& interp, int subgraph,
+                             const AllExpertsRunner* routed = nullptr) {
     return interp.AddModuleHook(
-        [this, subgraph](const ir::Node& node, const torch::jit::Module& module,
-                         absl::Span<const c10::IValue> inputs,
-                         const c10::IValue* output) {
+        [this, subgraph, routed](const ir::Node& node,
+                                 const torch::jit::Module& module,
+                                 absl::Span<const c10::IValue> inputs,
+                                 const c10::IValue* output) {
           if (output == nullptr || !status_.ok()) return;
           auto it = routes_.find(node.target());
           if (it == routes_.end()) return;
+          if (routed != nullptr && routed->InExpert(node.target())) return;
           ModuleCall call;
           call.node = &node;
           call.path = it->second.leaf->path;
@@ -281,8 +288,9 @@ class PartitionedRun {
   absl::Status PlanLayerChain();
   std::string RunIdentity() const;
   absl::Status RunStep(int i, RunContext& ctx, HookDispatcher& hooks);
+  // With `experts`, they run on all tokens after each batch.
   absl::Status RunBatches(int i, const char* stage, bool store,
-                          HookDispatcher* hooks);
+                          HookDispatcher* hooks, AllExpertsRunner* experts);
   absl::Status WriteCheckpoint(int next, RunContext& ctx);
   // Returns the subgraph to start at (0 without a usable checkpoint).
   absl::StatusOr<int> Restore(RunContext& ctx);
@@ -448,7 +456,8 @@ absl::Status PartitionedRun::PutTracked(int64_t batch, const std::string& name,
 }
 
 absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
-                                        HookDispatcher* hooks) {
+                                        HookDispatcher* hooks,
+                                        AllExpertsRunner* experts) {
   Step& step = steps_[i];
   const partition::Subgraph& s = *step.subgraph;
   const int64_t num_batches = static_cast<int64_t>(data_.batches.size());
@@ -456,6 +465,8 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
   for (int64_t b = 0; b < num_batches; ++b) {
     const std::string where = absl::StrFormat(
         "subgraph %d/%d (%s), %s batch %d: ", i + 1, n, step.label, stage, b);
+    // A safe point: SIGINT / SIGTERM stop here (interrupt.h).
+    RETURN_IF_ERROR(CheckInterrupt());
     if (hooks != nullptr) hooks->set_batch(b);
     std::vector<c10::IValue> inputs;
     inputs.reserve(s.input_names.size());
@@ -467,6 +478,11 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
     absl::StatusOr<c10::IValue> out = step.interp->Run(std::move(inputs));
     if (hooks != nullptr && !hooks->status().ok()) return hooks->status();
     if (!out.ok()) return Annotate(out.status(), where);
+    if (experts != nullptr) {
+      absl::Status all = experts->RunOnAllTokens();
+      if (hooks != nullptr && !hooks->status().ok()) return hooks->status();
+      if (!all.ok()) return Annotate(all, where);
+    }
     if (!out->isTuple() ||
         out->toTupleRef().elements().size() != s.output_names.size()) {
       return absl::InternalError(absl::StrCat(
@@ -511,9 +527,24 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   }));
 
   absl::Time t0 = absl::Now();
-  Interpreter::HookId id = hooks.Attach(*step.interp, i);
-  absl::Status calibrated = RunBatches(i, "calibrate", /*store=*/true, &hooks);
+  std::unique_ptr<AllExpertsRunner> experts;
+  if (options_.calibrate_all_experts) {
+    ASSIGN_OR_RETURN(experts,
+                     AllExpertsRunner::Create(*step.subgraph->graph,
+                                              model_.module(),
+                                              options_.expert_pattern));
+    if (experts->empty()) experts.reset();
+  }
+  std::vector<Interpreter::HookId> expert_ids;
+  Interpreter::HookId id = hooks.Attach(*step.interp, i, experts.get());
+  if (experts != nullptr) {
+    expert_ids.push_back(experts->AttachCapture(*step.interp));
+    for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, i);
+  }
+  absl::Status calibrated =
+      RunBatches(i, "calibrate", /*store=*/true, &hooks, experts.get());
   step.interp->RemoveHook(id);
+  for (Interpreter::HookId e : expert_ids) step.interp->RemoveHook(e);
   RETURN_IF_ERROR(calibrated);
   absl::Time t1 = absl::Now();
   timing.calibrate_seconds = absl::ToDoubleSeconds(t1 - t0);
@@ -533,7 +564,8 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   bool propagated = false;
   if (options_.propagate_error) {
     if (ctx.update_count() != updates_before) {
-      RETURN_IF_ERROR(RunBatches(i, "propagate", /*store=*/true, nullptr));
+      RETURN_IF_ERROR(
+          RunBatches(i, "propagate", /*store=*/true, nullptr, nullptr));
       propagated = true;
     } else {
       progress_->Advance(num_batches);
@@ -858,14 +890,31 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   RETURN_IF_ERROR(ForEachModifier(
       modifiers, [&](Modifier* m) { return m->OnSubgraphStart(ctx, info); }));
   absl::Time t0 = absl::Now();
-  hooks.Attach(interp, 0);
+  std::unique_ptr<AllExpertsRunner> experts;
+  if (options.calibrate_all_experts) {
+    ASSIGN_OR_RETURN(experts,
+                     AllExpertsRunner::Create(model.graph(), model.module(),
+                                              options.expert_pattern));
+    if (experts->empty()) experts.reset();
+  }
+  hooks.Attach(interp, 0, experts.get());
+  if (experts != nullptr) {
+    experts->AttachCapture(interp);
+    for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, 0);
+  }
   for (int64_t b = 0; b < num_batches; ++b) {
     const std::string where =
         absl::StrFormat("whole model, calibrate batch %d: ", b);
+    RETURN_IF_ERROR(CheckInterrupt());
     hooks.set_batch(b);
     absl::StatusOr<c10::IValue> out = interp.Run(data.batches[b]);
     if (!hooks.status().ok()) return hooks.status();
     if (!out.ok()) return Annotate(out.status(), where);
+    if (experts != nullptr) {
+      absl::Status all = experts->RunOnAllTokens();
+      if (!hooks.status().ok()) return hooks.status();
+      if (!all.ok()) return Annotate(all, where);
+    }
     if (options.check_finite) {
       ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
                          return NonFiniteKind(*out);
@@ -946,6 +995,20 @@ absl::StatusOr<PipelineResult> RunPipeline(
     runtime::GraphModule& model, const CalibrationData& data,
     absl::Span<Modifier* const> modifiers, CalibrationResults& results,
     const PipelineOptions& options) {
+  if (options.calibrate_all_experts) {
+    // Checked on the whole model first: a pattern that finds no expert, or
+    // an expert that cannot run on all tokens, fails before any work.
+    ASSIGN_OR_RETURN(std::vector<ExpertRegion> experts,
+                     FindExpertRegions(model.graph(), options.expert_pattern));
+    if (experts.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibrate_all_experts: no module of the model matches the expert "
+          "pattern '",
+          options.expert_pattern,
+          "' (set expert_modules in the recipe to the path pattern of the "
+          "experts)"));
+    }
+  }
   if (options.kind == PipelineKind::kBasic) {
     return RunBasic(model, data, modifiers, results, options);
   }

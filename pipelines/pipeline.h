@@ -65,6 +65,7 @@
 #include "absl/types/span.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibration_data.h"
+#include "pipelines/expert_calibration.h"
 #include "pipelines/intermediates_cache.h"
 #include "pipelines/modifier.h"
 #include "pipelines/progress.h"
@@ -99,6 +100,11 @@ struct PipelineOptions {
   std::string fingerprint;
   // Checks every subgraph's (or the model's) outputs for NaN / Inf.
   bool check_finite = true;
+  // Calibrate every MoE expert (modules matching expert_pattern) on all the
+  // tokens of its block instead of the routed ones; the model's outputs are
+  // unchanged (expert_calibration.h).
+  bool calibrate_all_experts = false;
+  std::string expert_pattern = kDefaultExpertPattern;
   Progress* progress = nullptr;  // nullptr: silent.
 };
 

@@ -87,6 +87,8 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
                                              : std::vector<std::string>()));
 
   Json modules = Json::MakeArray();
+  // Quantized modules no calibration token reached (rtn_modifier.h).
+  Json uncalibrated = Json::MakeArray();
   int64_t quantized = 0, measured = 0, with_rtn = 0;
   double sum_err = 0, max_err = 0, sum_rtn = 0;
   for (const auto& [path, r] : results.modules) {
@@ -106,7 +108,16 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
       w.Set("gptq_loss", Number(r.gptq_loss));
       w.Set("calibration_tokens", Json(r.calibration_tokens));
       m.Set("weight", std::move(w));
-      if (r.weight_method != "observer") ++quantized;
+      if (r.weight_method != "observer") {
+        ++quantized;
+        if (r.calibration_tokens == 0) {
+          Json u = Json::MakeObject();
+          u.Set("path", Json(path));
+          u.Set("calibration_tokens", Json(r.calibration_tokens));
+          u.Set("method", Json(r.weight_method));
+          uncalibrated.Append(std::move(u));
+        }
+      }
       if (std::isfinite(r.weight_error)) {
         ++measured;
         sum_err += r.weight_error;
@@ -132,6 +143,8 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   summary.Set("max_output_error", measured > 0 ? Json(max_err) : Json());
   summary.Set("mean_rtn_output_error",
               with_rtn > 0 ? Json(sum_rtn / with_rtn) : Json());
+  // The means above cover measured modules only; these were not measured.
+  summary.Set("uncalibrated_modules", std::move(uncalibrated));
   report.Set("summary", std::move(summary));
   report.Set("warnings", StringArray(results.warnings));
 

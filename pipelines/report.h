@@ -28,13 +28,16 @@
 //                           "zero_point": 0},
 //                 "notes": []}, ...],
 //    "summary": {"weights_quantized": 14, "mean_output_error": ..,
-//                "max_output_error": .., "mean_rtn_output_error": ..},
+//                "max_output_error": .., "mean_rtn_output_error": ..,
+//                "uncalibrated_modules": [{"path": "...experts.3.w1",
+//                    "calibration_tokens": 0, "method": "rtn"}]},
 //    "warnings": [...],
 //    "run": {"resumed_from_subgraph": 0, "timings": [...], "cache": {...},
 //            "compress_seconds": {...}}}
 //
 // Modules are sorted by path. Errors are relative output errors on the
-// calibration inputs (modifier.h, ModuleRecord). Everything but "run"
+// calibration inputs (modifier.h, ModuleRecord); the means cover modules
+// that saw calibration tokens, the others are listed as uncalibrated. Everything but "run"
 // (timings, cache statistics: they depend on the machine and on whether the
 // run was resumed) is the same, byte for byte, for the same model, recipe,
 // data and options; ReportInfo::include_run_section drops "run".

@@ -168,19 +168,37 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
   const bool transposed = transposed_.count(path) > 0;
   at::Tensor original =
       transposed ? w.detach().t().contiguous() : w.detach().clone();
+  // A module no calibration token reached (never called, or called with
+  // empty inputs: an MoE expert the router never picks) has no statistics:
+  // its H is all zeros, from which GPTQ would zero the whole weight (every
+  // column "dead"). It is quantized round-to-nearest from its own weights.
+  const int64_t tokens = pending != nullptr ? pending->tokens : 0;
   at::Tensor h;
-  if (pending != nullptr && pending->hessian != nullptr) {
+  if (tokens > 0 && pending->hessian != nullptr) {
     h = pending->hessian->hessian();
   }
-  ASSIGN_OR_RETURN(WeightQuantOutcome outcome,
-                   QuantizeWeight(path, original, h));
+  WeightQuantOutcome outcome;
+  if (tokens > 0) {
+    ASSIGN_OR_RETURN(outcome, QuantizeWeight(path, original, h));
+  } else {
+    ASSIGN_OR_RETURN(outcome, QuantizeWithoutData(path, original));
+  }
   ModuleRecord& r = ctx.results().Module(path);
   if (const LeafModule* leaf = ctx.FindLeaf(path)) r.type = leaf->type;
-  if (pending != nullptr) {
-    r.subgraph = pending->subgraph;
-    r.calibration_tokens = pending->tokens;
+  if (pending != nullptr) r.subgraph = pending->subgraph;
+  r.calibration_tokens = tokens;
+  r.weight_method = tokens > 0 ? method() : "rtn";
+  if (tokens == 0) {
+    std::string why = absl::StrCat(
+        pending == nullptr ? "never called during calibration"
+                           : "called only with empty inputs (0 tokens)",
+        ": no calibration data; quantized round-to-nearest from its own "
+        "weights",
+        NeedsHessian() ? absl::StrCat(" instead of ", method()) : "",
+        ", output error not measured");
+    r.notes.push_back(why);
+    ctx.Warn(absl::StrCat(name(), ": ", path, ": ", why));
   }
-  r.weight_method = method();
   r.weight_scheme = options_.scheme.ToString();
   r.weight_scale = outcome.scale;
   r.weight_zero_point = outcome.zero_point;
@@ -223,15 +241,6 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
   pending_.clear();
   for (const std::string& path : selected_) {
     if (done_.count(path) > 0) continue;
-    if (NeedsHessian()) {
-      ctx.Warn(absl::StrCat(name(), ": ", path,
-                            " was never called during calibration; left "
-                            "unquantized"));
-      continue;
-    }
-    ctx.Warn(absl::StrCat(name(), ": ", path,
-                          " was never called during calibration; quantized "
-                          "without data"));
     RETURN_IF_ERROR(Compress(ctx, path, nullptr));
   }
   return absl::OkStatus();
@@ -260,14 +269,13 @@ absl::Status WeightQuantModifier::RestoreState(const c10::IValue& state) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<WeightQuantOutcome> RtnModifier::QuantizeWeight(
-    absl::string_view path, const at::Tensor& weight,
-    const at::Tensor& hessian) {
-  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options().scheme);
+absl::StatusOr<WeightQuantOutcome> WeightQuantModifier::QuantizeWithoutData(
+    absl::string_view path, const at::Tensor& weight) {
+  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options_.scheme);
   if (!rtn.ok()) {
-    return absl::Status(
-        rtn.status().code(),
-        absl::StrCat("rtn: ", path, ": ", rtn.status().message()));
+    return absl::Status(rtn.status().code(),
+                        absl::StrCat(name(), ": ", path, " (round-to-nearest): ",
+                                     rtn.status().message()));
   }
   WeightQuantOutcome out;
   out.weight = rtn->weight;
@@ -275,6 +283,12 @@ absl::StatusOr<WeightQuantOutcome> RtnModifier::QuantizeWeight(
   out.zero_point = rtn->params.zero_point;
   out.loss = kNaN;
   return out;
+}
+
+absl::StatusOr<WeightQuantOutcome> RtnModifier::QuantizeWeight(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  return QuantizeWithoutData(path, weight);
 }
 
 }  // namespace tracecut::pipelines

@@ -24,9 +24,12 @@
 // stored transposed, which is quantized as that Linear; a selection without
 // any Linear is an error. A weight tied to
 // another parameter (OPT's lm_head and embed_tokens) is quantized for both,
-// with a warning. RTN needs no data: a selected Linear that no calibration
-// batch reached is still quantized at the end of the run (with a warning);
-// GPTQ leaves it alone (with a warning).
+// with a warning. A selected Linear that no calibration token reached
+// (never called, or called with empty inputs, like an MoE expert the router
+// never picks) is quantized round-to-nearest from its own weights whatever
+// the method, never from empty statistics: its record says method "rtn",
+// calibration_tokens 0 and why, its output error is NaN (not measured), and
+// the run warns.
 
 #include <ATen/core/Tensor.h>
 
@@ -97,6 +100,11 @@ class WeightQuantModifier : public Modifier {
       const at::Tensor& hessian) = 0;
 
   const WeightQuantOptions& options() const { return options_; }
+
+  // Round-to-nearest of `weight` with the scheme: what a module without
+  // calibration data gets.
+  absl::StatusOr<WeightQuantOutcome> QuantizeWithoutData(
+      absl::string_view path, const at::Tensor& weight);
 
  private:
   struct Pending {

@@ -229,5 +229,31 @@ for r in enum_typo bits_9 bits_string no_targets negative_budget bad_device \
     calibrate "$MODEL" "--recipe=$R/$r.textproto" --synthetic=2 -o "$O"
 done
 
+# --- The user's own files -----------------------------------------------------
+# An output that is the input model (the same file, a symbolic or a hard
+# link to it, or a file inside an input checkpoint directory) is refused
+# before anything runs, and the model is left byte for byte as it was.
+U="$TMP/user"
+mkdir -p "$U/ckpt"
+cp "$MODEL" "$U/model.pt"
+ln -sf "$U/model.pt" "$U/link.pt"
+ln -f "$U/model.pt" "$U/hard.pt"
+cp "$MODEL" "$U/ckpt/model.pt"
+sum_before="$(cksum <"$U/model.pt")"
+for out in "$U/model.pt" "$U/link.pt" "$U/hard.pt"; do
+  expect_error "calibrate -o input $(basename "$out")" "input model" "$U" "" -- \
+    calibrate "$U/model.pt" "--recipe=$RECIPE_OK" --synthetic=2 -o "$out"
+  expect_error "transform -o input $(basename "$out")" "input model" "$U" "" -- \
+    transform "$U/model.pt" --passes=eliminate-dead-code -o "$out"
+  expect_error "trace -o input $(basename "$out")" "input model" "$U" "" -- \
+    trace "$U/model.pt" -o "$out"
+done
+expect_error "calibrate -o into the input directory" "input checkpoint" "$U/ckpt" "" -- \
+  calibrate "$U/ckpt" "--recipe=$RECIPE_OK" --synthetic=2 -o "$U/ckpt/model.pt"
+cases=$((cases + 1))
+if [ "$(cksum <"$U/model.pt")" != "$sum_before" ]; then
+  fail "input untouched" "$U/model.pt changed"
+fi
+
 echo "$cases cases, $failures failures"
 [ "$failures" -eq 0 ]

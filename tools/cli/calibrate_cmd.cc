@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "ir/status_macros.h"
 #include "pipelines/calibrate.h"
+#include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "tools/cli/common.h"
@@ -68,6 +69,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   if (!output.has_value()) return UsageError("-o OUT.pt is required");
   o.output_path = *output;
   RETURN_IF_ERROR(CheckOutputPath(o.output_path));
+  RETURN_IF_ERROR(CheckOutputIsNotInput(o.output_path, o.model_path));
   if (args.Has("data") == args.Has("synthetic")) {
     return UsageError("give exactly one of --data=FILE and --synthetic=N");
   }
@@ -84,6 +86,8 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     o.pipeline = *kind;
   }
   ASSIGN_OR_RETURN(o.propagate_error, BoolFlag(args, "propagate-error"));
+  ASSIGN_OR_RETURN(o.calibrate_all_experts,
+                   BoolFlag(args, "calibrate-all-experts"));
   if (std::optional<std::string> t = args.Get("targets")) {
     o.sequential_targets = absl::StrSplit(*t, ',', absl::SkipEmpty());
   }
@@ -102,7 +106,15 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
   pipelines::Progress progress(&io.err, live);
   o.progress = &progress;
-  ASSIGN_OR_RETURN(CalibrateOutcome out, pipelines::Calibrate(o));
+  pipelines::InstallInterruptHandlers();
+  absl::StatusOr<CalibrateOutcome> calibrated = pipelines::Calibrate(o);
+  if (!calibrated.ok() && pipelines::InterruptSignal() != 0) {
+    // Exit as a signal would (130 for SIGINT), after cleaning up.
+    return WithExitCode(calibrated.status(),
+                        128 + pipelines::InterruptSignal());
+  }
+  if (!calibrated.ok()) return calibrated.status();
+  CalibrateOutcome& out = *calibrated;
 
   const std::string run_dir =
       o.run_dir.empty() ? o.output_path + ".run" : o.run_dir;
@@ -132,6 +144,13 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     const Json* rtn = summary->Find("mean_rtn_output_error");
     if (rtn != nullptr && rtn->is_number()) {
       io.err << ", RTN would be " << Num(rtn);
+    }
+    const Json* uncalibrated = summary->Find("uncalibrated_modules");
+    if (uncalibrated != nullptr && uncalibrated->is_array() &&
+        !uncalibrated->elements().empty()) {
+      io.err << "; " << uncalibrated->elements().size()
+             << " saw no calibration tokens and were quantized "
+                "round-to-nearest, not counted in the mean";
     }
     io.err << ")";
   }
@@ -163,6 +182,11 @@ Subcommand CalibrateCommand() {
       "tokenizer-style dicts with input_ids) or JSON lines (one array of "
       "ints per line). --synthetic=N draws N deterministic samples of "
       "--seq-len tokens from the config's vocabulary.\n\n"
+      "A Linear that no calibration token reaches (an MoE expert the "
+      "router never picks) is quantized round-to-nearest from its own "
+      "weights, with a warning and an entry under uncalibrated_modules in "
+      "the report; NaN or Inf in the model's weights or in a computed scale "
+      "is an error and nothing is written.\n\n"
       "After each subgraph a checkpoint goes to OUT.pt.run/ (--run-dir); a "
       "killed run continues with --resume and gives byte-identical output. "
       "A run that fails removes what it wrote.";
@@ -182,6 +206,12 @@ Subcommand CalibrateCommand() {
       FlagSpec::Value("propagate-error", "BOOL",
                       "feed later subgraphs the compressed subgraphs' "
                       "outputs (default: the recipe's, true)"),
+      FlagSpec::Value("calibrate-all-experts", "BOOL",
+                      "MoE: calibrate every expert (paths ending in "
+                      "experts.N, or the recipe's expert_modules) on all "
+                      "tokens of its block, not only those routed to it; "
+                      "the model's outputs are unchanged (default: the "
+                      "recipe's, false)"),
       FlagSpec::Value("targets", "TYPE,...",
                       "sequential targets (default: the recipe's, else the "
                       "HF config's)"),

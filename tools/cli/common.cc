@@ -15,6 +15,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -23,6 +24,7 @@ namespace tracecut::cli {
 namespace {
 
 constexpr absl::string_view kUsagePayload = "tracecut/usage-error";
+constexpr absl::string_view kExitCodePayload = "tracecut/exit-code";
 
 std::vector<Subcommand>& Registry() {
   static auto* registry = new std::vector<Subcommand>();
@@ -293,6 +295,13 @@ int Main(const std::vector<std::string>& argv, Io& io) {
            << " (see 'tracecut " << command->name << " --help')\n";
     return 2;
   }
+  if (auto code = status.GetPayload(kExitCodePayload)) {
+    int exit_code = 1;
+    if (absl::SimpleAtoi(std::string(*code), &exit_code)) {
+      io.err << "tracecut " << command->name << ": " << message << "\n";
+      return exit_code;
+    }
+  }
   io.err << "tracecut " << command->name << ": error: " << message << "\n";
   // LibTorch's whole message (TorchScript call stacks), on request.
   if (const char* v = std::getenv("TRACECUT_VERBOSE"); v != nullptr && *v) {
@@ -394,6 +403,33 @@ absl::Status CheckOutputPath(const std::string& path) {
   }
   close(fd);
   unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status WithExitCode(absl::Status status, int code) {
+  status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(code)));
+  return status;
+}
+
+absl::Status CheckOutputIsNotInput(const std::string& output,
+                                   const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (output.empty() || output == "-" || !fs::exists(output, ec)) {
+    return absl::OkStatus();  // A new file overwrites nothing.
+  }
+  if (fs::equivalent(output, input, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to write '", output, "': it is the input model '", input,
+        "'; choose another output path"));
+  }
+  fs::path dir = fs::path(output).parent_path();
+  if (dir.empty()) dir = ".";
+  if (fs::is_directory(input, ec) && fs::equivalent(dir, input, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to write '", output, "': it is a file of the input "
+        "checkpoint directory '", input, "'; choose another output path"));
+  }
   return absl::OkStatus();
 }
 

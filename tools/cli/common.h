@@ -114,6 +114,10 @@ int Main(const std::vector<std::string>& argv, Io& io);
 // The help text of a subcommand.
 std::string SubcommandHelp(const Subcommand& command);
 
+// `status` with the process exit code to use for it (default 1; 2 for usage
+// errors), e.g. 128 + signal for a run stopped by SIGINT / SIGTERM.
+absl::Status WithExitCode(absl::Status status, int code);
+
 // Writes `bytes` to `path` atomically: a temporary file in the same
 // directory, flushed and fsync'ed, then renamed over `path`. On failure the
 // temporary is removed and `path` is untouched. "-" writes to `io.out`.
@@ -124,6 +128,13 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
 // is a directory, or its directory is missing): long runs check this before
 // doing any work.
 absl::Status CheckOutputPath(const std::string& path);
+
+// Fails, naming both, when writing `output` would overwrite the input model
+// `input`: the same file (also through symbolic or hard links), or an
+// existing file inside `input` when it is a checkpoint directory. A user's
+// model is never replaced by a tool's output.
+absl::Status CheckOutputIsNotInput(const std::string& output,
+                                   const std::string& input);
 
 }  // namespace tracecut::cli
 

@@ -125,6 +125,7 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   }
   // Before tracing, so a bad -o fails fast (and never replaces a device).
   RETURN_IF_ERROR(CheckOutputPath(*output));
+  RETURN_IF_ERROR(CheckOutputIsNotInput(*output, args.positional()[0]));
 
   ASSIGN_OR_RETURN(TracedModel t, LoadAndTrace(args));
   const runtime::GraphModule& gm = t.gm;
