@@ -28,6 +28,7 @@
 #include "ir/graph.h"
 #include "ir/status_macros.h"
 #include "runtime/op_schema.h"
+#include "runtime/prune_unused.h"
 #include "runtime/torch_status.h"
 
 namespace tracecut::runtime {
@@ -601,6 +602,9 @@ absl::StatusOr<torch::jit::Module> LowerToTorchScript(
     fn->setSchema(ForwardSchema(original ? &*original : nullptr, *graph));
     type->addMethod(fn);
   }));
+  if (options.prune_unused) {
+    RETURN_IF_ERROR(PruneUnused(gm, lowered).status());
+  }
   return lowered;
 }
 

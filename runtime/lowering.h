@@ -39,6 +39,11 @@ struct LoweringOptions {
   // placeholder's type is taken from the first schema argument it feeds,
   // and Tensor when that says nothing.
   std::vector<c10::TypePtr> input_types;
+  // Lean export: remove from the lowered copy the modules, tensors and
+  // methods its graph does not use (runtime/prune_unused.h, Note [Lean
+  // exports]). The GraphModule keeps everything, so reversing passes on it
+  // stays exact. `tracecut transform` saves with this on.
+  bool prune_unused = false;
 };
 
 // The TorchScript graph for `gm`'s IR, with `self` (of type `self_type`,
@@ -53,7 +58,8 @@ absl::StatusOr<std::shared_ptr<torch::jit::Graph>> BuildTorchScriptGraph(
 // forward and types) holding the same tensors: in-place changes to a tensor
 // show in both, replacing an attribute (SetTensor) shows only where it was
 // done. Clone the GraphModule first for an independent module. Other
-// methods of the module are kept.
+// methods of the module are kept; with options.prune_unused, only what the
+// graph and those methods use is.
 absl::StatusOr<torch::jit::Module> LowerToTorchScript(
     const GraphModule& gm, const LoweringOptions& options = {});
 

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "ir/text.h"
 #include "partition/partitioner.h"
@@ -123,9 +124,10 @@ int CountCalls(const ir::Graph& g, absl::string_view target_suffix) {
 // Saves `gm` as TorchScript and has Python torch load it and compare it
 // with the original fixture on the same inputs.
 void ExpectPythonRunsExport(const Fixture& f, const runtime::GraphModule& gm,
-                            const std::string& name, double tolerance) {
+                            const std::string& name, double tolerance,
+                            const runtime::SaveOptions& options = {}) {
   const std::string exported = TempPath(absl::StrCat(name, ".pt"));
-  absl::Status saved = runtime::SaveTorchScript(gm, exported);
+  absl::Status saved = runtime::SaveTorchScript(gm, exported, options);
   ASSERT_TRUE(saved.ok()) << saved;
   const std::string inputs = TempPath(absl::StrCat(name, ".inputs.pkl"));
   std::vector<char> bytes =
@@ -170,6 +172,74 @@ TEST_P(CnnTest, FoldsAllThreeConvBnPairsWithin1e5) {
   ExpectPythonRunsExport(f, *out, GetParam(), 1e-5);
   ASSERT_TRUE(pipeline.Reverse(*out).value());
   EXPECT_EQ(DiffGraphModules(*out, f.gm), "");
+}
+
+int64_t FileSize(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  return in ? static_cast<int64_t>(in.tellg()) : -1;
+}
+
+// Lean export (Note [Lean exports] in runtime/prune_unused.h): the saved
+// fused model holds no BatchNorm and no unfused conv, is not larger than the
+// original file, and runs in Python torch; the in-memory model keeps them
+// all, so reversing is still exact.
+TEST_P(CnnTest, LeanExportDropsBatchNormAndReversesExactly) {
+  Fixture f = Load(GetParam());
+  Pipeline pipeline;
+  pipeline.AddPass<FuseBatchNorm2dInConv2d>();
+  auto out = pipeline.Apply(f.gm);
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto before = RunGraph(*out, f.inputs);
+  ASSERT_TRUE(before.ok()) << before.status();
+  runtime::SaveOptions lean;
+  lean.lowering.prune_unused = true;
+  const std::string name = GetParam() + "_lean";
+  ExpectPythonRunsExport(f, *out, name, 1e-5, lean);
+  const std::string path = TempPath(name + ".pt");
+  torch::jit::Module saved = torch::jit::load(path);
+  std::vector<std::string> modules;
+  for (const torch::jit::NameModule& m : saved.named_modules()) {
+    const std::string type = m.value.type()->name()->qualifiedName();
+    EXPECT_FALSE(absl::StrContains(type, "BatchNorm")) << m.name;
+    modules.push_back(m.name);
+  }
+  const std::string listed = absl::StrCat(absl::StrJoin(modules, " "), " ");
+  for (const char* m : {"conv1_bn1_fused", "conv2_bn2_fused", "conv3_bn3_fused",
+                        "classifier"}) {
+    EXPECT_TRUE(absl::StrContains(listed, absl::StrCat(" ", m, " "))) << listed;
+  }
+  for (const char* m : {"conv1", "conv2", "conv3"}) {
+    EXPECT_FALSE(absl::StrContains(listed, absl::StrCat(" ", m, " ")))
+        << listed;
+  }
+  const int64_t lean_size = FileSize(path);
+  const int64_t original_size = FileSize(f.path);
+  const std::string full = TempPath(GetParam() + "_full.pt");
+  ASSERT_TRUE(runtime::SaveTorchScript(*out, full).ok());
+  std::cout << GetParam() << ": original " << original_size
+            << " bytes, fused and saved whole " << FileSize(full)
+            << " bytes, lean " << lean_size << " bytes\n";
+  EXPECT_GT(lean_size, 0);
+  EXPECT_LE(lean_size, original_size);
+
+  // In memory nothing was removed.
+  for (const char* m : {"bn1", "bn2", "bn3", "conv1", "conv2", "conv3"}) {
+    EXPECT_TRUE(out->module().hasattr(m)) << m;
+  }
+  auto after = RunGraph(*out, f.inputs);
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->size(), before->size());
+  for (size_t i = 0; i < after->size(); ++i) {
+    EXPECT_TRUE(torch::equal((*after)[i], (*before)[i]));
+  }
+  ASSERT_TRUE(pipeline.Reverse(*out).value());
+  EXPECT_EQ(DiffGraphModules(*out, f.gm), "");
+  auto reversed = RunGraph(*out, f.inputs);
+  auto original = RunGraph(f.gm, f.inputs);
+  ASSERT_TRUE(reversed.ok() && original.ok());
+  for (size_t i = 0; i < reversed->size(); ++i) {
+    EXPECT_TRUE(torch::equal((*reversed)[i], (*original)[i]));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TracedAndScripted, CnnTest,

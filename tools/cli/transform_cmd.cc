@@ -233,6 +233,9 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
 
   runtime::SaveOptions save;
   save.include_extra_files = true;
+  // Lean export: what the passes left behind for Reverse (the original
+  // conv and BatchNorm modules after a fusion) is not saved.
+  save.lowering.prune_unused = true;
   save.extra_files = t.loaded.extra_files;
   for (const auto& [k, v] : result->extra_files()) save.extra_files.erase(k);
   RETURN_IF_ERROR(runtime::SaveTorchScript(*result, *output, save));
@@ -347,7 +350,8 @@ Subcommand TransformCommand() {
       "Traces MODEL.pt as `tracecut trace` does, runs the passes named by "
       "--passes as one pipeline (on the whole graph, or on each subgraph of "
       "the partition at --targets), and saves the result atomically to "
-      "OUT.pt, keeping the model's embedded files. --check runs the original "
+      "OUT.pt, keeping the model's embedded files and only the modules and "
+      "tensors the transformed graph uses. --check runs the original "
       "and the result on the model's example inputs and fails (writing "
       "nothing) unless " +
       ToleranceRule() +
