@@ -34,6 +34,7 @@
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
 #include "tracer/hf/config.h"
+#include "tracer/input_files.h"
 #include "tracer/tracer.h"
 
 namespace tracecut::pipelines {
@@ -277,10 +278,17 @@ std::vector<std::string> ModelInputNames(const runtime::GraphModule& model) {
 }
 
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
-    const std::string& model_path) {
+    const std::string& model_path, const ExampleInputOptions& example_inputs) {
   ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(model_path));
+  tracer::TraceOptions base;
+  base.input_specs = example_inputs.input_specs;
+  if (!example_inputs.example_inputs_path.empty()) {
+    ASSIGN_OR_RETURN(base.example_inputs,
+                     tracer::ReadExampleInputs(
+                         example_inputs.example_inputs_path, loaded.module));
+  }
   ASSIGN_OR_RETURN(tracer::TraceOptions options,
-                   tracer::WithModelFiles(loaded, tracer::TraceOptions()));
+                   tracer::WithModelFiles(loaded, std::move(base)));
   absl::StatusOr<runtime::GraphModule> gm =
       tracer::Trace(loaded.module, options);
   if (!gm.ok()) {
@@ -308,6 +316,22 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   return out;
 }
 
+ModelInputs CalibrationInputsOf(const LoadedForCalibration& loaded) {
+  ModelInputs out;
+  for (const ir::Node* p : loaded.model.graph().placeholders()) {
+    ModelInput in;
+    in.name = p->target();
+    if (p->meta().outputs.size() == 1) {
+      in.dtype = p->meta().outputs[0].dtype;
+      in.shape = p->meta().outputs[0].shape;
+    }
+    out.inputs.push_back(std::move(in));
+  }
+  out.limits.vocab_size = loaded.vocab_size;
+  out.limits.max_seq_len = loaded.max_positions;
+  return out;
+}
+
 absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   if (options.output_path.empty()) {
     return absl::InvalidArgumentError("no output path (-o OUT.pt)");
@@ -324,39 +348,40 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   Progress silent = Progress::Silent();
   Progress* progress = options.progress != nullptr ? options.progress : &silent;
 
-  ASSIGN_OR_RETURN(LoadedForCalibration loaded,
-                   LoadForCalibration(options.model_path));
+  ASSIGN_OR_RETURN(
+      LoadedForCalibration loaded,
+      LoadForCalibration(options.model_path, options.example_inputs));
   runtime::GraphModule& gm = loaded.model;
   // All of every weight, not only what the data will touch: a NaN in an
   // embedding row no sample uses would otherwise be copied into the output.
   RETURN_IF_ERROR(runtime::CheckModuleFinite(gm.module(), loaded.file));
 
   // Data.
-  at::Tensor tokens;
-  std::string source;
+  CalibrationData data;
   if (!options.data_path.empty()) {
-    ASSIGN_OR_RETURN(tokens, LoadTokenFile(options.data_path));
-    source = options.data_path;
+    ASSIGN_OR_RETURN(data, LoadCalibrationData(options.data_path,
+                                               CalibrationInputsOf(loaded),
+                                               options.batch_size));
   } else {
     if (!loaded.vocab_size.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--synthetic needs the model's vocab_size, but ", options.model_path,
           " has no config.json with one; use --data=FILE"));
     }
-    ASSIGN_OR_RETURN(tokens, SyntheticTokens(options.synthetic_samples,
-                                             options.synthetic_seq_len,
-                                             *loaded.vocab_size, options.seed));
-    source = absl::StrFormat("synthetic (%d samples of %d tokens, seed %d)",
-                             options.synthetic_samples,
-                             options.synthetic_seq_len, options.seed);
+    ASSIGN_OR_RETURN(
+        at::Tensor tokens,
+        SyntheticTokens(options.synthetic_samples, options.synthetic_seq_len,
+                        *loaded.vocab_size, options.seed));
+    std::string source = absl::StrFormat(
+        "synthetic (%d samples of %d tokens, seed %d)",
+        options.synthetic_samples, options.synthetic_seq_len, options.seed);
+    TokenLimits limits;
+    limits.vocab_size = loaded.vocab_size;
+    limits.max_seq_len = loaded.max_positions;
+    RETURN_IF_ERROR(CheckTokens(tokens, limits, source));
+    ASSIGN_OR_RETURN(data, MakeCalibrationData(tokens, ModelInputNames(gm),
+                                               options.batch_size, source));
   }
-  TokenLimits limits;
-  limits.vocab_size = loaded.vocab_size;
-  limits.max_seq_len = loaded.max_positions;
-  RETURN_IF_ERROR(CheckTokens(tokens, limits, source));
-  ASSIGN_OR_RETURN(CalibrationData data,
-                   MakeCalibrationData(tokens, ModelInputNames(gm),
-                                       options.batch_size, source));
 
   std::vector<std::unique_ptr<Modifier>> owned;
   if (!extras_only) {
@@ -476,7 +501,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   info.propagate_error = p.propagate_error;
   info.sequential_targets =
       p.kind == PipelineKind::kBasic ? std::vector<std::string>() : targets;
-  info.data_source = source;
+  info.data_source = data.source;
+  info.data_inputs = data.descriptions;
   info.samples = data.num_samples;
   info.seq_len = data.seq_len;
   info.batches = static_cast<int64_t>(data.batches.size());

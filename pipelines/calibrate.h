@@ -35,6 +35,7 @@
 #include "pipelines/progress.h"
 #include "pipelines/recipe.pb.h"
 #include "runtime/graph_module.h"
+#include "tracer/hf/inputs.h"
 #include "tracer/hf/json.h"
 
 namespace tracecut::pipelines {
@@ -54,8 +55,19 @@ struct LoadedForCalibration {
   // The model file read (for a directory, the .pt2 in it).
   std::string file;
 };
+// Example inputs for models that do not embed them (the command line's
+// --input and --example-inputs; see tools/cli/model_flags.h).
+struct ExampleInputOptions {
+  std::vector<tracer::hf::InputSpec> input_specs;
+  std::string example_inputs_path;  // A torch.save'd or .safetensors file.
+};
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
-    const std::string& model_path);
+    const std::string& model_path,
+    const ExampleInputOptions& example_inputs = {});
+
+// The traced model's inputs with their example shapes and dtypes, and the
+// token limits of its config: what calibration data is checked against.
+ModelInputs CalibrationInputsOf(const LoadedForCalibration& loaded);
 
 // Model inputs are the graph's placeholders (by target).
 std::vector<std::string> ModelInputNames(const runtime::GraphModule& model);
@@ -68,7 +80,10 @@ struct CalibrateOptions {
   std::vector<Modifier*> extra_modifiers;
   std::string recipe_source = "<recipe>";  // For the report.
 
-  // Exactly one of: a token file (calibration_data.h) or synthetic tokens.
+  // How the model is traced when it embeds no example inputs.
+  ExampleInputOptions example_inputs;
+
+  // Exactly one of: a data file (LoadCalibrationData) or synthetic tokens.
   std::string data_path;
   int64_t synthetic_samples = 0;
   int64_t synthetic_seq_len = 16;

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -416,6 +418,96 @@ TEST(CalibrateTest, BadRecipeAndOptions) {
   o.model_path = absl::StrCat(dir, "/missing.pt");
   out = Calibrate(o);
   EXPECT_EQ(out.status().code(), absl::StatusCode::kNotFound) << out.status();
+  ExpectNoOutput(o);
+}
+
+// A torch.save'd value, as Python's torch.save writes it.
+std::string SaveValue(const std::string& path, const c10::IValue& value) {
+  std::vector<char> bytes = torch::jit::pickle_save(value);
+  return WriteFile(path, std::string(bytes.begin(), bytes.end()));
+}
+
+TEST(CalibrateTest, CnnFromImageTensors) {
+  std::string dir = TempDir("cnn");
+  const std::string images =
+      SaveValue(absl::StrCat(dir, "/images.pt"), at::randn({6, 3, 16, 16}));
+  for (const char* pipeline : {"BASIC", "SEQUENTIAL"}) {
+    SCOPED_TRACE(pipeline);
+    CalibrateOptions o = Base(dir);
+    o.model_path = Runfile("tests/fixtures/cnn.pt");
+    o.recipe = Recipe(absl::StrCat(R"pb(
+                                     modifiers {
+                                       gptq {
+                                         scheme { bits: 4 group_size: 32 }
+                                         targets: "Linear"
+                                       }
+                                     }
+                                     sequential_targets: "Conv2d"
+                                     pipeline:)pb",
+                                   pipeline));
+    o.synthetic_samples = 0;
+    o.data_path = images;
+    o.batch_size = 4;
+    absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->num_batches, 2);
+    const tracer::hf::Json* data = out->report.Find("data");
+    ASSERT_NE(data, nullptr);
+    EXPECT_EQ(data->Find("samples")->as_int(), 6);
+    EXPECT_EQ(data->Find("inputs")->elements()[0].as_string(),
+              "pixel_values: float32[6, 3, 16, 16]");
+    const tracer::hf::Json* summary = out->report.Find("summary");
+    EXPECT_EQ(summary->Find("weights_quantized")->as_int(), 1);
+    // The calibrated model loads and runs.
+    torch::jit::Module m = torch::jit::load(o.output_path);
+    at::Tensor y = m.forward({at::randn({2, 3, 16, 16})})
+                       .toTupleRef()
+                       .elements()[0]
+                       .toTensor();
+    EXPECT_EQ(y.sizes(), at::IntArrayRef({2, 10}));
+    EXPECT_TRUE(y.isfinite().all().item<bool>());
+  }
+
+  // Token ids are not images: one error naming the file and the input.
+  CalibrateOptions o = Base(TempDir("cnn_bad"));
+  o.model_path = Runfile("tests/fixtures/cnn.pt");
+  o.recipe = Recipe(R"pb(
+    modifiers {
+      rtn {
+        scheme { bits: 4 }
+        targets: "Linear"
+      }
+    }
+    pipeline: BASIC
+  )pb");
+  o.synthetic_samples = 0;
+  o.data_path = Runfile("pipelines/testdata/tokens_tensor.pt");
+  absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(absl::StrContains(out.status().message(), "tokens_tensor.pt"))
+      << out.status();
+  EXPECT_TRUE(absl::StrContains(out.status().message(),
+                                "input 'pixel_values' must be a "
+                                "floating-point tensor"))
+      << out.status();
+  ExpectNoOutput(o);
+
+  // Example inputs from the caller trace the model at another batch size.
+  o.data_path = images;
+  tracer::hf::InputSpec spec;
+  spec.name = "pixel_values";
+  spec.shape = {1, 3, 16, 16};
+  o.example_inputs.input_specs = {spec};
+  out = Calibrate(o);
+  EXPECT_TRUE(out.ok()) << out.status();
+  std::remove(o.output_path.c_str());
+  std::remove(o.report_path.c_str());
+  o.example_inputs.input_specs.clear();
+  o.example_inputs.example_inputs_path = absl::StrCat(dir, "/missing.pt");
+  out = Calibrate(o);
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(absl::StrContains(out.status().message(), "missing.pt"))
+      << out.status();
   ExpectNoOutput(o);
 }
 

@@ -2,10 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -192,6 +196,231 @@ TEST(CalibrationDataTest, BatchesMakeEveryKnownInput) {
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "pixel_values"));
   EXPECT_FALSE(MakeCalibrationData(ids, {"input_ids"}, 0, "ids").ok());
+}
+
+// --- Data for any model: tensors by input name or position. ---
+
+ModelInputs Images() {
+  ModelInputs m;
+  m.inputs = {{"pixel_values", "float32", {2, 3, 8, 8}}};
+  return m;
+}
+
+// An encoder-decoder over audio features, like Whisper.
+ModelInputs Pair() {
+  ModelInputs m;
+  m.inputs = {{"input_features", "float32", {2, 4, 10}},
+              {"decoder_input_ids", "int64", {2, 6}}};
+  m.limits.vocab_size = 50;
+  return m;
+}
+
+std::string Saved(const std::string& name, const c10::IValue& value) {
+  std::vector<char> bytes = torch::jit::pickle_save(value);
+  return WriteTemp(name, std::string(bytes.begin(), bytes.end()));
+}
+
+c10::IValue Dict(std::vector<std::pair<std::string, at::Tensor>> items) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (auto& [k, v] : items) d.insert(c10::IValue(k), c10::IValue(v));
+  return d;
+}
+
+absl::Status FeatureError(const ModelInputs& m,
+                          std::vector<std::pair<std::string, c10::IValue>> v) {
+  absl::StatusOr<CalibrationData> d = MakeFeatureData(v, m, 2, "calib.pt");
+  return d.ok() ? absl::OkStatus() : d.status();
+}
+
+TEST(FeatureDataTest, ImagesFromTorchSaveAndSafetensors) {
+  absl::StatusOr<CalibrationData> pt =
+      LoadCalibrationData(TestData("features_images.pt"), Images(), 2);
+  ASSERT_TRUE(pt.ok()) << pt.status();
+  EXPECT_EQ(pt->num_samples, 5);
+  EXPECT_EQ(pt->seq_len, 0);
+  EXPECT_FALSE(pt->tokens.defined());
+  ASSERT_EQ(pt->batches.size(), 3u);  // 5 = 2 + 2 + 1.
+  EXPECT_EQ(pt->batches[2][0].toTensor().sizes(),
+            at::IntArrayRef({1, 3, 8, 8}));
+  EXPECT_EQ(pt->descriptions,
+            std::vector<std::string>{"pixel_values: float32[5, 3, 8, 8]"});
+  absl::StatusOr<CalibrationData> st =
+      LoadCalibrationData(TestData("features_images.safetensors"), Images(), 2);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_TRUE(
+      at::equal(pt->batches[1][0].toTensor(), st->batches[1][0].toTensor()));
+  // The same data in another format is the same data for --resume.
+  EXPECT_EQ(pt->fingerprint, st->fingerprint);
+  absl::StatusOr<CalibrationData> other_batches =
+      LoadCalibrationData(TestData("features_images.safetensors"), Images(), 3);
+  ASSERT_TRUE(other_batches.ok());
+  EXPECT_NE(pt->fingerprint, other_batches->fingerprint);
+}
+
+TEST(FeatureDataTest, EncoderDecoderPairByNameAndPosition) {
+  absl::StatusOr<CalibrationData> pt =
+      LoadCalibrationData(TestData("features_pair.pt"), Pair(), 2);
+  ASSERT_TRUE(pt.ok()) << pt.status();
+  absl::StatusOr<CalibrationData> st =
+      LoadCalibrationData(TestData("features_pair.safetensors"), Pair(), 2);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(pt->fingerprint, st->fingerprint);
+  EXPECT_EQ(pt->num_samples, 3);
+  EXPECT_EQ(pt->seq_len, 6);
+  ASSERT_EQ(pt->batches.size(), 2u);
+  EXPECT_EQ(pt->input_names,
+            (std::vector<std::string>{"input_features", "decoder_input_ids"}));
+  at::Tensor features = pt->batches[0][0].toTensor();
+  at::Tensor ids = pt->batches[0][1].toTensor();
+  EXPECT_EQ(features.scalar_type(), at::kFloat);
+  EXPECT_EQ(ids.scalar_type(), at::kLong);
+
+  // By position: a tuple in the model's input order.
+  std::string tuple =
+      Saved("pair_tuple.pt",
+            c10::ivalue::Tuple::create(
+                {c10::IValue(features), c10::IValue(ids.to(at::kInt))}));
+  absl::StatusOr<CalibrationData> t = LoadCalibrationData(tuple, Pair(), 2);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_samples, 2);
+  EXPECT_EQ(t->batches[0][1].toTensor().scalar_type(), at::kLong);
+
+  // A lone tensor is the first input; the second is then missing.
+  absl::StatusOr<CalibrationData> lone =
+      LoadCalibrationData(Saved("lone.pt", features), Pair(), 2);
+  ASSERT_FALSE(lone.ok());
+  EXPECT_TRUE(
+      absl::StrContains(lone.status().message(), "has no 'decoder_input_ids'"))
+      << lone.status();
+  EXPECT_TRUE(absl::StrContains(lone.status().message(), "lone.pt"));
+
+  // Token ids out of the vocabulary name the input.
+  ModelInputs small = Pair();
+  small.limits.vocab_size = 10;
+  absl::StatusOr<CalibrationData> oov =
+      LoadCalibrationData(TestData("features_pair.pt"), small, 2);
+  ASSERT_FALSE(oov.ok());
+  EXPECT_TRUE(absl::StrContains(oov.status().message(), "out of range [0, 10)"))
+      << oov.status();
+  EXPECT_TRUE(absl::StrContains(oov.status().message(), "decoder_input_ids"));
+
+  // JSON lines hold token ids only.
+  absl::StatusOr<CalibrationData> json =
+      LoadCalibrationData(WriteTemp("pair.jsonl", "[1, 2]\n"), Pair(), 2);
+  ASSERT_FALSE(json.ok());
+  EXPECT_TRUE(absl::StrContains(json.status().message(), "pair.jsonl"));
+  EXPECT_TRUE(absl::StrContains(json.status().message(), "input_features"));
+}
+
+TEST(FeatureDataTest, ChecksEachInputAgainstTheModel) {
+  const at::Tensor images = at::randn({4, 3, 8, 8});
+  struct Case {
+    const char* what;
+    std::vector<std::pair<std::string, c10::IValue>> values;
+    const char* expected;
+  };
+  at::Tensor nan = images.clone();
+  nan[2][1][0][0] = std::numeric_limits<float>::quiet_NaN();
+  const Case cases[] = {
+      {"ints for floats",
+       {{"pixel_values", at::zeros({4, 3, 8, 8}, at::kLong)}},
+       "input 'pixel_values' must be a floating-point tensor like the "
+       "model's example input float32[2, 3, 8, 8], got int64[4, 3, 8, 8]"},
+      {"rank", {{"pixel_values", at::randn({4, 3})}}, "must have rank 4"},
+      {"NaN",
+       {{"pixel_values", nan}},
+       "NaN or Inf values (1, the first in "
+       "sample 2)"},
+      {"unknown name",
+       {{"pixel_values", images}, {"labels", at::zeros({4}, at::kLong)}},
+       "has 'labels', which is not an input of the model (pixel_values: "
+       "float32[2, 3, 8, 8])"},
+      {"no samples",
+       {{"pixel_values", at::randn({0, 3, 8, 8})}},
+       "holds no samples"},
+      {"not a tensor",
+       {{"pixel_values", c10::IValue("cat.png")}},
+       "expected a tensor"},
+      {"missing", {}, "has no 'pixel_values', which the model takes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    absl::Status s = FeatureError(Images(), c.values);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(s.message(), "calibration data 'calib.pt'"))
+        << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
+  }
+  absl::Status s = FeatureError(
+      Pair(), {{"input_features", at::randn({3, 4, 10})},
+               {"decoder_input_ids", at::zeros({2, 6}, at::kLong)}});
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "input 'decoder_input_ids' has 2 samples, but "
+                                "'input_features' has 3"))
+      << s;
+
+  // One sample without its sample dimension; float64 becomes float32; a
+  // list of per-sample tensors is stacked.
+  absl::StatusOr<CalibrationData> one =
+      MakeFeatureData({{"pixel_values", at::randn({3, 8, 8}, at::kDouble)}},
+                      Images(), 2, "one.pt");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->num_samples, 1);
+  EXPECT_EQ(one->batches[0][0].toTensor().scalar_type(), at::kFloat);
+  c10::List<at::Tensor> list({images[0], images[1], images[2]});
+  absl::StatusOr<CalibrationData> stacked =
+      MakeFeatureData({{"pixel_values", list}}, Images(), 2, "list.pt");
+  ASSERT_TRUE(stacked.ok()) << stacked.status();
+  EXPECT_EQ(stacked->num_samples, 3);
+  EXPECT_TRUE(at::equal(stacked->batches[1][0].toTensor()[0], images[2]));
+}
+
+TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
+  ModelInputs lm;
+  lm.inputs = {{"input_ids", "int64", {2, 16}},
+               {"attention_mask", "int64", {2, 16}}};
+  lm.limits.vocab_size = 256;
+  const at::Tensor ids = ExpectedIds();
+  absl::StatusOr<CalibrationData> before =
+      MakeCalibrationData(ids, {"input_ids", "attention_mask"}, 4, "x");
+  ASSERT_TRUE(before.ok());
+  for (const char* name : {"tokens_tensor.pt", "tokens_dicts.pt"}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<CalibrationData> d =
+        LoadCalibrationData(TestData(name), lm, 4);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->fingerprint, before->fingerprint);
+    EXPECT_TRUE(d->descriptions.empty());
+  }
+  // A dict by name: the mask given is used.
+  at::Tensor mask = at::ones_like(ids);
+  mask[0][15] = 0;
+  absl::StatusOr<CalibrationData> dict = LoadCalibrationData(
+      Saved("dict.pt", Dict({{"input_ids", ids}, {"attention_mask", mask}})),
+      lm, 4);
+  ASSERT_TRUE(dict.ok()) << dict.status();
+  EXPECT_TRUE(at::equal(dict->batches[0][1].toTensor(), mask.narrow(0, 0, 4)));
+  EXPECT_NE(dict->fingerprint, before->fingerprint);
+
+  // A model traced without attention_mask accepts a mask of ones (and
+  // tokenizer-style lists of ids), not one that masks anything.
+  ModelInputs ids_only;
+  ids_only.inputs = {{"input_ids", "int64", {2, 16}}};
+  ids_only.limits.vocab_size = 256;
+  absl::StatusOr<CalibrationData> lists =
+      LoadCalibrationData(TestData("tokens_lists.pt"), ids_only, 4);
+  ASSERT_TRUE(lists.ok()) << lists.status();
+  EXPECT_TRUE(at::equal(lists->batches[0][0].toTensor(), ids.narrow(0, 0, 4)));
+  absl::StatusOr<CalibrationData> masked = LoadCalibrationData(
+      Saved("masked.pt", Dict({{"input_ids", ids}, {"attention_mask", mask}})),
+      ids_only, 4);
+  ASSERT_FALSE(masked.ok());
+  EXPECT_TRUE(absl::StrContains(masked.status().message(),
+                                "has 'attention_mask', which is not an input "
+                                "of the model (input_ids: int64[2, 16]); the "
+                                "model was traced without it"))
+      << masked.status();
 }
 
 }  // namespace

@@ -81,6 +81,9 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   data.Set("batches", Json(info.batches));
   data.Set("fingerprint",
            Json(absl::StrFormat("%016x", info.data_fingerprint)));
+  if (!info.data_inputs.empty()) {
+    data.Set("inputs", StringArray(info.data_inputs));
+  }
   report.Set("data", std::move(data));
   report.Set("subgraphs",
              StringArray(pipeline != nullptr ? pipeline->labels

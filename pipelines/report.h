@@ -14,6 +14,8 @@
 //    "propagate_error": true, "sequential_targets": ["LlamaDecoderLayer"],
 //    "data": {"source": ..., "samples": 64, "seq_len": 16, "batches": 8,
 //             "fingerprint": "8c1f..."},
+//    (data read from tensors adds "inputs": ["pixel_values: float32[8, 3,
+//    32, 32]", ...]; seq_len is 0 without token ids),
 //    "subgraphs": ["(head)", "model.layers.0", "model.layers.1"],
 //    "modules": [{"path": "model.layers.0.mlp.down_proj", "type": "Linear",
 //                 "subgraph": 1,
@@ -62,6 +64,7 @@ struct ReportInfo {
   int64_t seq_len = 0;
   int64_t batches = 0;
   uint64_t data_fingerprint = 0;
+  std::vector<std::string> data_inputs;  // Empty for token ids.
   bool include_run_section = true;
 };
 

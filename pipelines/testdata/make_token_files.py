@@ -12,7 +12,14 @@ tokens_single_key.pt  a list of dicts with "input_ids" only (Python pickles
 tokens_set.pt     a Python set of ints: opcodes LibTorch's unpickler lacks
 tokens_float.pt   float32 tensor [6, 16] (wrong dtype)
 tokens_3d.pt      int64 tensor [2, 3, 16] (wrong shape)
-Every file holds the same ids (seed 7).
+Every token file holds the same ids (seed 7).
+
+Data for other models (the same images and pairs in each format, seed 8):
+features_images.pt           float32 tensor [5, 3, 8, 8] (images)
+features_images.safetensors  {"pixel_values": the same images}
+features_pair.pt             {"input_features": float32 [3, 4, 10],
+                              "decoder_input_ids": int64 [3, 6] in [0, 50)}
+features_pair.safetensors    the same pair
 """
 
 import os
@@ -35,6 +42,19 @@ def main(out):
     torch.save(ids.to(torch.float32), os.path.join(out, "tokens_float.pt"))
     torch.save(ids.view(2, 3, 16), os.path.join(out, "tokens_3d.pt"))
     torch.save({1, 2, 3}, os.path.join(out, "tokens_set.pt"))
+
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(8)
+    images = torch.randn(5, 3, 8, 8, generator=g)
+    torch.save(images, os.path.join(out, "features_images.pt"))
+    save_file({"pixel_values": images}, os.path.join(out, "features_images.safetensors"))
+    pair = {
+        "input_features": torch.randn(3, 4, 10, generator=g),
+        "decoder_input_ids": torch.randint(0, 50, (3, 6), generator=g),
+    }
+    torch.save(pair, os.path.join(out, "features_pair.pt"))
+    save_file(pair, os.path.join(out, "features_pair.safetensors"))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 # config, recipe and data basics for every subcommand): transform and debug
 # flags, the check tolerances (--rtol, --atol), read-only output locations,
 # full disks for outputs and for the intermediates cache's spill files,
-# unwritable stdout, and more kinds of bad calibration data and recipes. Same contract, checked by expect_error
+# unwritable stdout, more kinds of bad calibration data (token ids, and
+# images for a CNN by name, position or safetensors, with calibrate's
+# --input / --example-inputs) and recipes. Same contract, checked by expect_error
 # (bad_input_lib.sh): exit 1..127, one stderr line naming the offending file
 # or flag, no output, temporary or spill file left behind.
 
@@ -208,6 +210,71 @@ done
 expect_error "calibrate --data and --synthetic" "--synthetic" "$OUT" "$O" -- \
   calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 "--data=$D/nan.pt" \
   -o "$O"
+
+# --- Calibration data for other models (images, by name or position) --------
+CNN="$FIXTURES/cnn.pt"
+RECIPE_CNN="$TMP/recipe_cnn.textproto"
+cat >"$RECIPE_CNN" <<'RECIPE_EOF'
+modifiers { gptq { scheme { bits: 4 group_size: 32 } targets: "Linear" } }
+pipeline: SEQUENTIAL
+sequential_targets: "Conv2d"
+RECIPE_EOF
+I="$TMP/images"
+mkdir -p "$I"
+"$PYTHON" - "$I" <<'PY' 2>/dev/null
+import sys, torch
+from safetensors.torch import save_file
+d = sys.argv[1]
+x = torch.randn(4, 3, 16, 16)
+torch.save(x, f"{d}/good.pt")
+torch.save(torch.randint(0, 255, (4, 3, 16, 16)), f"{d}/int_pixels.pt")
+torch.save(torch.randn(4, 16), f"{d}/rank2.pt")
+y = x.clone(); y[1, 0, 0, 0] = float("nan")
+torch.save(y, f"{d}/nan_pixel.pt")
+torch.save(torch.randn(0, 3, 16, 16), f"{d}/no_samples.pt")
+torch.save({"pixel_values": x, "labels": torch.zeros(4)}, f"{d}/extra_key.pt")
+torch.save({"image": x, "label": 0}, f"{d}/wrong_key.pt")
+torch.save((x, x), f"{d}/two_values.pt")
+torch.save({"pixel_values": "cat.png", "n": 1}, f"{d}/string_value.pt")
+torch.save([x[:2], x[:3]], f"{d}/ragged_list.pt")
+save_file({"pixel_values": x.double()[:, :, :, :2].contiguous(),
+           "labels": torch.zeros(4)}, f"{d}/extra_key.safetensors")
+save_file({"pixel_values": x}, f"{d}/truncated.safetensors")
+with open(f"{d}/truncated.safetensors", "r+b") as f:
+  f.truncate(f.seek(0, 2) - 100)
+PY
+printf '[1, 2, 3]\n' >"$I/tokens.jsonl"
+for f in int_pixels.pt rank2.pt nan_pixel.pt no_samples.pt extra_key.pt \
+  wrong_key.pt two_values.pt string_value.pt ragged_list.pt \
+  extra_key.safetensors truncated.safetensors tokens.jsonl; do
+  [ -e "$I/$f" ] || { fail "calibrate image data $f" "the Python generator did not write it"; continue; }
+  expect_error "calibrate image data $f" "$I/$f" "$OUT" "$O" -- \
+    calibrate "$CNN" "--recipe=$RECIPE_CNN" "--data=$I/$f" -o "$O"
+done
+# --input / --example-inputs describe how calibrate traces the model.
+for flag in "--input=pixel_values:float33[1,3,16,16]" "--input=pixel_values[1]" \
+  "--input=:float32[1]"; do
+  expect_error "calibrate $flag" "--input" "$OUT" "$O" -- \
+    calibrate "$CNN" "--recipe=$RECIPE_CNN" "--data=$I/good.pt" "$flag" -o "$O"
+done
+expect_error "calibrate --example-inputs missing" "$I/none.pt" "$OUT" "$O" -- \
+  calibrate "$CNN" "--recipe=$RECIPE_CNN" "--data=$I/good.pt" \
+  "--example-inputs=$I/none.pt" -o "$O"
+expect_error "calibrate --example-inputs wrong key" "$I/wrong_key.pt" "$OUT" \
+  "$O" -- calibrate "$CNN" "--recipe=$RECIPE_CNN" "--data=$I/good.pt" \
+  "--example-inputs=$I/wrong_key.pt" -o "$O"
+expect_error "calibrate --example-inputs not tensors" "$I/tokens.jsonl" \
+  "$OUT" "$O" -- calibrate "$CNN" "--recipe=$RECIPE_CNN" \
+  "--data=$I/good.pt" "--example-inputs=$I/tokens.jsonl" -o "$O"
+# The good file calibrates (the matrix's data is bad for one reason each).
+cases=$((cases + 1))
+if "$TRACECUT" calibrate "$CNN" "--recipe=$RECIPE_CNN" "--data=$I/good.pt" \
+  --batch-size=2 -o "$OUT/cnn.pt" 2>"$TMP/cnn_err.txt"; then
+  echo "ok [calibrate image data good.pt]"
+  rm -f "$OUT/cnn.pt"
+else
+  fail "calibrate image data good.pt" "$(tail -1 "$TMP/cnn_err.txt")"
+fi
 
 # --- Recipes ------------------------------------------------------------------
 R="$TMP/recipes"

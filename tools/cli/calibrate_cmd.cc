@@ -21,6 +21,7 @@
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "tools/cli/common.h"
+#include "tools/cli/model_flags.h"
 #include "tracer/hf/json.h"
 
 namespace tracecut::cli {
@@ -79,6 +80,12 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(int64_t seed, IntFlag(args, "seed", 0, 0));
   o.seed = static_cast<uint64_t>(seed);
   ASSIGN_OR_RETURN(o.batch_size, IntFlag(args, "batch-size", 1, 1));
+  for (const std::string& flag : args.GetAll("input")) {
+    ASSIGN_OR_RETURN(tracer::hf::InputSpec spec, ParseInputFlag(flag));
+    o.example_inputs.input_specs.push_back(std::move(spec));
+  }
+  o.example_inputs.example_inputs_path =
+      args.Get("example-inputs").value_or("");
   if (std::optional<std::string> p = args.Get("pipeline")) {
     absl::StatusOr<pipelines::PipelineKind> kind =
         pipelines::ParsePipelineKind(*p);
@@ -162,7 +169,8 @@ Subcommand CalibrateCommand() {
   Subcommand c;
   c.name = "calibrate";
   c.synopsis =
-      "MODEL.pt --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
+      "MODEL --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
+      "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] -o OUT.pt "
       "[--report=FILE] [--json]";
   c.summary = "Calibrate and quantize a model (GPTQ, RTN, observers).";
@@ -178,10 +186,22 @@ Subcommand CalibrateCommand() {
       "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
       "--report writes a JSON report (scales, zero points, per-layer output "
       "error against round-to-nearest, timings).\n\n"
-      "--data reads token ids: a torch.save file (an int tensor [N, seq], or "
-      "tokenizer-style dicts with input_ids) or JSON lines (one array of "
-      "ints per line). --synthetic=N draws N deterministic samples of "
-      "--seq-len tokens from the config's vocabulary.\n\n"
+      "--data reads the model's inputs, N samples along the first "
+      "dimension of every tensor: a torch.save'd tensor (the first input), "
+      "tuple or list (inputs in order), or dict (by input name), or a "
+      ".safetensors file (by tensor name): images [N, 3, H, W], audio "
+      "features, encoder-decoder pairs (input_features + "
+      "decoder_input_ids). Each is checked against the model's example "
+      "input (integer or floating point, rank; converted to its dtype) and "
+      "token ids against the config's vocabulary. For a model that takes "
+      "token ids only, --data also reads an int tensor [N, seq], a list of "
+      "samples (tokenizer-style dicts with input_ids) or JSON lines (one "
+      "array of ints per line); attention_mask, token_type_ids and "
+      "position_ids the file leaves out are made from the ids. "
+      "--synthetic=N draws N deterministic samples of --seq-len tokens from "
+      "the config's vocabulary.\n\n"
+      "--input and --example-inputs describe example inputs for tracing a "
+      "model that embeds none (as for `tracecut trace`).\n\n"
       "A Linear that no calibration token reaches (an MoE expert the "
       "router never picks) is quantized round-to-nearest from its own "
       "weights, with a warning and an entry under uncalibrated_modules in "
@@ -194,7 +214,10 @@ Subcommand CalibrateCommand() {
       FlagSpec::Value("recipe", "FILE",
                       "calibration recipe (pipelines/recipe.proto, text "
                       "format; see docs/pipelines.md)"),
-      FlagSpec::Value("data", "FILE", "token ids: torch.save file or .jsonl"),
+      FlagSpec::Value("data", "FILE",
+                      "model inputs: torch.save'd tensors (tensor, tuple, "
+                      "list or dict by input name) or .safetensors; token "
+                      "ids also as .jsonl"),
       FlagSpec::Value("synthetic", "N",
                       "N random samples from the model's vocabulary"),
       FlagSpec::Value("seq-len", "N", "tokens per synthetic sample (16)"),
@@ -230,6 +253,11 @@ Subcommand CalibrateCommand() {
                       "leaving its checkpoint (for testing --resume)"),
       FlagSpec::Bool("json", "print the report on stdout"),
   };
+  for (FlagSpec& flag : ModelFlags()) {
+    if (flag.name == "input" || flag.name == "example-inputs") {
+      c.flags.push_back(std::move(flag));
+    }
+  }
   c.min_positional = 1;
   c.max_positional = 1;
   c.run = RunCalibrate;

@@ -93,9 +93,10 @@ std::string LastLine(const std::string& s) {
 TEST(CalibrateCmdTest, Help) {
   Result r = RunTracecut({"calibrate", "--help"});
   EXPECT_EQ(r.code, 0);
-  EXPECT_THAT(r.out, StartsWith("usage: tracecut calibrate MODEL.pt"));
-  for (const char* flag : {"--recipe", "--data", "--synthetic", "--pipeline",
-                           "--resume", "--report", "--json"}) {
+  EXPECT_THAT(r.out, StartsWith("usage: tracecut calibrate MODEL "));
+  for (const char* flag :
+       {"--recipe", "--data", "--synthetic", "--pipeline", "--resume",
+        "--report", "--json", "--input", "--example-inputs", ".safetensors"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   r = RunTracecut({"demo", "--help"});

@@ -2,8 +2,6 @@
 
 #include <torch/script.h>
 
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <utility>
 
@@ -14,85 +12,13 @@
 #include "absl/strings/str_split.h"
 #include "ir/status_macros.h"
 #include "runtime/torch_status.h"
+#include "tracer/input_files.h"
 
 namespace tracecut::cli {
 namespace {
 
 constexpr char kInputSyntax[] =
     "NAME:DTYPE[D0,D1,...][:ones|:zeros|:tokens=HIGH]";
-
-// The forward's arguments (without self) as "name: Type".
-std::vector<std::pair<std::string, std::string>> ForwardArguments(
-    const torch::jit::Module& module) {
-  std::vector<std::pair<std::string, std::string>> out;
-  auto method = module.find_method("forward");
-  if (!method.has_value()) return out;
-  const auto& args = method->function().getSchema().arguments();
-  for (size_t i = 1; i < args.size(); ++i) {
-    out.emplace_back(args[i].name(), args[i].type()->annotation_str());
-  }
-  return out;
-}
-
-// --example-inputs=FILE: tensors by forward argument name.
-absl::StatusOr<std::map<std::string, c10::IValue>> ReadExampleInputs(
-    const std::string& path, const torch::jit::Module& module) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--example-inputs: cannot open '", path, "'"));
-  }
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                          std::istreambuf_iterator<char>());
-  ASSIGN_OR_RETURN(
-      c10::IValue value,
-      runtime::TorchCall(
-          absl::StrCat("--example-inputs: '", path,
-                       "' is not a torch.save'd tensor, list, tuple or dict"),
-          [&] { return torch::jit::pickle_load(bytes); }));
-  const auto args = ForwardArguments(module);
-  std::map<std::string, c10::IValue> out;
-  auto described = [&] {
-    std::vector<std::string> names;
-    for (const auto& [name, type] : args) {
-      names.push_back(absl::StrCat(name, ": ", type));
-    }
-    return absl::StrJoin(names, ", ");
-  };
-  if (value.isGenericDict()) {
-    for (const auto& e : value.toGenericDict()) {
-      if (!e.key().isString()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--example-inputs: '", path, "' is a dict with non-string keys"));
-      }
-      const std::string name = e.key().toStringRef();
-      bool known = false;
-      for (const auto& [arg, type] : args) known |= arg == name;
-      if (!known) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--example-inputs: '", path, "' has '", name,
-            "', which is not an argument of forward(", described(), ")"));
-      }
-      out[name] = e.value();
-    }
-    return out;
-  }
-  std::vector<c10::IValue> items;
-  if (value.isTuple()) {
-    items = value.toTupleRef().elements().vec();
-  } else if (value.isList()) {
-    items = value.toListRef().vec();
-  } else {
-    items = {value};
-  }
-  if (items.size() > args.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--example-inputs: '", path, "' holds ", items.size(),
-        " values, but forward(", described(), ") takes ", args.size()));
-  }
-  for (size_t i = 0; i < items.size(); ++i) out[args[i].first] = items[i];
-  return out;
-}
 
 }  // namespace
 
@@ -187,7 +113,7 @@ absl::StatusOr<TracedModel> LoadAndTrace(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(path));
   if (std::optional<std::string> file = args.Get("example-inputs")) {
     ASSIGN_OR_RETURN(options.example_inputs,
-                     ReadExampleInputs(*file, loaded.module));
+                     tracer::ReadExampleInputs(*file, loaded.module));
   }
   ASSIGN_OR_RETURN(options, tracer::WithModelFiles(loaded, std::move(options)));
   absl::StatusOr<runtime::GraphModule> gm =
