@@ -1095,12 +1095,16 @@ absl::Status CheckTargetPlacement(const ir::Graph& graph,
     if (stack != last_stack || n->op() == ir::OpKind::kCallModule) {
       last_stack = stack;
       last_owner = -1;
+      // The innermost instance: with Nesting::kInnermost an outer target
+      // keeps only its own nodes (with kOutermost inner ones are no
+      // instances at all).
       ForEachModule(n, [&](const ModuleRef& m) {
         auto it = owner.find(m.path);
-        if (it == owner.end()) return true;
-        last_owner = it->second;
-        last_path = std::string(m.path);
-        return false;  // Outermost instance: targets do not overlap.
+        if (it != owner.end()) {
+          last_owner = it->second;
+          last_path = std::string(m.path);
+        }
+        return true;
       });
     }
     if (last_owner < 0) continue;

@@ -90,8 +90,9 @@ TEST(PartitionerTest, CheckTargetPlacementCatchesASplitOrSharedTarget) {
   p->home[moved] = 3;
   absl::Status split = CheckTargetPlacement(*d.graph, *p);
   EXPECT_EQ(split.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(split.message(), HasSubstr("belongs to target 'model.layers.1' "
-                                         "(subgraph 2) but runs in subgraph 3"));
+  EXPECT_THAT(split.message(),
+              HasSubstr("belongs to target 'model.layers.1' "
+                        "(subgraph 2) but runs in subgraph 3"));
   p->home[moved] = 2;
 
   // One target listed by two subgraphs.

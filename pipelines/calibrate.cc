@@ -3,15 +3,15 @@
 #include <caffe2/serialize/inline_container.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <google/protobuf/text_format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
-#include <memory>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,8 +149,7 @@ class RunDirLock {
   // when another process holds the lock. `previous_pid` is the pid a dead
   // earlier run left in the file (0: none): its leftovers can go.
   static absl::StatusOr<std::unique_ptr<RunDirLock>> Acquire(
-      const std::string& dir, absl::string_view output,
-      int64_t* previous_pid) {
+      const std::string& dir, absl::string_view output, int64_t* previous_pid) {
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
       return absl::ErrnoToStatus(
           errno, absl::StrCat("cannot create the run directory ", dir));
@@ -179,9 +178,8 @@ class RunDirLock {
     }
     *previous_pid = pid;
     const std::string mine = absl::StrCat(::getpid(), "\n");
-    if (::ftruncate(fd, 0) != 0 ||
-        ::pwrite(fd, mine.data(), mine.size(), 0) !=
-            static_cast<ssize_t>(mine.size())) {
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, mine.data(), mine.size(), 0) !=
+                                       static_cast<ssize_t>(mine.size())) {
       const int err = errno;
       ::close(fd);
       return absl::ErrnoToStatus(err, absl::StrCat("cannot write ", path));
@@ -433,13 +431,12 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   p.stop_after_subgraph = options.stop_after_subgraph;
   p.progress = progress;
   ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
-  p.fingerprint = absl::StrCat("model ", model_identity, "; recipe ",
-                               absl::StrFormat("%016x", Fnv1a64(RecipeText(r))),
-                               "; targets ", absl::StrJoin(targets, ","),
-                               p.calibrate_all_experts
-                                   ? absl::StrCat("; all experts ",
-                                                  p.expert_pattern)
-                                   : "");
+  p.fingerprint = absl::StrCat(
+      "model ", model_identity, "; recipe ",
+      absl::StrFormat("%016x", Fnv1a64(RecipeText(r))), "; targets ",
+      absl::StrJoin(targets, ","),
+      p.calibrate_all_experts ? absl::StrCat("; all experts ", p.expert_pattern)
+                              : "");
 
   // A run directory this run creates is removed again if the run fails;
   // in one it did not create, only the lock and spill files it made go.

@@ -134,8 +134,9 @@ TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
   }
   bool warned = false;
   for (const std::string& w : out->results.warnings) {
-    warned |= w.find("experts.3.w2: called only with empty inputs (0 "
-                     "tokens)") != std::string::npos;
+    warned |= w.find(
+                  "experts.3.w2: called only with empty inputs (0 "
+                  "tokens)") != std::string::npos;
   }
   EXPECT_TRUE(warned);
 }
@@ -183,8 +184,7 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsLeavesTheLayerOutputsAlone) {
     ASSERT_TRUE(out.ok()) << out.status();
     seen[all] = out->results;
   }
-  for (const char* path :
-       {"model.layers.1.block_sparse_moe.gate", "lm_head"}) {
+  for (const char* path : {"model.layers.1.block_sparse_moe.gate", "lm_head"}) {
     const ModuleRecord& a = seen[0].modules.at(path);
     const ModuleRecord& b = seen[1].modules.at(path);
     EXPECT_EQ(a.input.min, b.input.min) << path;
@@ -192,9 +192,9 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsLeavesTheLayerOutputsAlone) {
   }
   // ... while the starved expert's observer saw tokens only with the option.
   const std::string starved = "model.layers.0.block_sparse_moe.experts.3.w1";
-  EXPECT_EQ(seen[0].modules.count(starved) ? seen[0].modules.at(starved)
-                                                 .input.batches
-                                           : 0,
+  EXPECT_EQ(seen[0].modules.count(starved)
+                ? seen[0].modules.at(starved).input.batches
+                : 0,
             0);
   EXPECT_GT(seen[1].modules.at(starved).input.batches, 0);
 }
@@ -210,8 +210,9 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsRefusesWhatItCannotDo) {
        "takes its tokens from"},
   };
   for (const Case& c : cases) {
-    std::string recipe = absl::StrCat(kMoeRecipe, " calibrate_all_experts: true",
-                                      " expert_modules: \"", c.pattern, "\"");
+    std::string recipe =
+        absl::StrCat(kMoeRecipe, " calibrate_all_experts: true",
+                     " expert_modules: \"", c.pattern, "\"");
     CalibrateOptions o = Options(model, TempDir("refuse"), recipe.c_str());
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
     ASSERT_FALSE(out.ok()) << c.pattern;
@@ -262,11 +263,11 @@ TEST(CalibrateGuardsTest, NonFiniteWeightIsAnErrorNamingTheTensor) {
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
     ASSERT_FALSE(out.ok());
     EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(out.status().message(),
-                HasSubstr(absl::StrCat("poisoned.pt: parameter "
-                                       "model.embed_tokens.weight has ",
-                                       std::isnan(bad) ? "NaN" : "-inf",
-                                       " at [")));
+    EXPECT_THAT(
+        out.status().message(),
+        HasSubstr(absl::StrCat("poisoned.pt: parameter "
+                               "model.embed_tokens.weight has ",
+                               std::isnan(bad) ? "NaN" : "-inf", " at [")));
     EXPECT_FALSE(Exists(o.output_path));
     EXPECT_FALSE(Exists(o.report_path));
     EXPECT_FALSE(Exists(o.output_path + ".run"));

@@ -123,9 +123,9 @@ absl::StatusOr<ExpertRegion> BuildRegion(
   for (const ir::Node* n : nodes) {
     for (const ir::Node* in : n->inputs()) {
       if (copy.contains(in) || in->op() != ir::OpKind::kGetAttr) continue;
-      ASSIGN_OR_RETURN(ir::Node * a,
-                       g.AddNode(ir::OpKind::kGetAttr, in->target(), {}, {},
-                                 in->name()));
+      ASSIGN_OR_RETURN(
+          ir::Node * a,
+          g.AddNode(ir::OpKind::kGetAttr, in->target(), {}, {}, in->name()));
       a->set_scope(in->scope());
       a->meta() = in->meta();
       copy[in] = a;
@@ -136,9 +136,9 @@ absl::StatusOr<ExpertRegion> BuildRegion(
     for (const auto& [k, v] : n->kwargs()) {
       kwargs.emplace_back(k, v.MapNodes(remap));
     }
-    ASSIGN_OR_RETURN(ir::Node * c, g.AddNode(n->op(), n->target(),
-                                             std::move(args), std::move(kwargs),
-                                             n->name()));
+    ASSIGN_OR_RETURN(ir::Node * c,
+                     g.AddNode(n->op(), n->target(), std::move(args),
+                               std::move(kwargs), n->name()));
     c->set_scope(n->scope());
     c->meta() = n->meta();
     copy[n] = c;
@@ -234,19 +234,18 @@ absl::Status AllExpertsRunner::RunOnAllTokens() {
       return RegionError(r.path, absl::StrCat("is gathered from a value that "
                                               "is not a tensor of tokens"));
     }
-    ASSIGN_OR_RETURN(
-        at::Tensor tokens,
-        runtime::TorchCall(absl::StrCat("calibrate_all_experts: ", r.path),
-                           [&] {
-                             at::Tensor all = v.toTensor();
-                             all = all.reshape({-1, all.size(-1)});
-                             // The rank the expert's input has: leading
-                             // dimensions of 1 (x[None, idx]).
-                             for (int64_t d = 2; d < r.entry_rank; ++d) {
-                               all = all.unsqueeze(0);
-                             }
-                             return all;
-                           }));
+    ASSIGN_OR_RETURN(at::Tensor tokens,
+                     runtime::TorchCall(
+                         absl::StrCat("calibrate_all_experts: ", r.path), [&] {
+                           at::Tensor all = v.toTensor();
+                           all = all.reshape({-1, all.size(-1)});
+                           // The rank the expert's input has: leading
+                           // dimensions of 1 (x[None, idx]).
+                           for (int64_t d = 2; d < r.entry_rank; ++d) {
+                             all = all.unsqueeze(0);
+                           }
+                           return all;
+                         }));
     absl::StatusOr<c10::IValue> out = interpreters_[i]->Run({tokens});
     if (!out.ok()) {
       return RegionError(r.path, absl::StrCat("failed on all tokens: ",

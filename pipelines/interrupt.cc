@@ -1,8 +1,7 @@
 #include "pipelines/interrupt.h"
 
-#include <csignal>
-
 #include <atomic>
+#include <csignal>
 
 #include "absl/strings/str_cat.h"
 
@@ -33,8 +32,8 @@ int InterruptSignal() { return g_signal.load(std::memory_order_relaxed); }
 absl::Status CheckInterrupt() {
   const int signal = InterruptSignal();
   if (signal == 0) return absl::OkStatus();
-  return absl::CancelledError(absl::StrCat(
-      "interrupted by ", signal == SIGINT ? "SIGINT" : "SIGTERM"));
+  return absl::CancelledError(
+      absl::StrCat("interrupted by ", signal == SIGINT ? "SIGINT" : "SIGTERM"));
 }
 
 void SetInterruptForTesting(int signal) {

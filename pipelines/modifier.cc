@@ -399,8 +399,8 @@ absl::Status CheckQuantResultsFinite(const CalibrationResults& results,
   for (const auto& [path, r] : results.modules) {
     auto check = [&](absl::string_view name, const at::Tensor& t) {
       absl::Status s = runtime::CheckFinite(
-          t, absl::StrCat("module ", path, " (", ShortType(r.type), "): ",
-                          name));
+          t,
+          absl::StrCat("module ", path, " (", ShortType(r.type), "): ", name));
       if (s.ok()) return s;
       return absl::InvalidArgumentError(absl::StrCat(
           "calibration produced a non-finite value, nothing written: ",

@@ -143,11 +143,15 @@ absl::Status Observer::OnModuleCall(RunContext& ctx, const ModuleCall& call) {
         absl::StrCat(name(), ": the ", what, " of ", call.path, " (",
                      ShortType(call.type), ") is not a tensor"));
   }
-  if (!x->is_floating_point() || x->numel() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name(), ": the ", what, " of ", call.path, " is ",
-        internal::DescribeTensor(*x), ", not a non-empty floating tensor"));
+  if (!x->is_floating_point()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name(), ": the ", what, " of ", call.path, " is ",
+                     internal::DescribeTensor(*x), ", not a floating tensor"));
   }
+  // No tokens (an MoE expert the router did not pick in this batch):
+  // nothing to observe. A module that never sees any is warned about at
+  // the end of the run.
+  if (x->numel() == 0) return absl::OkStatus();
   double lo = 0, hi = 0;
   RETURN_IF_ERROR(internal::GuardTorch(
       absl::StrCat(name(), " on ", call.path), [&]() -> absl::Status {
@@ -227,8 +231,8 @@ absl::Status Observer::OnRunEnd(RunContext& ctx) {
                                     : r->input.batches > 0));
     if (!seen) {
       ctx.Warn(absl::StrCat(name(), ": ", path,
-                            " was never called during calibration; no "
-                            "parameters"));
+                            " received no calibration tokens (never called, "
+                            "or only with empty inputs); no parameters"));
     }
   }
   return absl::OkStatus();

@@ -103,10 +103,9 @@ class HookDispatcher {
   Interpreter::HookId Attach(Interpreter& interp, int subgraph,
                              const AllExpertsRunner* routed = nullptr) {
     return interp.AddModuleHook(
-        [this, subgraph, routed](const ir::Node& node,
-                                 const torch::jit::Module& module,
-                                 absl::Span<const c10::IValue> inputs,
-                                 const c10::IValue* output) {
+        [this, subgraph, routed](
+            const ir::Node& node, const torch::jit::Module& module,
+            absl::Span<const c10::IValue> inputs, const c10::IValue* output) {
           if (output == nullptr || !status_.ok()) return;
           auto it = routes_.find(node.target());
           if (it == routes_.end()) return;
@@ -529,10 +528,9 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   absl::Time t0 = absl::Now();
   std::unique_ptr<AllExpertsRunner> experts;
   if (options_.calibrate_all_experts) {
-    ASSIGN_OR_RETURN(experts,
-                     AllExpertsRunner::Create(*step.subgraph->graph,
-                                              model_.module(),
-                                              options_.expert_pattern));
+    ASSIGN_OR_RETURN(experts, AllExpertsRunner::Create(
+                                  *step.subgraph->graph, model_.module(),
+                                  options_.expert_pattern));
     if (experts->empty()) experts.reset();
   }
   std::vector<Interpreter::HookId> expert_ids;

@@ -39,10 +39,10 @@
 //
 // Modules are sorted by path. Errors are relative output errors on the
 // calibration inputs (modifier.h, ModuleRecord); the means cover modules
-// that saw calibration tokens, the others are listed as uncalibrated. Everything but "run"
-// (timings, cache statistics: they depend on the machine and on whether the
-// run was resumed) is the same, byte for byte, for the same model, recipe,
-// data and options; ReportInfo::include_run_section drops "run".
+// that saw calibration tokens, the others are listed as uncalibrated.
+// Everything but "run" (timings, cache statistics: they depend on the machine
+// and on whether the run was resumed) is the same, byte for byte, for the same
+// model, recipe, data and options; ReportInfo::include_run_section drops "run".
 
 #include <string>
 #include <vector>

@@ -273,9 +273,10 @@ absl::StatusOr<WeightQuantOutcome> WeightQuantModifier::QuantizeWithoutData(
     absl::string_view path, const at::Tensor& weight) {
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options_.scheme);
   if (!rtn.ok()) {
-    return absl::Status(rtn.status().code(),
-                        absl::StrCat(name(), ": ", path, " (round-to-nearest): ",
-                                     rtn.status().message()));
+    return absl::Status(
+        rtn.status().code(),
+        absl::StrCat(name(), ": ", path,
+                     " (round-to-nearest): ", rtn.status().message()));
   }
   WeightQuantOutcome out;
   out.weight = rtn->weight;

@@ -426,9 +426,11 @@ absl::Status CheckOutputIsNotInput(const std::string& output,
   fs::path dir = fs::path(output).parent_path();
   if (dir.empty()) dir = ".";
   if (fs::is_directory(input, ec) && fs::equivalent(dir, input, ec)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to write '", output, "': it is a file of the input "
-        "checkpoint directory '", input, "'; choose another output path"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("refusing to write '", output,
+                     "': it is a file of the input "
+                     "checkpoint directory '",
+                     input, "'; choose another output path"));
   }
   return absl::OkStatus();
 }

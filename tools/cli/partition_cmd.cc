@@ -136,7 +136,8 @@ absl::Status RunPartition(const ParsedArgs& args, Io& io) {
   const bool json = args.Has("json");
   const bool check = args.Has("check");
   std::optional<std::string> output = args.Get("output");
-  if (output.has_value()) RETURN_IF_ERROR(CheckOutputIsNotInput(*output, model));
+  if (output.has_value())
+    RETURN_IF_ERROR(CheckOutputIsNotInput(*output, model));
   ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
                    CheckOptionsFromFlags(args));
 

@@ -51,7 +51,8 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
     return UsageError(
         "--format=torchscript writes a .pt archive; give -o FILE");
   }
-  if (output.has_value()) RETURN_IF_ERROR(CheckOutputIsNotInput(*output, model));
+  if (output.has_value())
+    RETURN_IF_ERROR(CheckOutputIsNotInput(*output, model));
   if (format == "proto" && !output.has_value() && !json) {
     // Binary on a terminal helps nobody; "-o -" still forces stdout.
     if (isatty(1)) {
