@@ -106,7 +106,6 @@ absl::StatusOr<ExpertRegion> BuildRegion(
   ExpertRegion r;
   r.path = path;
   r.gather = gather->name();
-  r.entry = entry->name();
   if (!entry->meta().outputs.empty()) {
     r.entry_rank = static_cast<int64_t>(entry->meta().outputs[0].shape.size());
   }

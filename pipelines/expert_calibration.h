@@ -49,8 +49,9 @@ inline constexpr char kDefaultExpertPattern[] = "re:(.+\\.)?experts\\.[0-9]+";
 struct ExpertRegion {
   std::string path;    // "model.layers.0.block_sparse_moe.experts.3"
   std::string gather;  // The row-gather node; its operand 0 is all tokens.
-  std::string entry;   // The node whose value the region reads (its tokens).
-  int64_t entry_rank = -1;  // From meta; -1 when unknown.
+  // Rank of the value the region reads (its tokens), from meta; -1 when
+  // unknown.
+  int64_t entry_rank = -1;
   // A placeholder "tokens" (standing for `entry`), parameter reads, copies
   // of the region's nodes (same names, targets, scopes) and an output
   // returning the region's last node.
