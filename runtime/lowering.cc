@@ -7,12 +7,14 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/frontend/schema_matching.h>
 #include <torch/csrc/jit/ir/named_value.h>
+#include <torch/csrc/jit/passes/canonicalize.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -22,9 +24,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "ir/graph.h"
 #include "ir/status_macros.h"
 #include "runtime/op_schema.h"
@@ -117,31 +122,431 @@ c10::TypePtr TypeFromUses(const ir::Node& placeholder,
   return nullptr;
 }
 
+// Every module type in the tree under `root`, `root` first.
+std::vector<c10::ClassTypePtr> ModuleTypes(const c10::ClassTypePtr& root) {
+  std::vector<c10::ClassTypePtr> all = {root};
+  absl::flat_hash_set<const c10::ClassType*> seen = {root.get()};
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (const c10::TypePtr& attr : all[i]->containedTypes()) {
+      auto type = attr->cast<c10::ClassType>();
+      if (type != nullptr && type->is_module() &&
+          seen.insert(type.get()).second) {
+        all.push_back(type);
+      }
+    }
+  }
+  return all;
+}
+
+// The module types `graph` calls methods on.
+std::vector<c10::ClassTypePtr> MethodReceivers(const Graph& graph) {
+  std::vector<c10::ClassTypePtr> receivers;
+  std::vector<const torch::jit::Block*> blocks = {graph.block()};
+  while (!blocks.empty()) {
+    const torch::jit::Block* block = blocks.back();
+    blocks.pop_back();
+    for (const torch::jit::Node* n : block->nodes()) {
+      if (n->kind() == c10::prim::CallMethod) {
+        auto type = n->input(0)->type()->cast<c10::ClassType>();
+        if (type != nullptr) receivers.push_back(type);
+      }
+      for (const torch::jit::Block* b : n->blocks()) blocks.push_back(b);
+    }
+  }
+  return receivers;
+}
+
+// Removes `names` (those it has) from `type`'s methods.
+void RemoveMethods(const c10::ClassTypePtr& type,
+                   const std::vector<std::string>& names) {
+  std::shared_ptr<torch::jit::CompilationUnit> cu = type->compilation_unit();
+  for (const std::string& name : names) {
+    if (type->findMethod(name) == nullptr) continue;
+    type->unsafeRemoveMethod(name);
+    const c10::QualifiedName qualified(*type->name(), name);
+    if (cu->find_function(qualified) != nullptr) {
+      cu->unsafeRemoveMethod(qualified);
+    }
+  }
+}
+
+// The methods only `type`'s forward calls, forward first.
+std::vector<std::string> ForwardAndHelpers(const c10::ClassType& type) {
+  std::vector<std::string> names = {"forward"};
+  for (const std::string& name : OldForwardMethods(type)) {
+    names.push_back(name);
+  }
+  std::sort(names.begin() + 1, names.end());
+  return names;
+}
+
+// Replaces `type`'s forward by `graph`; with `drop_helpers`, also removes
+// the methods only the old forward called (they would call the children's
+// new forwards the old way).
+void InstallForward(const c10::ClassTypePtr& type,
+                    const std::shared_ptr<Graph>& graph,
+                    const c10::FunctionSchema& schema, bool drop_helpers) {
+  RemoveMethods(type, drop_helpers ? ForwardAndHelpers(*type)
+                                   : std::vector<std::string>{"forward"});
+  torch::jit::Function* fn = type->compilation_unit()->create_function(
+      c10::QualifiedName(*type->name(), "forward"), graph);
+  fn->setSchema(schema);
+  type->addMethod(fn);
+}
+
+// After outlining: a module that kept its old forward but whose forward (or
+// a helper of it) calls an outlined forward the old way loses them, and so
+// on up. The graph never calls those; the saved file must still compile.
+void RemoveStaleForwards(const c10::ClassTypePtr& root,
+                         const std::vector<c10::ClassTypePtr>& outlined) {
+  absl::flat_hash_set<const c10::ClassType*> changed;
+  for (const c10::ClassTypePtr& type : outlined) changed.insert(type.get());
+  const std::vector<c10::ClassTypePtr> all = ModuleTypes(root);
+  for (bool again = true; again;) {
+    again = false;
+    for (const c10::ClassTypePtr& type : all) {
+      if (type == root || changed.contains(type.get()) ||
+          type->findMethod("forward") == nullptr) {
+        continue;
+      }
+      const std::vector<std::string> methods = ForwardAndHelpers(*type);
+      bool stale = false;
+      for (const std::string& name : methods) {
+        torch::jit::Function* fn = type->findMethod(name);
+        if (fn == nullptr || !fn->isGraphFunction()) continue;
+        for (const c10::ClassTypePtr& callee :
+             MethodReceivers(*torch::jit::toGraphFunction(*fn).graph())) {
+          stale |= changed.contains(callee.get());
+        }
+      }
+      if (!stale) continue;
+      RemoveMethods(type, methods);
+      changed.insert(type.get());
+      again = true;
+    }
+  }
+}
+
 class Lowerer {
  public:
   Lowerer(const GraphModule& gm, c10::ClassTypePtr self_type,
           const LoweringOptions& options)
-      : gm_(gm),
-        self_type_(std::move(self_type)),
-        options_(options),
-        graph_(std::make_shared<Graph>()) {}
+      : gm_(gm), self_type_(std::move(self_type)), options_(options) {
+    frame_.graph = std::make_shared<Graph>();
+  }
 
   absl::StatusOr<std::shared_ptr<Graph>> Run() {
-    self_ = graph_->addInput("self")->setType(self_type_);
+    frame_.self = frame_.graph->addInput("self")->setType(self_type_);
     RETURN_IF_ERROR(AddInputs());
+    std::vector<const ir::Node*> nodes;
     for (const ir::Node* node : gm_.graph().nodes()) {
-      if (node->op() == ir::OpKind::kPlaceholder) continue;
-      RETURN_IF_ERROR(
-          TorchCall(node->Describe(), [&] { return Lower(*node); }));
+      position_[node] = position_.size();
+      if (node->op() != ir::OpKind::kPlaceholder) nodes.push_back(node);
     }
-    if (graph_->outputs().empty()) {
+    if (options_.keep_hierarchy) {
+      RETURN_IF_ERROR(TorchCall("finding the modules whose forward must stay",
+                                [&] { return KeptTypes(); }));
+    }
+    RETURN_IF_ERROR(LowerNodes(nodes, 1));
+    if (frame_.graph->outputs().empty()) {
       return absl::InvalidArgumentError("graph has no output node");
     }
     RETURN_IF_ERROR(TorchCall("checking the lowered graph", [&] {
-      torch::jit::EliminateDeadCode(graph_);
-      graph_->lint();
+      torch::jit::EliminateDeadCode(frame_.graph);
+      frame_.graph->lint();
     }));
-    return graph_;
+    return frame_.graph;
+  }
+
+  // The module types that got an outlined forward, in order.
+  const std::vector<c10::ClassTypePtr>& outlined() const { return outlined_; }
+
+ private:
+  // Note [Keeping the module hierarchy]
+  // With LoweringOptions::keep_hierarchy, the nodes of one call of a module
+  // (consecutive nodes whose scope holds it) become that module's forward,
+  // and its parent calls it, so that a saved model traces again to the same
+  // scopes. A module's nodes stay inline in its parent (as without the
+  // option) when they cannot be outlined exactly:
+  //  * its type's forward must stay as it is (KeptTypes): a leaf, a module
+  //    read by get_attr, one whose forward a kept method calls, one with
+  //    hooks or __getstate__, or anything inside those;
+  //  * its nodes are not one run (called twice, or interleaved by a pass),
+  //    call_method, call a module outside it, or return nothing;
+  //  * another instance of its type got a different forward (types share
+  //    methods), e.g. a pass changed one layer only.
+  // Tensors outside the module (tied weights, lifted constants) are read by
+  // the caller and passed in.
+
+  absl::Status LowerOne(const ir::Node& node) {
+    if (node.op() == ir::OpKind::kPlaceholder ||
+        frame_.values.contains(&node)) {
+      return absl::OkStatus();
+    }
+    return TorchCall(node.Describe(), [&] { return Lower(node); });
+  }
+
+  // The module, below the frame's, that `node` belongs to at scope depth
+  // `depth`, or null when it is lowered in the frame itself.
+  const ir::ScopeEntry* ChildOf(const ir::Node& node, size_t depth) const {
+    if (!options_.keep_hierarchy) return nullptr;
+    const std::vector<ir::ScopeEntry>& stack = node.scope().stack();
+    if (stack.size() <= depth) return nullptr;
+    const ir::ScopeEntry& entry = stack[depth];
+    if (node.op() == ir::OpKind::kCallModule && node.target() == entry.path) {
+      return nullptr;  // The leaf itself.
+    }
+    if (!IsBelow(entry.path, frame_.path)) return nullptr;
+    return &entry;
+  }
+
+  // True if `path` is strictly inside module `module` ("" = the root).
+  static bool IsBelow(absl::string_view path, absl::string_view module) {
+    if (module.empty()) return !path.empty();
+    return path.size() > module.size() && absl::StartsWith(path, module) &&
+           path[module.size()] == '.';
+  }
+
+  absl::Status LowerNodes(absl::Span<const ir::Node* const> nodes,
+                          size_t depth) {
+    absl::flat_hash_map<std::string, int> runs;
+    const ir::ScopeEntry* previous = nullptr;
+    for (const ir::Node* node : nodes) {
+      const ir::ScopeEntry* child = ChildOf(*node, depth);
+      if (child != nullptr &&
+          (previous == nullptr || previous->path != child->path)) {
+        ++runs[child->path];
+      }
+      previous = child;
+    }
+    for (size_t i = 0; i < nodes.size();) {
+      const ir::ScopeEntry* child = ChildOf(*nodes[i], depth);
+      if (child == nullptr) {
+        RETURN_IF_ERROR(LowerOne(*nodes[i]));
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      while (end < nodes.size()) {
+        const ir::ScopeEntry* next = ChildOf(*nodes[end], depth);
+        if (next == nullptr || next->path != child->path) break;
+        ++end;
+      }
+      absl::Span<const ir::Node* const> run = nodes.subspan(i, end - i);
+      bool outlined = false;
+      if (runs[child->path] == 1) {
+        ASSIGN_OR_RETURN(outlined, Outline(run, child->path, depth + 1));
+      }
+      if (!outlined) RETURN_IF_ERROR(LowerNodes(run, depth + 1));
+      i = end;
+    }
+    return absl::OkStatus();
+  }
+
+  // The type of the module at `path` from the root, or null.
+  c10::ClassTypePtr ModuleTypeAt(absl::string_view path) const {
+    c10::ClassTypePtr type = self_type_;
+    if (path.empty()) return type;
+    for (absl::string_view part : absl::StrSplit(path, '.')) {
+      const std::string name(part);
+      if (!type->hasAttribute(name)) return nullptr;
+      type = type->getAttribute(name)->cast<c10::ClassType>();
+      if (type == nullptr || !type->is_module()) return nullptr;
+    }
+    return type;
+  }
+
+  // Types whose forward stays: see Note [Keeping the module hierarchy].
+  absl::Status KeptTypes() {
+    const std::vector<c10::ClassTypePtr> all = ModuleTypes(self_type_);
+    std::vector<c10::ClassTypePtr> kept;
+    auto keep = [&](const c10::ClassTypePtr& type) {
+      if (type != nullptr && type != self_type_ &&
+          kept_types_.insert(type.get()).second) {
+        kept.push_back(type);
+      }
+    };
+    for (const ir::Node* node : gm_.graph().nodes()) {
+      if (node->op() == ir::OpKind::kCallModule ||
+          node->op() == ir::OpKind::kGetAttr) {
+        keep(ModuleTypeAt(node->target()));
+      }
+    }
+    for (const c10::ClassTypePtr& type : all) {
+      if (type != self_type_ && HasHooksOrState(*type)) keep(type);
+      const absl::flat_hash_set<std::string> dead = OldForwardMethods(*type);
+      std::vector<torch::jit::Function*> live;
+      for (torch::jit::Function* fn : type->methods()) {
+        if (fn->name() != "forward" && !dead.contains(fn->name())) {
+          live.push_back(fn);
+        }
+      }
+      for (const auto* hooks :
+           {&type->getForwardHooks(), &type->getForwardPreHooks()}) {
+        live.insert(live.end(), hooks->begin(), hooks->end());
+      }
+      for (torch::jit::Function* fn : live) {
+        if (!fn->isGraphFunction()) continue;
+        for (c10::ClassTypePtr callee :
+             MethodReceivers(*torch::jit::toGraphFunction(*fn).graph())) {
+          keep(callee);
+        }
+      }
+    }
+    // Inside a kept module, everything stays.
+    for (size_t i = 0; i < kept.size(); ++i) {
+      for (const c10::TypePtr& attr : kept[i]->containedTypes()) {
+        auto type = attr->cast<c10::ClassType>();
+        if (type != nullptr && type->is_module()) keep(type);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Outlines `run` (the nodes of the module at `path`) into that module's
+  // forward and calls it; false if it cannot be (Note [Keeping the module
+  // hierarchy]), with nothing but dead values added to the frame.
+  absl::StatusOr<bool> Outline(absl::Span<const ir::Node* const> run,
+                               const std::string& path, size_t depth) {
+    c10::ClassTypePtr type = ModuleTypeAt(path);
+    if (type == nullptr || type == self_type_ ||
+        kept_types_.contains(type.get())) {
+      return false;
+    }
+    // get_attr of tensors outside the module are read by the caller.
+    absl::flat_hash_set<const ir::Node*> body;
+    std::vector<const ir::Node*> body_nodes, outside_attrs;
+    for (const ir::Node* node : run) {
+      switch (node->op()) {
+        case ir::OpKind::kGetAttr:
+          if (!IsBelow(node->target(), path)) {
+            outside_attrs.push_back(node);
+            continue;
+          }
+          break;
+        case ir::OpKind::kCallModule:
+          if (!IsBelow(node->target(), path)) return false;
+          break;
+        case ir::OpKind::kCallFunction:
+          break;
+        default:
+          return false;
+      }
+      body.insert(node);
+      body_nodes.push_back(node);
+    }
+    std::vector<const ir::Node*> inputs;
+    absl::flat_hash_set<const ir::Node*> seen;
+    std::function<void(const ir::Argument&)> visit =
+        [&](const ir::Argument& arg) {
+          if (arg.is_node()) {
+            if (!body.contains(arg.node()) && seen.insert(arg.node()).second) {
+              inputs.push_back(arg.node());
+            }
+          } else if (arg.kind() == ir::Argument::Kind::kList ||
+                     arg.kind() == ir::Argument::Kind::kTuple) {
+            for (const ir::Argument& e : arg.elements()) visit(e);
+          }
+        };
+    for (const ir::Node* node : body_nodes) {
+      for (const ir::Argument& arg : node->args()) visit(arg);
+      for (const auto& [name, arg] : node->kwargs()) visit(arg);
+    }
+    std::sort(inputs.begin(), inputs.end(),
+              [&](const ir::Node* a, const ir::Node* b) {
+                return position_.at(a) < position_.at(b);
+              });
+    std::vector<const ir::Node*> outputs;
+    for (const ir::Node* node : body_nodes) {
+      for (const ir::Node* user : node->users()) {
+        if (!body.contains(user)) {
+          outputs.push_back(node);
+          break;
+        }
+      }
+    }
+    if (outputs.empty()) return false;
+    for (const ir::Node* node : outside_attrs) RETURN_IF_ERROR(LowerOne(*node));
+    std::vector<Value*> arguments;
+    for (const ir::Node* input : inputs) {
+      auto it = frame_.values.find(input);
+      if (it == frame_.values.end()) return false;  // Lowered flat, it fails.
+      arguments.push_back(WholeValue(it->second));
+    }
+
+    Frame child;
+    child.graph = std::make_shared<Graph>();
+    child.path = path;
+    child.self = child.graph->addInput("self")->setType(type);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Value* v = child.graph->addInput()->setType(arguments[i]->type());
+      SetName(v, inputs[i]->name());
+      child.values[inputs[i]].value = v;
+    }
+    std::swap(frame_, child);
+    absl::Status lowered = LowerNodes(body_nodes, depth);
+    if (lowered.ok()) {
+      lowered = TorchCall("outlining module '" + path + "'", [&] {
+        std::vector<Value*> results;
+        for (const ir::Node* node : outputs) {
+          results.push_back(WholeValue(frame_.values.at(node)));
+        }
+        frame_.graph->registerOutput(
+            results.size() == 1
+                ? results[0]
+                : frame_.graph->insertNode(frame_.graph->createTuple(results))
+                      ->output());
+        torch::jit::EliminateDeadCode(frame_.graph);
+        frame_.graph->lint();
+      });
+    }
+    std::swap(frame_, child);
+    RETURN_IF_ERROR(lowered);
+    const std::shared_ptr<Graph>& graph = child.graph;
+
+    // One forward per type: instances share it only if it is the same.
+    ASSIGN_OR_RETURN(
+        std::string text, TorchCall("outlining", [&] {
+          return torch::jit::Canonicalize(graph, false)->toString(false);
+        }));
+    auto [it, inserted] = installed_.try_emplace(type.get(), text);
+    if (!inserted && it->second != text) return false;
+    std::vector<c10::Argument> schema_args = {c10::Argument("self", type)};
+    for (size_t i = 1; i < graph->inputs().size(); ++i) {
+      schema_args.emplace_back(graph->inputs()[i]->debugName(),
+                               graph->inputs()[i]->type());
+    }
+    c10::FunctionSchema schema(
+        "forward", "", std::move(schema_args),
+        {c10::Argument("", graph->outputs()[0]->type())});
+    if (inserted) {
+      RETURN_IF_ERROR(
+          TorchCall("installing the forward of module '" + path + "'",
+                    [&] { InstallForward(type, graph, schema, true); }));
+      outlined_.push_back(type);
+    }
+    RETURN_IF_ERROR(
+        TorchCall("calling module '" + path + "'", [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(Value * module, Attr(*run.front(), path, true));
+          std::vector<NamedValue> args = {NamedValue(module)};
+          for (Value* v : arguments) args.emplace_back(v);
+          torch::jit::MatchedSchema matched = torch::jit::matchSchema(
+              schema, torch::jit::SourceRange(), *frame_.graph, args, {});
+          Value* result = frame_.graph->insertMethodCall("forward", matched);
+          std::vector<Value*> results = {result};
+          if (outputs.size() > 1) {
+            results = frame_.graph
+                          ->insertNode(frame_.graph->createTupleUnpack(result))
+                          ->outputs()
+                          .vec();
+          }
+          for (size_t i = 0; i < outputs.size(); ++i) {
+            SetName(results[i], outputs[i]->name());
+            frame_.values[outputs[i]] = Lowered{results[i], {}};
+          }
+          return absl::OkStatus();
+        }));
+    return true;
   }
 
  private:
@@ -165,9 +570,9 @@ class Lowerer {
         type = TypeFromUses(p, self_type_);
       }
       if (type == nullptr) type = c10::TensorType::get();
-      Value* v = graph_->addInput()->setType(type);
+      Value* v = frame_.graph->addInput()->setType(type);
       SetName(v, p.target());
-      values_[&p].value = v;
+      frame_.values[&p].value = v;
     }
     return absl::OkStatus();
   }
@@ -206,7 +611,7 @@ class Lowerer {
         return absl::OkStatus();
       case ir::OpKind::kGetAttr: {
         ASSIGN_OR_RETURN(Value * v, Attr(node, node.target(), false));
-        values_[&node].value = v;
+        frame_.values[&node].value = v;
         return absl::OkStatus();
       }
       case ir::OpKind::kCallFunction:
@@ -222,7 +627,7 @@ class Lowerer {
               absl::StrCat(node.Describe(), ": output takes one argument"));
         }
         ASSIGN_OR_RETURN(Value * v, ValueFor(node, node.args()[0], nullptr));
-        graph_->registerOutput(v);
+        frame_.graph->registerOutput(v);
         return absl::OkStatus();
       }
     }
@@ -233,14 +638,23 @@ class Lowerer {
   // prefix.
   absl::StatusOr<Value*> Attr(const ir::Node& node, const std::string& path,
                               bool want_module) {
-    Value* current = self_;
+    if (!frame_.path.empty() && !IsBelow(path, frame_.path)) {
+      return absl::InternalError(absl::StrCat(
+          node.Describe(), ": '", path,
+          "' is not inside the module being lowered, '", frame_.path, "'"));
+    }
+    const absl::string_view relative =
+        frame_.path.empty()
+            ? absl::string_view(path)
+            : absl::string_view(path).substr(frame_.path.size() + 1);
+    Value* current = frame_.self;
     std::string prefix;
-    for (absl::string_view part : absl::StrSplit(path, '.')) {
+    for (absl::string_view part : absl::StrSplit(relative, '.')) {
       const std::string name(part);
       const std::string where = prefix.empty() ? "<root>" : prefix;
       prefix = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
-      auto it = attrs_.find(prefix);
-      if (it != attrs_.end()) {
+      auto it = frame_.attrs.find(prefix);
+      if (it != frame_.attrs.end()) {
         current = it->second;
         continue;
       }
@@ -256,8 +670,8 @@ class Lowerer {
                          "': module '", where, "' (", ShortTypeName(*type),
                          ") has no attribute '", name, "'"));
       }
-      current = graph_->insertGetAttr(current, name);
-      attrs_[prefix] = current;
+      current = frame_.graph->insertGetAttr(current, name);
+      frame_.attrs[prefix] = current;
     }
     if (want_module && current->type()->castRaw<c10::ClassType>() == nullptr) {
       return absl::InvalidArgumentError(
@@ -270,7 +684,8 @@ class Lowerer {
   // A single Value for a lowered node (tuple of outputs if multi-output).
   Value* WholeValue(Lowered& l) {
     if (l.value == nullptr) {
-      l.value = graph_->insertNode(graph_->createTuple(l.outputs))->output();
+      l.value = frame_.graph->insertNode(frame_.graph->createTuple(l.outputs))
+                    ->output();
     }
     return l.value;
   }
@@ -283,12 +698,12 @@ class Lowerer {
       c10::TypePtr t = type;
       if (t != nullptr && t->hasFreeVariables()) t = nullptr;
       ASSIGN_OR_RETURN(c10::IValue v, ConstantToIValue(arg, t));
-      return graph_->insertConstant(v);
+      return frame_.graph->insertConstant(v);
     }
     switch (arg.kind()) {
       case ir::Argument::Kind::kNode: {
-        auto it = values_.find(arg.node());
-        if (it == values_.end()) {
+        auto it = frame_.values.find(arg.node());
+        if (it == frame_.values.end()) {
           return absl::InvalidArgumentError(
               absl::StrCat(node.Describe(), ": reads %", arg.node()->name(),
                            ", which has no value"));
@@ -315,7 +730,9 @@ class Lowerer {
           }
           elem = *unified;
         }
-        return graph_->insertNode(graph_->createList(elem, elements))->output();
+        return frame_.graph
+            ->insertNode(frame_.graph->createList(elem, elements))
+            ->output();
       }
       case ir::Argument::Kind::kTuple: {
         const auto* tuple_type =
@@ -329,7 +746,8 @@ class Lowerer {
           ASSIGN_OR_RETURN(Value * v, ValueFor(node, arg.elements()[i], et));
           elements.push_back(v);
         }
-        return graph_->insertNode(graph_->createTuple(elements))->output();
+        return frame_.graph->insertNode(frame_.graph->createTuple(elements))
+            ->output();
       }
       default:
         break;
@@ -377,15 +795,15 @@ class Lowerer {
       (v.name().empty() ? args : kwargs).push_back(std::move(v));
     }
     torch::jit::MatchedSchema matched = torch::jit::matchSchema(
-        schema, torch::jit::SourceRange(), *graph_, args, kwargs);
+        schema, torch::jit::SourceRange(), *frame_.graph, args, kwargs);
     torch::jit::Node* n =
-        graph_->create(c10::Symbol::fromQualString(schema.name()),
-                       matched.inputs, matched.return_types.size());
+        frame_.graph->create(c10::Symbol::fromQualString(schema.name()),
+                             matched.inputs, matched.return_types.size());
     for (size_t i = 0; i < matched.return_types.size(); ++i) {
       n->output(i)->setType(matched.return_types[i]);
     }
-    graph_->insertNode(n);
-    Lowered& l = values_[&node];
+    frame_.graph->insertNode(n);
+    Lowered& l = frame_.values[&node];
     if (n->outputs().size() == 1) {
       l.value = n->output();
       SetName(l.value, node.name());
@@ -400,8 +818,8 @@ class Lowerer {
       return absl::InvalidArgumentError(
           absl::StrCat(node.Describe(), ": getitem takes (value, index)"));
     }
-    auto it = values_.find(node.args()[0].node());
-    if (it == values_.end()) {
+    auto it = frame_.values.find(node.args()[0].node());
+    if (it == frame_.values.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(node.Describe(), ": reads a value not lowered yet"));
     }
@@ -430,18 +848,18 @@ class Lowerer {
                                                     n, "-tuple"));
         }
         if (i < 0) i += n;
-        result =
-            graph_
-                ->insertNode(graph_->createTupleIndex(
-                    c, graph_->insertConstant(i), tuple_type->elements()[i]))
-                ->output();
+        result = frame_.graph
+                     ->insertNode(frame_.graph->createTupleIndex(
+                         c, frame_.graph->insertConstant(i),
+                         tuple_type->elements()[i]))
+                     ->output();
       } else {
         ASSIGN_OR_RETURN(Value * idx, ValueFor(node, index, nullptr));
-        result = graph_->insert(
+        result = frame_.graph->insert(
             c10::Symbol::fromQualString("aten::__getitem__"), {c, idx});
       }
     }
-    values_[&node].value = result;
+    frame_.values[&node].value = result;
     return absl::OkStatus();
   }
 
@@ -501,20 +919,33 @@ class Lowerer {
       }
     }
     torch::jit::MatchedSchema matched = torch::jit::matchSchema(
-        schema, torch::jit::SourceRange(), *graph_, args, kwargs);
-    Value* out = graph_->insertMethodCall(name, matched);
+        schema, torch::jit::SourceRange(), *frame_.graph, args, kwargs);
+    Value* out = frame_.graph->insertMethodCall(name, matched);
     SetName(out, node.name());
-    values_[&node].value = out;
+    frame_.values[&node].value = out;
     return absl::OkStatus();
   }
+
+  // What is being lowered into: the root's forward, or an outlined module's.
+  struct Frame {
+    std::shared_ptr<Graph> graph;
+    Value* self = nullptr;
+    std::string path;  // The module's path in the root; "" for the root.
+    absl::flat_hash_map<const ir::Node*, Lowered> values;
+    absl::flat_hash_map<std::string, Value*> attrs;  // By relative path.
+  };
 
   const GraphModule& gm_;
   c10::ClassTypePtr self_type_;
   const LoweringOptions& options_;
-  std::shared_ptr<Graph> graph_;
-  Value* self_ = nullptr;
-  absl::flat_hash_map<const ir::Node*, Lowered> values_;
-  absl::flat_hash_map<std::string, Value*> attrs_;
+  Frame frame_;
+  // keep_hierarchy: types whose forward must stay (KeptTypes), the forward
+  // installed per outlined type (canonical text, to share it between
+  // instances), and those types in order.
+  absl::flat_hash_set<const c10::ClassType*> kept_types_;
+  absl::flat_hash_map<const c10::ClassType*, std::string> installed_;
+  std::vector<c10::ClassTypePtr> outlined_;
+  absl::flat_hash_map<const ir::Node*, size_t> position_;
 };
 
 // The forward schema to install: the original's arguments (names, types,
@@ -575,35 +1006,36 @@ absl::Status ErrnoStatus(int err, const std::string& message) {
 absl::StatusOr<std::shared_ptr<torch::jit::Graph>> BuildTorchScriptGraph(
     const GraphModule& gm, const c10::ClassTypePtr& self_type,
     const LoweringOptions& options) {
-  return Lowerer(gm, self_type, options).Run();
+  // Outlining installs methods on the module types: only on a copy.
+  LoweringOptions flat = options;
+  flat.keep_hierarchy = false;
+  return Lowerer(gm, self_type, flat).Run();
 }
 
 absl::StatusOr<torch::jit::Module> LowerToTorchScript(
     const GraphModule& gm, const LoweringOptions& options) {
   // Fresh objects and types, same tensors: replacing forward on the copy's
-  // type cannot affect gm.module().
+  // types cannot affect gm.module().
   ASSIGN_OR_RETURN(torch::jit::Module lowered,
                    TorchCall("copying the module", [&] {
                      return gm.module().clone(/*inplace=*/true);
                    }));
   const c10::ClassTypePtr& type = lowered.type();
-  ASSIGN_OR_RETURN(std::shared_ptr<torch::jit::Graph> graph,
-                   BuildTorchScriptGraph(gm, type, options));
+  std::optional<c10::FunctionSchema> original;
+  if (torch::jit::Function* old = type->findMethod("forward")) {
+    original = old->getSchema();
+  }
+  Lowerer lowerer(gm, type, options);
+  ASSIGN_OR_RETURN(std::shared_ptr<torch::jit::Graph> graph, lowerer.Run());
+  const std::vector<c10::ClassTypePtr>& outlined = lowerer.outlined();
   RETURN_IF_ERROR(TorchCall("installing forward", [&] {
-    std::shared_ptr<torch::jit::CompilationUnit> cu = type->compilation_unit();
-    const c10::QualifiedName name(*type->name(), "forward");
-    std::optional<c10::FunctionSchema> original;
-    if (torch::jit::Function* old = type->findMethod("forward")) {
-      original = old->getSchema();
-      type->unsafeRemoveMethod("forward");
-      cu->unsafeRemoveMethod(name);
-    }
-    torch::jit::Function* fn = cu->create_function(name, graph);
-    fn->setSchema(ForwardSchema(original ? &*original : nullptr, *graph));
-    type->addMethod(fn);
+    InstallForward(type, graph,
+                   ForwardSchema(original ? &*original : nullptr, *graph),
+                   /*drop_helpers=*/!outlined.empty());
+    RemoveStaleForwards(type, outlined);
   }));
   if (options.prune_unused) {
-    RETURN_IF_ERROR(PruneUnused(gm, lowered).status());
+    RETURN_IF_ERROR(PruneUnused(gm, lowered, outlined).status());
   }
   return lowered;
 }

@@ -44,6 +44,12 @@ struct LoweringOptions {
   // exports]). The GraphModule keeps everything, so reversing passes on it
   // stays exact. `tracecut transform` saves with this on.
   bool prune_unused = false;
+  // Keep the module tree: each module call whose nodes can be outlined
+  // becomes that module's forward, called by its parent's, so that tracing
+  // the saved model again gives the same scopes (Note [Keeping the module
+  // hierarchy] in lowering.cc). Off: one flat forward on the root calling
+  // leaves only. Only LowerToTorchScript (which owns a copy) outlines.
+  bool keep_hierarchy = true;
 };
 
 // The TorchScript graph for `gm`'s IR, with `self` (of type `self_type`,

@@ -28,6 +28,7 @@ using ir::Argument;
 using ir::Node;
 using testing::Det;
 using ::testing::HasSubstr;
+using testing::MakeLinear;
 using testing::MakeMlp;
 
 namespace fs = std::filesystem;
@@ -270,6 +271,122 @@ std::vector<std::string> ListDir(const std::string& dir) {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// Net: block0, block1 (one type Block: fc = Linear(4, 4) leaf, buffer
+// scale), head = Linear(4, 2), buffer shift on the root.
+torch::jit::Module MakeNet() {
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  torch::jit::Module block("Block", cu, /*shouldMangle=*/true);
+  block.register_module("fc", MakeLinear(4, 4, 1));
+  block.register_buffer("scale", Det({4}, 2));
+  block.define(R"(
+def forward(self, x):
+    return torch.relu(self.fc.forward(x) * self.scale)
+)");
+  torch::jit::Module net("Net", cu, /*shouldMangle=*/true);
+  net.register_module("block0", block);
+  torch::jit::Module block1 = block.deepcopy();
+  block1.setattr("scale", Det({4}, 3));
+  net.register_module("block1", block1);
+  net.register_module("head", MakeLinear(4, 2, 4));
+  net.register_buffer("shift", Det({4}, 5));
+  net.define(R"(
+def forward(self, x):
+    return self.head.forward(self.block1.forward(self.block0.forward(x)))
+)");
+  return net;
+}
+
+// Appends Block `name`'s nodes, in its scope, reading the root's shift
+// (a tensor outside the block); `extra` adds a neg.
+Node* AddBlock(ir::Graph& g, const std::string& name, Node* x,
+               bool extra = false) {
+  const ir::Scope block_scope({{"", "Net"}, {name, "Block"}});
+  Node* fc = *g.CallModule(name + ".fc", {R(x)});
+  fc->set_scope(block_scope.Push({name + ".fc", "Linear"}));
+  Node* scale = *g.GetAttr(name + ".scale");
+  Node* mul = *g.CallFunction("aten::mul.Tensor", {R(fc), R(scale)});
+  Node* shift = *g.GetAttr("shift");
+  Node* add = *g.CallFunction("aten::add.Tensor", {R(mul), R(shift)},
+                              {{"alpha", Argument::Int(1)}});
+  Node* out = *g.CallFunction("aten::relu", {R(add)});
+  for (Node* n : {scale, mul, shift, add, out}) n->set_scope(block_scope);
+  if (extra) {
+    out = *g.CallFunction("aten::neg", {R(out)});
+    out->set_scope(block_scope);
+  }
+  return out;
+}
+
+std::unique_ptr<ir::Graph> NetGraph(const std::vector<std::string>& blocks,
+                                    bool block1_extra = false) {
+  auto g = std::make_unique<ir::Graph>();
+  Node* h = *g->Placeholder("x");
+  for (const std::string& name : blocks) {
+    h = AddBlock(*g, name, h, block1_extra && name == "block1");
+  }
+  Node* head = *g->CallModule("head", {R(h)});
+  head->set_scope(ir::Scope({{"", "Net"}, {"head", "Linear"}}));
+  (void)*g->Output(R(head));
+  return g;
+}
+
+// Lowers, runs, saves and loads `gm`; returns the root forward's graph text.
+std::string LowerRunAndReload(const GraphModule& gm,
+                              const LoweringOptions& options = {}) {
+  absl::StatusOr<torch::jit::Module> lowered = LowerToTorchScript(gm, options);
+  EXPECT_TRUE(lowered.ok()) << lowered.status();
+  if (!lowered.ok()) return "";
+  absl::StatusOr<Interpreter> interp = Interpreter::Create(gm);
+  EXPECT_TRUE(interp.ok()) << interp.status();
+  at::Tensor x = Det({3, 4}, 9);
+  ExpectSameIValue(lowered->forward({x}), *interp->Run({x}));
+  // What is saved compiles again (no method calls an old forward the old
+  // way) and runs the same.
+  std::stringstream bytes;
+  lowered->save(bytes);
+  torch::jit::Module loaded = torch::jit::load(bytes);
+  ExpectSameIValue(loaded.forward({x}), *interp->Run({x}));
+  return lowered->get_method("forward").graph()->toString();
+}
+
+TEST(HierarchyTest, EachModuleCallBecomesItsForward) {
+  GraphModule gm(MakeNet(), NetGraph({"block0", "block1"}));
+  const std::string root = LowerRunAndReload(gm);
+  // The root calls the blocks; their nodes are in Block.forward, which reads
+  // the root's shift as an argument.
+  EXPECT_THAT(root, ::testing::Not(HasSubstr("aten::mul")));
+  EXPECT_THAT(root, HasSubstr("prim::GetAttr[name=\"shift\"]"));
+  absl::StatusOr<torch::jit::Module> lowered = LowerToTorchScript(gm);
+  ASSERT_TRUE(lowered.ok());
+  torch::jit::Module block0 = lowered->attr("block0").toModule();
+  const std::string body = block0.get_method("forward").graph()->toString();
+  EXPECT_THAT(body, HasSubstr("aten::mul"));
+  EXPECT_THAT(body, HasSubstr("prim::GetAttr[name=\"scale\"]"));
+  EXPECT_EQ(block0.get_method("forward").num_inputs(), 3);  // self, x, shift
+  // The leaf keeps its own forward.
+  EXPECT_TRUE(block0.attr("fc").toModule().find_method("forward").has_value());
+
+  LoweringOptions flat;
+  flat.keep_hierarchy = false;
+  EXPECT_THAT(LowerRunAndReload(gm, flat), HasSubstr("aten::mul"));
+}
+
+TEST(HierarchyTest, AModuleCalledTwiceStaysInline) {
+  GraphModule gm(MakeNet(), NetGraph({"block0", "block1", "block0"}));
+  const std::string root = LowerRunAndReload(gm);
+  EXPECT_THAT(root, HasSubstr("aten::mul"));  // block0's calls.
+  EXPECT_THAT(root, HasSubstr("prim::GetAttr[name=\"block1\"]"));
+}
+
+TEST(HierarchyTest, InstancesOfATypeWithDifferentBodiesStayCorrect) {
+  // block1 computes more than block0: Block.forward can only be one of
+  // them, so block1 stays inline.
+  GraphModule gm(MakeNet(), NetGraph({"block0", "block1"}, true));
+  const std::string root = LowerRunAndReload(gm);
+  EXPECT_THAT(root, HasSubstr("aten::neg"));
+  EXPECT_THAT(root, HasSubstr("aten::mul"));
 }
 
 TEST(SaveTest, SaveLoadRunsTheSameAndKeepsExtraFiles) {

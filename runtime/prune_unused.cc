@@ -30,19 +30,39 @@ bool IsTensorType(const c10::TypePtr& type) {
          opt->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
-// A module type whose instances must keep their methods (and so everything
-// the methods read): hooks run around forward, __getstate__ / __setstate__
-// decide what is serialized.
-bool MustStayWhole(const c10::ClassType& type) {
-  return !type.getForwardHooks().empty() ||
-         !type.getForwardPreHooks().empty() ||
-         type.findMethod("__getstate__") != nullptr ||
-         type.findMethod("__setstate__") != nullptr;
+// The methods of `type` that `starts` call on self, directly or through
+// each other; calls of forward are not followed.
+absl::flat_hash_set<std::string> Callees(const c10::ClassType& type,
+                                         std::vector<std::string> starts) {
+  absl::flat_hash_set<std::string> callees;
+  while (!starts.empty()) {
+    torch::jit::Function* fn = type.findMethod(starts.back());
+    if (fn == nullptr) fn = type.findHook(starts.back());
+    starts.pop_back();
+    if (fn == nullptr || !fn->isGraphFunction()) continue;
+    const std::shared_ptr<torch::jit::Graph> g =
+        torch::jit::toGraphFunction(*fn).graph();
+    if (g->inputs().empty()) continue;
+    for (const torch::jit::Use& use : g->inputs()[0]->uses()) {
+      if (use.user->kind() != c10::prim::CallMethod || use.offset != 0) {
+        continue;
+      }
+      const std::string callee = use.user->s(c10::attr::name);
+      if (callee != "forward" && callees.insert(callee).second) {
+        starts.push_back(callee);
+      }
+    }
+  }
+  return callees;
 }
 
 class Pruner {
  public:
-  explicit Pruner(torch::jit::Module& root) : root_(root) {}
+  Pruner(torch::jit::Module& root,
+         const std::vector<c10::ClassTypePtr>& outlined)
+      : root_(root) {
+    for (const c10::ClassTypePtr& type : outlined) outlined_.insert(type.get());
+  }
 
   absl::StatusOr<std::vector<std::string>> Run(const GraphModule& gm) {
     Collect(root_._ivalue(), "");
@@ -78,7 +98,7 @@ class Pruner {
       }
     }
     for (size_t i = 1; i < infos_.size(); ++i) {
-      if (MustStayWhole(*infos_[i].type)) infos_[i].whole = true;
+      if (HasHooksOrState(*infos_[i].type)) infos_[i].whole = true;
     }
     CloseWhole();
     if (infos_[0].whole) return std::vector<std::string>();
@@ -103,53 +123,6 @@ class Pruner {
   struct Target {
     int module = -1;  // The target's own Info when it is a module.
   };
-
-  // The methods of `type` that `starts` call on self, directly or through
-  // each other; calls of forward are not followed.
-  static absl::flat_hash_set<std::string> Callees(
-      const c10::ClassType& type, std::vector<std::string> starts) {
-    absl::flat_hash_set<std::string> callees;
-    while (!starts.empty()) {
-      torch::jit::Function* fn = type.findMethod(starts.back());
-      if (fn == nullptr) fn = type.findHook(starts.back());
-      starts.pop_back();
-      if (fn == nullptr || !fn->isGraphFunction()) continue;
-      const std::shared_ptr<torch::jit::Graph> g =
-          torch::jit::toGraphFunction(*fn).graph();
-      if (g->inputs().empty()) continue;
-      for (const torch::jit::Use& use : g->inputs()[0]->uses()) {
-        if (use.user->kind() != c10::prim::CallMethod || use.offset != 0) {
-          continue;
-        }
-        const std::string callee = use.user->s(c10::attr::name);
-        if (callee != "forward" && callees.insert(callee).second) {
-          starts.push_back(callee);
-        }
-      }
-    }
-    return callees;
-  }
-
-  // The root methods only the original forward used: what it calls, less
-  // what the other methods (and hooks) call.
-  static absl::flat_hash_set<std::string> OldForwardMethods(
-      const c10::ClassType& type) {
-    absl::flat_hash_set<std::string> dead = Callees(type, {"forward"});
-    std::vector<std::string> entries;
-    for (const torch::jit::Function* fn : type.methods()) {
-      if (fn->name() != "forward" && !dead.contains(fn->name())) {
-        entries.push_back(fn->name());
-      }
-    }
-    for (const auto* hooks :
-         {&type.getForwardHooks(), &type.getForwardPreHooks()}) {
-      for (const torch::jit::Function* fn : *hooks) {
-        entries.push_back(fn->name());
-      }
-    }
-    for (const std::string& live : Callees(type, entries)) dead.erase(live);
-    return dead;
-  }
 
   static std::string Join(const std::string& path, const std::string& name) {
     return path.empty() ? name : absl::StrCat(path, ".", name);
@@ -306,9 +279,11 @@ class Pruner {
           for (int i : objects) infos_[i].object->unsafeRemoveSlot(slot);
           type->unsafeRemoveAttribute(name);
         }
-        // The root keeps its methods, except those of its old forward.
+        // The root keeps its methods, except those of its old forward;
+        // outlined modules keep their new forward.
         std::vector<std::string> methods;
         for (torch::jit::Function* fn : type->methods()) {
+          if (outlined_.contains(type) && fn->name() == "forward") continue;
           if (objects[0] != 0 || dead_methods_.contains(fn->name())) {
             methods.push_back(fn->name());
           }
@@ -335,7 +310,8 @@ class Pruner {
   }
 
   torch::jit::Module& root_;
-  absl::flat_hash_set<std::string> dead_methods_;  // Of the root.
+  absl::flat_hash_set<std::string> dead_methods_;        // Of the root.
+  absl::flat_hash_set<const c10::ClassType*> outlined_;  // Keep forward.
   std::vector<Info> infos_;
   absl::flat_hash_map<const c10::ivalue::Object*, int> index_;
 };
@@ -343,8 +319,34 @@ class Pruner {
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> PruneUnused(
-    const GraphModule& gm, torch::jit::Module& lowered) {
-  return Pruner(lowered).Run(gm);
+    const GraphModule& gm, torch::jit::Module& lowered,
+    const std::vector<c10::ClassTypePtr>& outlined) {
+  return Pruner(lowered, outlined).Run(gm);
+}
+
+bool HasHooksOrState(const c10::ClassType& type) {
+  return !type.getForwardHooks().empty() ||
+         !type.getForwardPreHooks().empty() ||
+         type.findMethod("__getstate__") != nullptr ||
+         type.findMethod("__setstate__") != nullptr;
+}
+
+absl::flat_hash_set<std::string> OldForwardMethods(const c10::ClassType& type) {
+  absl::flat_hash_set<std::string> dead = Callees(type, {"forward"});
+  std::vector<std::string> entries;
+  for (const torch::jit::Function* fn : type.methods()) {
+    if (fn->name() != "forward" && !dead.contains(fn->name())) {
+      entries.push_back(fn->name());
+    }
+  }
+  for (const auto* hooks :
+       {&type.getForwardHooks(), &type.getForwardPreHooks()}) {
+    for (const torch::jit::Function* fn : *hooks) {
+      entries.push_back(fn->name());
+    }
+  }
+  for (const std::string& live : Callees(type, entries)) dead.erase(live);
+  return dead;
 }
 
 }  // namespace tracecut::runtime

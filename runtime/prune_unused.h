@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "runtime/graph_module.h"
 
@@ -54,8 +55,19 @@ namespace tracecut::runtime {
 // else shares its types): its module objects and ClassTypes are changed,
 // gm is not. Returns the dotted paths of the removed attributes (modules and
 // tensors), sorted.
+// `outlined`: module types whose forward lowering replaced (LoweringOptions::
+// keep_hierarchy); they keep it, and what it reads.
 absl::StatusOr<std::vector<std::string>> PruneUnused(
-    const GraphModule& gm, torch::jit::Module& lowered);
+    const GraphModule& gm, torch::jit::Module& lowered,
+    const std::vector<c10::ClassTypePtr>& outlined = {});
+
+// The methods of `type` that only its forward uses (directly or not): what
+// it calls, less what its other methods and hooks call.
+absl::flat_hash_set<std::string> OldForwardMethods(const c10::ClassType& type);
+
+// True for types whose instances must keep all their methods: forward hooks
+// run around forward, __getstate__ / __setstate__ read what they like.
+bool HasHooksOrState(const c10::ClassType& type);
 
 }  // namespace tracecut::runtime
 
