@@ -138,22 +138,19 @@ std::vector<c10::ClassTypePtr> ModuleTypes(const c10::ClassTypePtr& root) {
   return all;
 }
 
-// The module types `graph` calls methods on.
-std::vector<c10::ClassTypePtr> MethodReceivers(const Graph& graph) {
-  std::vector<c10::ClassTypePtr> receivers;
+// The prim::CallMethod nodes of `graph`, blocks included.
+std::vector<const torch::jit::Node*> MethodCalls(const Graph& graph) {
+  std::vector<const torch::jit::Node*> calls;
   std::vector<const torch::jit::Block*> blocks = {graph.block()};
   while (!blocks.empty()) {
     const torch::jit::Block* block = blocks.back();
     blocks.pop_back();
     for (const torch::jit::Node* n : block->nodes()) {
-      if (n->kind() == c10::prim::CallMethod) {
-        auto type = n->input(0)->type()->cast<c10::ClassType>();
-        if (type != nullptr) receivers.push_back(type);
-      }
+      if (n->kind() == c10::prim::CallMethod) calls.push_back(n);
       for (const torch::jit::Block* b : n->blocks()) blocks.push_back(b);
     }
   }
-  return receivers;
+  return calls;
 }
 
 // Removes `names` (those it has) from `type`'s methods.
@@ -214,9 +211,10 @@ void RemoveStaleForwards(const c10::ClassTypePtr& root,
       for (const std::string& name : methods) {
         torch::jit::Function* fn = type->findMethod(name);
         if (fn == nullptr || !fn->isGraphFunction()) continue;
-        for (const c10::ClassTypePtr& callee :
-             MethodReceivers(*torch::jit::toGraphFunction(*fn).graph())) {
-          stale |= changed.contains(callee.get());
+        for (const torch::jit::Node* call :
+             MethodCalls(*torch::jit::toGraphFunction(*fn).graph())) {
+          stale |= changed.contains(
+              call->input(0)->type()->castRaw<c10::ClassType>());
         }
       }
       if (!stale) continue;
@@ -229,9 +227,15 @@ void RemoveStaleForwards(const c10::ClassTypePtr& root,
 
 class Lowerer {
  public:
+  // `root`, the object of `self_type`, is needed to outline (and may then
+  // change: an instance whose forward differs from its type's gets a type of
+  // its own); without it the result is flat.
   Lowerer(const GraphModule& gm, c10::ClassTypePtr self_type,
-          const LoweringOptions& options)
-      : gm_(gm), self_type_(std::move(self_type)), options_(options) {
+          const LoweringOptions& options, torch::jit::Module* root = nullptr)
+      : gm_(gm),
+        self_type_(std::move(self_type)),
+        options_(options),
+        root_(root) {
     frame_.graph = std::make_shared<Graph>();
   }
 
@@ -243,9 +247,12 @@ class Lowerer {
       position_[node] = position_.size();
       if (node->op() != ir::OpKind::kPlaceholder) nodes.push_back(node);
     }
-    if (options_.keep_hierarchy) {
+    if (keep_hierarchy()) {
       RETURN_IF_ERROR(TorchCall("finding the modules whose forward must stay",
                                 [&] { return KeptTypes(); }));
+      for (const torch::jit::Module& m : root_->modules()) {
+        ++instances_[m.type().get()];
+      }
     }
     RETURN_IF_ERROR(LowerNodes(nodes, 1));
     if (frame_.graph->outputs().empty()) {
@@ -260,6 +267,10 @@ class Lowerer {
 
   // The module types that got an outlined forward, in order.
   const std::vector<c10::ClassTypePtr>& outlined() const { return outlined_; }
+  // The paths of the module instances whose forward runs outlined nodes.
+  const std::vector<std::string>& outlined_paths() const {
+    return outlined_paths_;
+  }
 
  private:
   // Note [Keeping the module hierarchy]
@@ -289,7 +300,7 @@ class Lowerer {
   // The module, below the frame's, that `node` belongs to at scope depth
   // `depth`, or null when it is lowered in the frame itself.
   const ir::ScopeEntry* ChildOf(const ir::Node& node, size_t depth) const {
-    if (!options_.keep_hierarchy) return nullptr;
+    if (!keep_hierarchy()) return nullptr;
     const std::vector<ir::ScopeEntry>& stack = node.scope().stack();
     if (stack.size() <= depth) return nullptr;
     const ir::ScopeEntry& entry = stack[depth];
@@ -298,6 +309,10 @@ class Lowerer {
     }
     if (!IsBelow(entry.path, frame_.path)) return nullptr;
     return &entry;
+  }
+
+  bool keep_hierarchy() const {
+    return options_.keep_hierarchy && root_ != nullptr;
   }
 
   // True if `path` is strictly inside module `module` ("" = the root).
@@ -385,11 +400,18 @@ class Lowerer {
            {&type->getForwardHooks(), &type->getForwardPreHooks()}) {
         live.insert(live.end(), hooks->begin(), hooks->end());
       }
+      // What they call must stay as it is: forward on self, anything on
+      // children (their other methods may call their forward).
       for (torch::jit::Function* fn : live) {
         if (!fn->isGraphFunction()) continue;
-        for (c10::ClassTypePtr callee :
-             MethodReceivers(*torch::jit::toGraphFunction(*fn).graph())) {
-          keep(callee);
+        const std::shared_ptr<Graph> graph =
+            torch::jit::toGraphFunction(*fn).graph();
+        for (const torch::jit::Node* call : MethodCalls(*graph)) {
+          if (call->input(0) != graph->inputs()[0]) {
+            keep(call->input(0)->type()->cast<c10::ClassType>());
+          } else if (call->s(c10::attr::name) == "forward") {
+            keep(type);
+          }
         }
       }
     }
@@ -401,6 +423,57 @@ class Lowerer {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Gives the instance at `path` a fresh copy of its type (attributes and
+  // constants; its methods are its type's old forward, now replaced, and
+  // helpers, now removed), so that it can get a forward of its own. Null
+  // when that would change other instances: its parent's type is shared, or
+  // its type has other methods.
+  c10::ClassTypePtr OwnType(const std::string& path) {
+    const size_t dot = path.rfind('.');
+    const std::string parent_path =
+        dot == std::string::npos ? "" : path.substr(0, dot);
+    const std::string name = path.substr(dot + 1);
+    c10::ivalue::Object* parent = root_->_ivalue().get();
+    if (!parent_path.empty()) {
+      for (absl::string_view part : absl::StrSplit(parent_path, '.')) {
+        parent = parent->getAttr(std::string(part)).toObject().get();
+      }
+    }
+    const c10::ClassTypePtr parent_type = parent->type();
+    if (instances_[parent_type.get()] != 1) return nullptr;
+    const c10::intrusive_ptr<c10::ivalue::Object> old =
+        parent->getAttr(name).toObject();
+    const c10::ClassTypePtr type = old->type();
+    if (type->methods().size() != 1 || HasHooksOrState(*type)) return nullptr;
+    std::shared_ptr<torch::jit::CompilationUnit> cu = type->compilation_unit();
+    c10::ClassTypePtr own = c10::ClassType::create(cu->mangle(*type->name()),
+                                                   cu, /*is_module=*/true);
+    cu->register_type(own);
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      own->addAttribute(type->getAttributeName(i), type->getAttribute(i),
+                        type->is_parameter(i), type->is_buffer(i));
+    }
+    for (size_t i = 0; i < type->numConstants(); ++i) {
+      own->addConstant(type->getConstantName(i), type->getConstant(i));
+    }
+    auto object = c10::ivalue::Object::create(c10::StrongTypePtr(cu, own),
+                                              type->numAttributes());
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      object->setSlot(i, old->getSlot(i));
+    }
+    parent->setAttr(name, object);
+    parent_type->unsafeChangeAttributeType(name, own);
+    instances_[own.get()] = 1;
+    // GetAttr chains cached for the old object have its old type.
+    const std::string relative =
+        frame_.path.empty() ? path : path.substr(frame_.path.size() + 1);
+    absl::erase_if(frame_.attrs, [&](const auto& entry) {
+      return entry.first == relative ||
+             absl::StartsWith(entry.first, relative + ".");
+    });
+    return own;
   }
 
   // Outlines `run` (the nodes of the module at `path`) into that module's
@@ -510,7 +583,14 @@ class Lowerer {
           return torch::jit::Canonicalize(graph, false)->toString(false);
         }));
     auto [it, inserted] = installed_.try_emplace(type.get(), text);
-    if (!inserted && it->second != text) return false;
+    if (!inserted && it->second != text) {
+      ASSIGN_OR_RETURN(
+          type, TorchCall("giving module '" + path + "' a type of its own",
+                          [&] { return OwnType(path); }));
+      if (type == nullptr) return false;
+      graph->inputs()[0]->setType(type);
+      inserted = true;
+    }
     std::vector<c10::Argument> schema_args = {c10::Argument("self", type)};
     for (size_t i = 1; i < graph->inputs().size(); ++i) {
       schema_args.emplace_back(graph->inputs()[i]->debugName(),
@@ -525,6 +605,7 @@ class Lowerer {
                     [&] { InstallForward(type, graph, schema, true); }));
       outlined_.push_back(type);
     }
+    outlined_paths_.push_back(path);
     RETURN_IF_ERROR(
         TorchCall("calling module '" + path + "'", [&]() -> absl::Status {
           ASSIGN_OR_RETURN(Value * module, Attr(*run.front(), path, true));
@@ -943,8 +1024,11 @@ class Lowerer {
   // installed per outlined type (canonical text, to share it between
   // instances), and those types in order.
   absl::flat_hash_set<const c10::ClassType*> kept_types_;
+  torch::jit::Module* root_;
   absl::flat_hash_map<const c10::ClassType*, std::string> installed_;
+  absl::flat_hash_map<const c10::ClassType*, int> instances_;
   std::vector<c10::ClassTypePtr> outlined_;
+  std::vector<std::string> outlined_paths_;
   absl::flat_hash_map<const ir::Node*, size_t> position_;
 };
 
@@ -1006,10 +1090,8 @@ absl::Status ErrnoStatus(int err, const std::string& message) {
 absl::StatusOr<std::shared_ptr<torch::jit::Graph>> BuildTorchScriptGraph(
     const GraphModule& gm, const c10::ClassTypePtr& self_type,
     const LoweringOptions& options) {
-  // Outlining installs methods on the module types: only on a copy.
-  LoweringOptions flat = options;
-  flat.keep_hierarchy = false;
-  return Lowerer(gm, self_type, flat).Run();
+  // Outlining changes the module's types: LowerToTorchScript's copy only.
+  return Lowerer(gm, self_type, options).Run();
 }
 
 absl::StatusOr<torch::jit::Module> LowerToTorchScript(
@@ -1025,7 +1107,7 @@ absl::StatusOr<torch::jit::Module> LowerToTorchScript(
   if (torch::jit::Function* old = type->findMethod("forward")) {
     original = old->getSchema();
   }
-  Lowerer lowerer(gm, type, options);
+  Lowerer lowerer(gm, type, options, &lowered);
   ASSIGN_OR_RETURN(std::shared_ptr<torch::jit::Graph> graph, lowerer.Run());
   const std::vector<c10::ClassTypePtr>& outlined = lowerer.outlined();
   RETURN_IF_ERROR(TorchCall("installing forward", [&] {
@@ -1035,7 +1117,8 @@ absl::StatusOr<torch::jit::Module> LowerToTorchScript(
     RemoveStaleForwards(type, outlined);
   }));
   if (options.prune_unused) {
-    RETURN_IF_ERROR(PruneUnused(gm, lowered, outlined).status());
+    RETURN_IF_ERROR(
+        PruneUnused(gm, lowered, lowerer.outlined_paths()).status());
   }
   return lowered;
 }

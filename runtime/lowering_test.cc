@@ -380,13 +380,36 @@ TEST(HierarchyTest, AModuleCalledTwiceStaysInline) {
   EXPECT_THAT(root, HasSubstr("prim::GetAttr[name=\"block1\"]"));
 }
 
-TEST(HierarchyTest, InstancesOfATypeWithDifferentBodiesStayCorrect) {
+TEST(HierarchyTest, AnInstanceThatComputesSomethingElseGetsItsOwnType) {
   // block1 computes more than block0: Block.forward can only be one of
-  // them, so block1 stays inline.
-  GraphModule gm(MakeNet(), NetGraph({"block0", "block1"}, true));
+  // them, so block1 gets a Block type of its own.
+  torch::jit::Module net = MakeNet();
+  GraphModule gm(net, NetGraph({"block0", "block1"}, true));
   const std::string root = LowerRunAndReload(gm);
-  EXPECT_THAT(root, HasSubstr("aten::neg"));
-  EXPECT_THAT(root, HasSubstr("aten::mul"));
+  EXPECT_THAT(root, ::testing::Not(HasSubstr("aten::neg")));
+  EXPECT_THAT(root, ::testing::Not(HasSubstr("aten::mul")));
+  absl::StatusOr<torch::jit::Module> lowered = LowerToTorchScript(gm);
+  ASSERT_TRUE(lowered.ok());
+  torch::jit::Module block0 = lowered->attr("block0").toModule();
+  torch::jit::Module block1 = lowered->attr("block1").toModule();
+  EXPECT_NE(block0.type(), block1.type());
+  EXPECT_EQ(ir::Scope::DemangleType(block1.type()->name()->qualifiedName()),
+            ir::Scope::DemangleType(block0.type()->name()->qualifiedName()));
+  EXPECT_THAT(block1.get_method("forward").graph()->toString(),
+              HasSubstr("aten::neg"));
+  EXPECT_THAT(block0.get_method("forward").graph()->toString(),
+              ::testing::Not(HasSubstr("aten::neg")));
+  // The original module's instances still share their type.
+  EXPECT_EQ(net.attr("block0").toModule().type(),
+            net.attr("block1").toModule().type());
+}
+
+TEST(HierarchyTest, PruningKeepsOutlinedForwards) {
+  // With prune_unused, outlined modules keep their forward and what it reads.
+  GraphModule gm(MakeNet(), NetGraph({"block0", "block1"}));
+  LoweringOptions lean;
+  lean.prune_unused = true;
+  LowerRunAndReload(gm, lean);
 }
 
 TEST(SaveTest, SaveLoadRunsTheSameAndKeepsExtraFiles) {

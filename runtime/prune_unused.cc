@@ -58,14 +58,15 @@ absl::flat_hash_set<std::string> Callees(const c10::ClassType& type,
 
 class Pruner {
  public:
-  Pruner(torch::jit::Module& root,
-         const std::vector<c10::ClassTypePtr>& outlined)
-      : root_(root) {
-    for (const c10::ClassTypePtr& type : outlined) outlined_.insert(type.get());
-  }
+  explicit Pruner(torch::jit::Module& root) : root_(root) {}
 
-  absl::StatusOr<std::vector<std::string>> Run(const GraphModule& gm) {
+  absl::StatusOr<std::vector<std::string>> Run(
+      const GraphModule& gm, const std::vector<std::string>& outlined) {
     Collect(root_._ivalue(), "");
+    for (const std::string& path : outlined) {
+      ASSIGN_OR_RETURN(Target t, MarkPath(path));
+      if (t.module >= 0) outlined_.insert(infos_[t.module].type.get());
+    }
     for (const ir::Node* node : gm.graph().nodes()) {
       if (node->op() != ir::OpKind::kCallModule &&
           node->op() != ir::OpKind::kGetAttr) {
@@ -320,8 +321,8 @@ class Pruner {
 
 absl::StatusOr<std::vector<std::string>> PruneUnused(
     const GraphModule& gm, torch::jit::Module& lowered,
-    const std::vector<c10::ClassTypePtr>& outlined) {
-  return Pruner(lowered, outlined).Run(gm);
+    const std::vector<std::string>& outlined) {
+  return Pruner(lowered).Run(gm, outlined);
 }
 
 bool HasHooksOrState(const c10::ClassType& type) {

@@ -55,11 +55,11 @@ namespace tracecut::runtime {
 // else shares its types): its module objects and ClassTypes are changed,
 // gm is not. Returns the dotted paths of the removed attributes (modules and
 // tensors), sorted.
-// `outlined`: module types whose forward lowering replaced (LoweringOptions::
-// keep_hierarchy); they keep it, and what it reads.
+// `outlined`: paths of the modules whose forward lowering replaced
+// (LoweringOptions::keep_hierarchy); they stay, with that forward.
 absl::StatusOr<std::vector<std::string>> PruneUnused(
     const GraphModule& gm, torch::jit::Module& lowered,
-    const std::vector<c10::ClassTypePtr>& outlined = {});
+    const std::vector<std::string>& outlined = {});
 
 // The methods of `type` that only its forward uses (directly or not): what
 // it calls, less what its other methods and hooks call.
