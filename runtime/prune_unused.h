@@ -27,6 +27,8 @@
 //    through attributes and method calls, nothing is removed. An exported
 //    method that forward also calls counts as forward's (TorchScript keeps
 //    no mark of which methods were exported).
+//  * A module that lowering outlined (LoweringOptions::keep_hierarchy) stays
+//    with the forward lowering gave it; it reads only what the graph reads.
 //  * Every other module on the way from the root to something kept stays,
 //    with only the submodules and tensors that something kept lies in or
 //    under, and its non-tensor attributes (`training`, ints, strings). It
