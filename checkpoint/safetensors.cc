@@ -46,7 +46,64 @@ std::optional<c10::ScalarType> DTypeOf(const std::string& name) {
   return it->second;
 }
 
+std::optional<std::string> NameOf(c10::ScalarType dtype) {
+  static const auto* const kNames = [] {
+    auto* names = new std::map<c10::ScalarType, std::string>;
+    for (const char* name :
+         {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL",
+          "U16", "U32", "U64", "F8_E4M3", "F8_E5M2"}) {
+      (*names)[*DTypeOf(name)] = name;
+    }
+    return names;
+  }();
+  auto it = kNames->find(dtype);
+  if (it == kNames->end()) return std::nullopt;
+  return it->second;
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  // nlohmann::ordered_json keeps the tensors in the order given.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> data;
+  size_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (header.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", name, "' given twice"));
+    }
+    std::optional<std::string> dtype = NameOf(tensor.scalar_type());
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: tensor '", name, "' has dtype ",
+                       c10::toString(tensor.scalar_type()),
+                       ", which safetensors cannot store"));
+    }
+    torch::Tensor t = tensor.detach().to(torch::kCPU).contiguous();
+    const size_t bytes = t.numel() * t.element_size();
+    header[name] = {{"dtype", *dtype},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
+  out += text;
+  for (const torch::Tensor& t : data) {
+    out.append(static_cast<const char*>(t.data_ptr()),
+               t.numel() * t.element_size());
+  }
+  return out;
+}
 
 absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
     const std::string& path) {
@@ -175,6 +232,12 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Get(
     std::memcpy(t.data_ptr(), data_ + data_start_ + e.begin, e.end - e.begin);
   }
   return t;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, shard] : shard_of_) out.push_back(name);
+  return out;
 }
 
 bool Checkpoint::HasWeights(const std::string& dir) {

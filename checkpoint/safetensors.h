@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +78,8 @@ class Checkpoint {
   bool Has(const std::string& tensor) const {
     return shard_of_.contains(tensor);
   }
+  // Every tensor's name, sorted.
+  std::vector<std::string> names() const;
   absl::StatusOr<torch::Tensor> Get(const std::string& tensor) const;
 
  private:
@@ -84,6 +87,16 @@ class Checkpoint {
   std::map<std::string, std::string> shard_of_;  // Tensor -> file name.
   mutable std::map<std::string, std::shared_ptr<const SafetensorsFile>> open_;
 };
+
+// A safetensors image of `tensors`, in the given order (names must be
+// unique), with `metadata` as "__metadata__" (omitted when empty). The header
+// is padded with spaces to a multiple of 8 bytes, as the safetensors package
+// writes it; the same tensors give the same bytes. Tensors are written
+// contiguous, from the CPU, in their own dtype; a dtype safetensors cannot
+// store is InvalidArgument naming the tensor.
+absl::StatusOr<std::string> SerializeSafetensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tracecut::checkpoint
 

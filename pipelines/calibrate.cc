@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ir/status_macros.h"
+#include "pipelines/compressed_output.h"
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/observers.h"
 #include "pipelines/recipe.h"
@@ -227,6 +229,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.dampening_frac = g.dampening_frac();
       o.block_size = g.block_size();
       o.act_order = g.actorder();
+      o.static_groups = g.static_groups();
       out.push_back(std::make_unique<GptqModifier>(std::move(o)));
     } else if (m.has_rtn()) {
       const recipe::RtnModifier& r = m.rtn();
@@ -515,7 +518,19 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     RETURN_IF_ERROR(
         WriteFileAtomically(report_tmp, outcome.report.Dump(2) + "\n"));
   }
-  absl::Status saved = runtime::SaveTorchScript(gm, options.output_path);
+  absl::Status saved;
+  if (options.output_format ==
+      CalibrateOptions::OutputFormat::kCompressedTensors) {
+    CompressedOutputOptions out;
+    out.output_dir = options.output_path;
+    std::error_code ec;
+    if (std::filesystem::is_directory(options.model_path, ec)) {
+      out.source_dir = options.model_path;
+    }
+    saved = WriteCompressedTensors(gm, outcome.results, out);
+  } else {
+    saved = runtime::SaveTorchScript(gm, options.output_path);
+  }
   if (!saved.ok()) {
     if (!report_tmp.empty()) std::remove(report_tmp.c_str());
     return saved;

@@ -96,7 +96,11 @@ struct CalibrateOptions {
   std::vector<std::string> sequential_targets;
   std::optional<bool> calibrate_all_experts;
 
-  std::string output_path;  // The calibrated .pt (required).
+  std::string output_path;  // The calibrated .pt or directory (required).
+  // kTorchScript: a fake-quantized .pt with the parameters as buffers;
+  // kCompressedTensors: a checkpoint directory (compressed_output.h).
+  enum class OutputFormat { kTorchScript, kCompressedTensors };
+  OutputFormat output_format = OutputFormat::kTorchScript;
   std::string report_path;  // Empty: no report file.
   // Checkpoints; default "<output_path>.run".
   std::string run_dir;

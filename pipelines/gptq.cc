@@ -106,6 +106,21 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
     }
   }
 
+  // Note [GPTQ in tracecut] 8: parameters of the original groups, now.
+  std::vector<at::Tensor> group_scales;
+  std::vector<at::Tensor> group_zeros;
+  const bool grouped = Grouped(scheme);
+  const bool static_groups = grouped && options.static_groups;
+  if (static_groups) {
+    for (int64_t col = 0; col < columns; col += scheme.group_size) {
+      const int64_t width = std::min(scheme.group_size, columns - col);
+      QuantParams p = internal::MinMaxParams(wt.narrow(0, col, width).t(),
+                                             scheme, /*per_tensor=*/false);
+      group_scales.push_back(p.scale);
+      group_zeros.push_back(p.zero_point);
+    }
+  }
+
   at::Tensor perm;
   if (options.act_order && finite_h) {
     perm = at::argsort(h.diagonal(), /*stable=*/true, /*dim=*/0,
@@ -139,9 +154,6 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
   // found on entry (Note [GPTQ in tracecut] 5).
   at::Tensor scale;
   at::Tensor zero;
-  std::vector<at::Tensor> group_scales;
-  std::vector<at::Tensor> group_zeros;
-  const bool grouped = Grouped(scheme);
   if (!grouped) {
     QuantParams p = internal::MinMaxParams(wt.t(), scheme,
                                            /*per_tensor=*/scheme.per_tensor);
@@ -154,6 +166,12 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
   const int64_t qmin = scheme.qmin();
   const int64_t qmax = scheme.qmax();
   at::Tensor qt = at::empty_like(wt);
+  // The original column at each position (static groups).
+  const at::Tensor original =
+      perm.defined() ? perm.to(at::kCPU).contiguous()
+                     : at::arange(columns, at::TensorOptions(at::kLong));
+  const auto original_of = original.accessor<int64_t, 1>();
+  int64_t current_group = -1;
   double loss = 0;
   for (int64_t i1 = 0; i1 < columns; i1 += options.block_size) {
     const int64_t i2 = std::min(i1 + options.block_size, columns);
@@ -163,7 +181,14 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
     at::Tensor err1 = at::empty({count, rows}, wt.options());
     for (int64_t i = 0; i < count; ++i) {
       const int64_t col = i1 + i;
-      if (grouped && col % scheme.group_size == 0) {
+      if (static_groups) {
+        const int64_t g = original_of[col] / scheme.group_size;
+        if (g != current_group) {
+          scale = group_scales[g].reshape({-1});
+          zero = group_zeros[g].reshape({-1}).to(at::kFloat);
+          current_group = g;
+        }
+      } else if (grouped && col % scheme.group_size == 0) {
         const int64_t width = std::min(scheme.group_size, columns - col);
         QuantParams p = internal::MinMaxParams(wt.narrow(0, col, width).t(),
                                                scheme, /*per_tensor=*/false);
@@ -203,7 +228,7 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
   if (grouped) {
     result.scale = at::cat(group_scales, 1);
     result.zero_point = at::cat(group_zeros, 1);
-    if (options.act_order) {
+    if (options.act_order && !static_groups) {
       at::Tensor group_of_position =
           at::arange(columns, wt.options().dtype(at::kLong))
               .div(scheme.group_size, "floor");

@@ -43,6 +43,12 @@
 //    undefined (it would be the identity column / group_size).
 // 7. loss = sum over columns of (w - q)^2 / Hinv_ii^2, halved, as the
 //    reference reports it (its scale depends on how H was normalized).
+// 8. static_groups: every group's parameters come from the weight before
+//    any update (after step 1), for runs of `group_size` consecutive columns
+//    in the ORIGINAL order, whatever order the columns are then quantized
+//    in (AutoGPTQ static_groups, llm-compressor actorder="weight"). No
+//    g_idx: the groups are the plain layout's, which compressed-tensors
+//    (which has no actorder="group" any more) stores.
 //
 // When H is not positive definite even after damping (Cholesky fails), or
 // has NaN / infinite entries, GPTQ falls back to round-to-nearest (Hinv = I:
@@ -98,6 +104,8 @@ struct GptqOptions {
   double dampening_frac = 0.01;  // percdamp; >= 0.
   int64_t block_size = 128;      // > 0.
   bool act_order = false;
+  // Note [GPTQ in tracecut] 8.
+  bool static_groups = false;
 };
 
 struct GptqResult {

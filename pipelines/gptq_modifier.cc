@@ -14,6 +14,7 @@ GptqModifier::GptqModifier(GptqModifierOptions options)
   gptq_.dampening_frac = options.dampening_frac;
   gptq_.block_size = options.block_size;
   gptq_.act_order = options.act_order;
+  gptq_.static_groups = options.static_groups;
 }
 
 absl::Status GptqModifier::OnRunStart(RunContext& ctx) {

@@ -30,6 +30,7 @@ struct GptqModifierOptions {
   double dampening_frac = 0.01;
   int64_t block_size = 128;
   bool act_order = false;
+  bool static_groups = false;
 };
 
 class GptqModifier : public WeightQuantModifier {

@@ -244,6 +244,32 @@ TEST(GptqTest, ActOrderGroupIndexIsConsistent) {
       MustGptq(l.w, l.h, Options(Scheme(4, true), true)).g_idx.defined());
 }
 
+// Note [GPTQ in tracecut] 8: with static groups the parameters are RTN's
+// (min-max of each original group before any update), there is no g_idx,
+// and the result still beats RTN, with or without act order.
+TEST(GptqTest, StaticGroupsUseTheOriginalGroups) {
+  Layer l = MakeLayer(/*seed=*/8);
+  for (const QuantScheme& scheme :
+       {Scheme(4, true, 32), Scheme(4, false, 64)}) {
+    absl::StatusOr<RtnResult> rtn = QuantizeRtn(l.w, scheme);
+    ASSERT_TRUE(rtn.ok()) << rtn.status();
+    for (bool act_order : {false, true}) {
+      GptqOptions o = Options(scheme, act_order);
+      o.static_groups = true;
+      GptqResult r = MustGptq(l.w, l.h, o);
+      EXPECT_FALSE(r.g_idx.defined());
+      EXPECT_TRUE(at::allclose(r.scale, rtn->params.scale, 0, 1e-9))
+          << scheme.ToString();
+      EXPECT_TRUE(at::equal(r.zero_point, rtn->params.zero_point));
+      absl::StatusOr<at::Tensor> again = GptqRequantize(r, scheme);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_TRUE(at::equal(*again, r.weight)) << scheme.ToString();
+      EXPECT_LT(OutputError(l.x, l.w, r.weight), RtnError(l, scheme))
+          << scheme.ToString() << " act_order=" << act_order;
+    }
+  }
+}
+
 TEST(GptqTest, NotPositiveDefiniteFallsBackToRtn) {
   at::manual_seed(9);
   at::Tensor w = at::randn({16, 64});

@@ -9,8 +9,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "ir/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -59,6 +62,29 @@ std::string QuantScheme::ToString() const {
           : (group_size == -1 ? "per-channel" : absl::StrCat("g", group_size));
   return absl::StrCat("int", bits, " ", symmetric ? "sym" : "asym", " ",
                       granularity);
+}
+
+absl::StatusOr<QuantScheme> QuantScheme::Parse(absl::string_view text) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ' ');
+  QuantScheme scheme;
+  bool ok = parts.size() == 3;
+  if (ok) {
+    absl::string_view bits = parts[0], granularity = parts[2];
+    ok = absl::ConsumePrefix(&bits, "int") &&
+         absl::SimpleAtoi(bits, &scheme.bits) &&
+         (parts[1] == "sym" || parts[1] == "asym");
+    scheme.symmetric = parts[1] == "sym";
+    scheme.per_tensor = granularity == "per-tensor";
+    if (ok && !scheme.per_tensor && granularity != "per-channel") {
+      ok = absl::ConsumePrefix(&granularity, "g") &&
+           absl::SimpleAtoi(granularity, &scheme.group_size);
+    }
+  }
+  if (!ok || !scheme.Validate().ok() || scheme.ToString() != text) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a quantization scheme: '", text, "'"));
+  }
+  return scheme;
 }
 
 int64_t NumGroups(const QuantScheme& scheme, int64_t columns) {

@@ -67,6 +67,8 @@ struct QuantScheme {
   // Short description: "int4 sym g128", "int8 asym per-channel",
   // "int8 sym per-tensor".
   std::string ToString() const;
+  // The scheme ToString describes; InvalidArgument for anything else.
+  static absl::StatusOr<QuantScheme> Parse(absl::string_view text);
 };
 
 // Quantization parameters of one weight (see Note [Quantization convention]).

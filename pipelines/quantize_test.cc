@@ -39,6 +39,28 @@ TEST(QuantSchemeTest, RangesAndNames) {
   EXPECT_EQ(Scheme(8, true, -1, true).ToString(), "int8 sym per-tensor");
 }
 
+TEST(QuantSchemeTest, ParseReadsWhatToStringWrites) {
+  for (const QuantScheme& scheme :
+       {Scheme(4, true, 128), Scheme(8, false), Scheme(8, true, -1, true),
+        Scheme(3, false, 64), Scheme(2, true)}) {
+    absl::StatusOr<QuantScheme> parsed = QuantScheme::Parse(scheme.ToString());
+    ASSERT_TRUE(parsed.ok()) << scheme.ToString() << ": " << parsed.status();
+    EXPECT_EQ(parsed->ToString(), scheme.ToString());
+    EXPECT_EQ(parsed->bits, scheme.bits);
+    EXPECT_EQ(parsed->symmetric, scheme.symmetric);
+    EXPECT_EQ(parsed->group_size, scheme.group_size);
+    EXPECT_EQ(parsed->per_tensor, scheme.per_tensor);
+  }
+  for (const char* bad :
+       {"", "int4", "int4 sym", "int9 sym g128", "int4 both g128",
+        "int4 sym g0", "int4 sym gx", "uint4 sym g128", "int4 sym g128 extra",
+        "int04 sym g128"}) {
+    EXPECT_EQ(QuantScheme::Parse(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(QuantSchemeTest, ValidateRejectsBadFields) {
   EXPECT_TRUE(Scheme(2, true).Validate().ok());
   EXPECT_TRUE(Scheme(8, false, 64).Validate().ok());

@@ -363,6 +363,7 @@ GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq) {
   o.dampening_frac = gptq.dampening_frac();
   o.block_size = gptq.block_size();
   o.act_order = gptq.actorder();
+  o.static_groups = gptq.static_groups();
   return o;
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -67,9 +69,25 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     return UsageError("--recipe=RECIPE.textproto is required");
   }
   std::optional<std::string> output = args.Get("output");
-  if (!output.has_value()) return UsageError("-o OUT.pt is required");
+  if (!output.has_value()) return UsageError("-o OUT is required");
   o.output_path = *output;
-  RETURN_IF_ERROR(CheckOutputPath(o.output_path));
+  // A checkpoint directory in, a checkpoint directory out (unless -o names
+  // a .pt).
+  std::error_code ec;
+  const bool checkpoint_in = std::filesystem::is_directory(o.model_path, ec);
+  const std::string format = args.Get("format").value_or(
+      checkpoint_in && !absl::EndsWith(o.output_path, ".pt")
+          ? "compressed-tensors"
+          : "torchscript");
+  if (format == "compressed-tensors") {
+    o.output_format = CalibrateOptions::OutputFormat::kCompressedTensors;
+  } else if (format != "torchscript") {
+    return UsageError(absl::StrCat(
+        "--format is torchscript or compressed-tensors, got '", format, "'"));
+  }
+  RETURN_IF_ERROR(CheckOutputPath(
+      o.output_path,
+      o.output_format == CalibrateOptions::OutputFormat::kCompressedTensors));
   RETURN_IF_ERROR(CheckOutputIsNotInput(o.output_path, o.model_path));
   if (args.Has("data") == args.Has("synthetic")) {
     return UsageError("give exactly one of --data=FILE and --synthetic=N");
@@ -171,8 +189,9 @@ Subcommand CalibrateCommand() {
   c.synopsis =
       "MODEL --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
       "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
-      "[--pipeline=sequential|layer_sequential|basic] [--resume] -o OUT.pt "
-      "[--report=FILE] [--json]";
+      "[--pipeline=sequential|layer_sequential|basic] [--resume] "
+      "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
+      "[--json]";
   c.summary = "Calibrate and quantize a model (GPTQ, RTN, observers).";
   c.description =
       "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
@@ -181,7 +200,16 @@ Subcommand CalibrateCommand() {
       "compression step, then (with error propagation, the default) a pass "
       "with the compressed weights whose outputs feed the next subgraph. "
       "Activations between subgraphs live in an intermediates cache (the "
-      "recipe's cache budget spills to disk). OUT.pt is a TorchScript model "
+      "recipe's cache budget spills to disk).\n\n"
+      "--format=compressed-tensors (the default when MODEL is a checkpoint "
+      "directory and -o does not end in .pt) writes OUT as a "
+      "compressed-tensors checkpoint directory that transformers and vLLM "
+      "load: config.json with a quantization_config, safetensors with "
+      "each quantized Linear packed (weight_packed, weight_scale, "
+      "weight_zero_point for asymmetric schemes, weight_g_idx with act "
+      "order) and the other tensors as they are, and the checkpoint's "
+      "tokenizer files; it appears at once, complete. "
+      "--format=torchscript writes OUT.pt, a TorchScript model "
       "with quantize-dequantized weights and the parameters as buffers "
       "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
       "--report writes a JSON report (scales, zero points, per-layer output "
@@ -238,7 +266,13 @@ Subcommand CalibrateCommand() {
       FlagSpec::Value("targets", "TYPE,...",
                       "sequential targets (default: the recipe's, else the "
                       "HF config's)"),
-      FlagSpec::Value("output", "OUT.pt", "the calibrated model").Short('o'),
+      FlagSpec::Value("output", "OUT",
+                      "the calibrated model: a directory or a .pt")
+          .Short('o'),
+      FlagSpec::Value("format", "FORMAT",
+                      "compressed-tensors (a checkpoint directory) or "
+                      "torchscript (a .pt); default: compressed-tensors for "
+                      "a checkpoint directory MODEL unless -o ends in .pt"),
       FlagSpec::Value("report", "FILE", "write the JSON report here"),
       FlagSpec::Bool("deterministic-report",
                      "leave timings and cache statistics out of the report "

@@ -377,10 +377,10 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
   return absl::OkStatus();
 }
 
-absl::Status CheckOutputPath(const std::string& path) {
+absl::Status CheckOutputPath(const std::string& path, bool directory_output) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
+  if (!directory_output && fs::is_directory(path, ec)) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot write '", path, "': it is a directory"));
   }

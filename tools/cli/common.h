@@ -126,8 +126,10 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
 
 // Fails, naming `path`, when an output could not be written there later (it
 // is a directory, or its directory is missing): long runs check this before
-// doing any work.
-absl::Status CheckOutputPath(const std::string& path);
+// doing any work. `directory_output`: the output is a directory (which may
+// exist; its writer decides whether to replace it).
+absl::Status CheckOutputPath(const std::string& path,
+                             bool directory_output = false);
 
 // Fails, naming both, when writing `output` would overwrite the input model
 // `input`: the same file (also through symbolic or hard links), or an
