@@ -24,7 +24,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "ir/status_macros.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"

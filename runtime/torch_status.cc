@@ -170,11 +170,9 @@ bool IsOutOfMemory(const std::exception& e) {
   }
   // The CPU allocator fails with a plain c10::Error (an enforce):
   // "DefaultCPUAllocator: can't allocate memory: you tried to allocate N
-  // bytes. Error code 12 (Cannot allocate memory)".
-  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-  return c10_error != nullptr &&
-         absl::StrContains(c10_error->what_without_backtrace(),
-                           "can't allocate memory");
+  // bytes. Error code 12 (Cannot allocate memory)", which the TorchScript
+  // interpreter may rethrow as another exception type with that message.
+  return absl::StrContains(FullMessage(e), "can't allocate memory");
 }
 
 std::string TorchErrorSummary(const std::exception& e) {
