@@ -302,8 +302,11 @@ done
 DIRARG="$TMP/a_directory"
 mkdir -p "$DIRARG"
 for flag in --recipe --data --config --example-inputs; do
-  args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O")
-  [ "$flag" = --data ] && args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" -o "$O")
+  case $flag in
+    --recipe) args=(calibrate "$MODEL" --synthetic=2 -o "$O") ;;
+    --data) args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" -o "$O") ;;
+    *) args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O") ;;
+  esac
   expect_error "calibrate $flag=DIR" "$flag: '$DIRARG' is a directory" \
     "$OUT" "$O" -- "${args[@]}" "$flag=$DIRARG"
 done
