@@ -37,6 +37,7 @@
 #include "runtime/torch_status.h"
 #include "tracer/hf/config.h"
 #include "tracer/input_files.h"
+#include "tracer/load.h"
 #include "tracer/tracer.h"
 
 namespace tracecut::pipelines {
@@ -283,6 +284,7 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(model_path));
   tracer::TraceOptions base;
   base.input_specs = example_inputs.input_specs;
+  base.config_path = example_inputs.config_path;
   if (!example_inputs.example_inputs_path.empty()) {
     ASSIGN_OR_RETURN(base.example_inputs,
                      tracer::ReadExampleInputs(
@@ -292,10 +294,7 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
                    tracer::WithModelFiles(loaded, std::move(base)));
   absl::StatusOr<runtime::GraphModule> gm =
       tracer::Trace(loaded.module, options);
-  if (!gm.ok()) {
-    return absl::Status(gm.status().code(),
-                        absl::StrCat(model_path, ": ", gm.status().message()));
-  }
+  if (!gm.ok()) return tracer::TraceErrorOf(model_path, gm.status());
   LoadedForCalibration out{std::move(*gm)};
   out.file = loaded.path;
   if (loaded.from_torch_export) {
@@ -305,8 +304,12 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     ASSIGN_OR_RETURN(out.model.mutable_extra_files(),
                      ReadExtraFiles(model_path));
   }
-  if (loaded.config.has_value()) {
-    const tracer::hf::HfConfig& config = *loaded.config;
+  if (!options.config_path.empty() && options.config.has_value()) {
+    out.model.mutable_extra_files()[tracer::kConfigJson] =
+        options.config->text();
+  }
+  if (options.config.has_value()) {
+    const tracer::hf::HfConfig& config = *options.config;
     ASSIGN_OR_RETURN(out.vocab_size, config.FindInt("vocab_size"));
     ASSIGN_OR_RETURN(out.max_positions,
                      config.FindInt("max_position_embeddings"));
@@ -366,8 +369,12 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   } else {
     if (!loaded.vocab_size.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--synthetic needs the model's vocab_size, but ", options.model_path,
-          " has no config.json with one; use --data=FILE"));
+          "--synthetic needs the model's vocab_size, but ",
+          options.example_inputs.config_path.empty()
+              ? absl::StrCat(options.model_path, " has no config.json with one")
+              : absl::StrCat(options.example_inputs.config_path,
+                             " has no \"vocab_size\""),
+          "; use --data=FILE"));
     }
     ASSIGN_OR_RETURN(
         at::Tensor tokens,
@@ -477,12 +484,19 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
   absl::StatusOr<PipelineResult> piped =
       RunPipeline(gm, data, modifiers, outcome.results, p);
-  if (absl::IsCancelled(piped.status()) && partitioned &&
+  // Interrupted, or out of memory: the subgraphs done so far need not be
+  // redone (after freeing memory, or with a smaller cache budget).
+  if ((absl::IsCancelled(piped.status()) ||
+       absl::IsResourceExhausted(piped.status())) &&
+      partitioned &&
       ::access(absl::StrCat(p.run_dir, "/state.pt").c_str(), F_OK) == 0) {
     stopped = true;  // Keep the checkpoint.
-    return absl::CancelledError(absl::StrCat(
-        piped.status().message(), "; the checkpoint in ", p.run_dir,
-        " is kept: rerun the same command with --resume to continue"));
+    return absl::Status(
+        piped.status().code(),
+        absl::StrCat(piped.status().message(), "; the checkpoint in ",
+                     p.run_dir,
+                     " is kept: rerun the same command with --resume to "
+                     "continue"));
   }
   if (!piped.ok()) return piped.status();
   outcome.pipeline = std::move(*piped);

@@ -60,6 +60,10 @@ struct LoadedForCalibration {
 struct ExampleInputOptions {
   std::vector<tracer::hf::InputSpec> input_specs;
   std::string example_inputs_path;  // A torch.save'd or .safetensors file.
+  // A Hugging Face config.json used instead of the model's embedded one
+  // (for tracing, the vocabulary of --synthetic and the default targets);
+  // saved into the output in its place.
+  std::string config_path;
 };
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     const std::string& model_path,

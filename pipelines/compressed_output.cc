@@ -191,15 +191,16 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
         "remove it or choose another -o"));
   }
 
-  // config.json: the source checkpoint's, else the one the model embeds.
+  // config.json: the one the model carries (--config's, or the export's),
+  // else the source checkpoint's.
   std::string config;
-  if (!options.source_dir.empty() &&
-      fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
+  if (auto it = gm.extra_files().find("config.json");
+      it != gm.extra_files().end() && !it->second.empty()) {
+    config = it->second;
+  } else if (!options.source_dir.empty() &&
+             fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
     ASSIGN_OR_RETURN(config,
                      ReadFile(fs::path(options.source_dir) / "config.json"));
-  } else if (auto it = gm.extra_files().find("config.json");
-             it != gm.extra_files().end()) {
-    config = it->second;
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
         where,

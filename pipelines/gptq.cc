@@ -275,12 +275,15 @@ absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
           absl::StrCat("layer inputs ", internal::DescribeTensor(inputs),
                        " have NaN or infinite entries"));
     }
+    // Allocations first, then the in-place updates: an allocation failure
+    // leaves the accumulator as it was.
+    const int64_t total = num_samples_ + samples;
+    x = x * std::sqrt(2.0 / static_cast<double>(total));
     hessian_.mul_(static_cast<double>(num_samples_) /
-                  static_cast<double>(num_samples_ + samples));
-    num_samples_ += samples;
-    num_tokens_ += tokens;
-    x = x * std::sqrt(2.0 / static_cast<double>(num_samples_));
+                  static_cast<double>(total));
     hessian_.addmm_(x.t(), x);
+    num_samples_ = total;
+    num_tokens_ += tokens;
     return absl::OkStatus();
   });
 }

@@ -13,21 +13,25 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "ir/status_macros.h"
 #include "pipelines/quantize.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::pipelines {
 namespace {
+
+using runtime::HumanBytes;
 
 using Key = std::pair<int64_t, std::string>;
 
@@ -37,18 +41,6 @@ constexpr size_t kMaxNotes = 64;
 
 std::string Describe(const Key& key) {
   return absl::StrCat("batch ", key.first, " '", key.second, "'");
-}
-
-std::string HumanBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = -1;
-  while (v >= 1024 && u < 3) {
-    v /= 1024;
-    ++u;
-  }
-  return absl::StrFormat("%.1f %s", v, units[u]);
 }
 
 // One tensor of a stored value, in depth-first order.
@@ -159,6 +151,46 @@ std::string Header(const std::vector<TensorMeta>& metas) {
   return h;
 }
 
+// Tensor bytes of a cache value (allocates nothing: for error messages
+// about allocation failures).
+int64_t ValueBytes(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  }
+  int64_t sum = 0;
+  if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) sum += ValueBytes(e);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) sum += ValueBytes(e);
+  } else if (v.isGenericDict()) {
+    for (const auto& item : v.toGenericDict()) sum += ValueBytes(item.value());
+  }
+  return sum;
+}
+
+// An allocation failure while the cache handles (batch, name), as one line:
+// "intermediates cache: cannot allocate memory to store batch 3 'x' (512.0
+// MiB): out of memory: cannot allocate 512.0 MiB". `failed` is the
+// ResourceExhausted status of the exception; its message ends with what
+// LibTorch said.
+absl::Status OutOfMemory(const absl::Status& failed, absl::string_view doing,
+                         int64_t batch, absl::string_view name, int64_t bytes) {
+  absl::string_view why = failed.message();
+  if (size_t at = why.find("out of memory"); at != absl::string_view::npos) {
+    why = why.substr(at);
+  }
+  absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+      "intermediates cache: cannot allocate memory to ", doing, " batch ",
+      batch, " '", name, "' (", HumanBytes(bytes), "): ", why,
+      "; lower the recipe's cache.memory_budget_bytes to spill more to "
+      "disk, or calibrate on fewer samples"));
+  failed.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    s.SetPayload(url, payload);
+  });
+  return s;
+}
+
 class FileCloser {
  public:
   explicit FileCloser(int fd) : fd_(fd) {}
@@ -192,7 +224,11 @@ struct IntermediatesCache::State {
   };
 
   IntermediatesCacheOptions options;
-  absl::flat_hash_map<Key, Entry> entries;
+  // std::map, not a swiss table: its insert is all-or-nothing when an
+  // allocation fails, where absl::flat_hash_map's growth is not (a throwing
+  // resize leaves it with a new capacity over the old slots, and destroying
+  // it then crashes). Ordered by (batch, name), which Names() uses.
+  std::map<Key, Entry> entries;
   std::list<Key> lru;  // Front: least recently used.
   IntermediatesCacheStats stats;
   std::vector<std::string> notes;
@@ -213,8 +249,13 @@ struct IntermediatesCache::State {
            stats.bytes_held + extra > options.memory_budget_bytes;
   }
 
+  // Best effort: a note that cannot be allocated is dropped.
   void AddNote(std::string note) {
-    if (notes.size() < kMaxNotes) notes.push_back(std::move(note));
+    if (notes.size() >= kMaxNotes) return;
+    try {
+      notes.push_back(std::move(note));
+    } catch (const std::bad_alloc&) {
+    }
   }
 
   absl::Status EnsureSpillDir() {
@@ -448,10 +489,14 @@ struct IntermediatesCache::State {
     return absl::OkStatus();
   }
 
-  void MakeResident(const Key& key, Entry& e, c10::IValue offloaded) {
+  // `node` holds `key` (allocated beforehand, so that this cannot fail).
+  void MakeResident(Entry& e, c10::IValue offloaded, std::list<Key>& node) {
     e.value = std::move(offloaded);
     e.resident = true;
-    if (e.bytes > 0) e.lru = lru.insert(lru.end(), key);
+    if (e.bytes > 0) {
+      e.lru = node.begin();
+      lru.splice(lru.end(), node);
+    }
     stats.bytes_held += e.bytes;
     stats.peak_bytes_held = std::max(stats.peak_bytes_held, stats.bytes_held);
   }
@@ -528,19 +573,28 @@ struct IntermediatesCache::State {
             }));
     if (options.memory_budget_bytes >= 0 &&
         e.bytes > options.memory_budget_bytes) {
-      ASSIGN_OR_RETURN(e.spill_path,
-                       WriteSpill(key, sources, e.tensors, e.bytes));
       e.value = Skeleton(detached);
       e.resident = false;
       e.oversized = true;
+      std::string note =
+          absl::StrCat(Describe(key), " (", HumanBytes(e.bytes),
+                       ") exceeds the whole memory budget of ",
+                       HumanBytes(options.memory_budget_bytes),
+                       "; kept on disk only and read from disk on every Get");
+      ASSIGN_OR_RETURN(std::string path,
+                       WriteSpill(key, sources, e.tensors, e.bytes));
+      try {
+        e.spill_path = path;
+        entries.emplace(key, std::move(e));
+      } catch (...) {
+        // Not stored: its file goes too.
+        ::unlink(path.c_str());
+        stats.bytes_on_disk -= e.bytes;
+        throw;
+      }
       ++stats.oversized_count;
-      AddNote(absl::StrCat(Describe(key), " (", HumanBytes(e.bytes),
-                           ") exceeds the whole memory budget of ",
-                           HumanBytes(options.memory_budget_bytes),
-                           "; kept on disk only and read from disk on every "
-                           "Get"));
-      entries.emplace(key, std::move(e));
       stats.values = static_cast<int64_t>(entries.size());
+      AddNote(std::move(note));
       return absl::OkStatus();
     }
     RETURN_IF_ERROR(MakeRoom(e.bytes));
@@ -550,8 +604,11 @@ struct IntermediatesCache::State {
           at::Tensor o = t.to(options.offload_device);
           return IsCompact(o) ? o : o.clone(at::MemoryFormat::Contiguous);
         }));
+    // Everything that allocates happens before the cache changes: an
+    // allocation failure (an exception) leaves it as it was.
+    std::list<Key> node{key};
     auto [it, inserted] = entries.emplace(key, std::move(e));
-    MakeResident(key, it->second, std::move(offloaded));
+    MakeResident(it->second, std::move(offloaded), node);
     stats.values = static_cast<int64_t>(entries.size());
     return absl::OkStatus();
   }
@@ -579,7 +636,8 @@ struct IntermediatesCache::State {
                      Fill(loaded, tensors, [&](size_t, const at::Tensor& t) {
                        return t.to(options.offload_device);
                      }));
-    MakeResident(key, e, std::move(offloaded));
+    std::list<Key> node{key};
+    MakeResident(e, std::move(offloaded), node);
     return ToCompute(e, e.value);
   }
 };
@@ -605,20 +663,34 @@ IntermediatesCache& IntermediatesCache::operator=(
     IntermediatesCache&&) noexcept = default;
 IntermediatesCache::~IntermediatesCache() = default;
 
+// Put and Get: GuardTorch names the call in other errors; the outer
+// TorchCall catches an allocation failure in building that name.
 absl::Status IntermediatesCache::Put(int64_t batch, absl::string_view name,
                                      const c10::IValue& value) {
-  Key key(batch, std::string(name));
-  return internal::GuardTorch(
-      absl::StrCat("IntermediatesCache::Put(", Describe(key), ")"),
-      [&] { return state_->Put(key, value); });
+  absl::Status s = runtime::TorchCall("", [&] {
+    return internal::GuardTorch(
+        absl::StrCat("IntermediatesCache::Put(batch ", batch, " '", name, "')"),
+        [&] { return state_->Put(Key(batch, std::string(name)), value); });
+  });
+  if (!absl::IsResourceExhausted(s)) return s;
+  return OutOfMemory(s, "store", batch, name, ValueBytes(value));
 }
 
 absl::StatusOr<c10::IValue> IntermediatesCache::Get(int64_t batch,
                                                     absl::string_view name) {
-  Key key(batch, std::string(name));
-  return internal::GuardTorch(
-      absl::StrCat("IntermediatesCache::Get(", Describe(key), ")"),
-      [&] { return state_->Get(key); });
+  absl::StatusOr<c10::IValue> v = runtime::TorchCall("", [&] {
+    return internal::GuardTorch(
+        absl::StrCat("IntermediatesCache::Get(batch ", batch, " '", name, "')"),
+        [&] { return state_->Get(Key(batch, std::string(name))); });
+  });
+  if (!absl::IsResourceExhausted(v.status())) return v;
+  auto it = state_->entries.find(Key(batch, std::string(name)));
+  return OutOfMemory(v.status(),
+                     it != state_->entries.end() && !it->second.resident
+                         ? "read back from disk"
+                         : "return",
+                     batch, name,
+                     it != state_->entries.end() ? it->second.bytes : 0);
 }
 
 absl::StatusOr<c10::IValue> IntermediatesCache::Take(int64_t batch,
@@ -630,7 +702,9 @@ absl::StatusOr<c10::IValue> IntermediatesCache::Take(int64_t batch,
 
 absl::Status IntermediatesCache::Release(int64_t batch,
                                          absl::string_view name) {
-  return state_->Remove(Key(batch, std::string(name)));
+  return runtime::TorchCall("intermediates cache: release", [&] {
+    return state_->Remove(Key(batch, std::string(name)));
+  });
 }
 
 int64_t IntermediatesCache::ReleaseBatch(int64_t batch) {
@@ -653,10 +727,10 @@ bool IntermediatesCache::IsSpilled(int64_t batch,
 
 std::vector<std::string> IntermediatesCache::Names(int64_t batch) const {
   std::vector<std::string> names;
-  for (const auto& [key, entry] : state_->entries) {
-    if (key.first == batch) names.push_back(key.second);
+  for (auto it = state_->entries.lower_bound(Key(batch, std::string()));
+       it != state_->entries.end() && it->first.first == batch; ++it) {
+    names.push_back(it->first.second);
   }
-  std::sort(names.begin(), names.end());
   return names;
 }
 

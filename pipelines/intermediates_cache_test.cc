@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <random>
@@ -16,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tracecut::pipelines {
@@ -44,6 +47,32 @@ int CountFiles(const std::string& dir) {
   ::closedir(d);
   return n;
 }
+
+// Lowers this process's address-space limit (RLIMIT_AS) to its current size
+// plus `headroom` bytes for one scope, so that allocations past it fail as
+// they do on a machine out of memory; restores it on destruction.
+class ScopedAddressSpaceLimit {
+ public:
+  explicit ScopedAddressSpaceLimit(int64_t headroom) {
+    ::getrlimit(RLIMIT_AS, &old_);
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    int64_t vm_kib = -1;
+    while (std::getline(status, line)) {
+      if (line.rfind("VmSize:", 0) == 0) vm_kib = std::atoll(line.c_str() + 7);
+    }
+    if (vm_kib <= 0) return;
+    rlimit limit = old_;
+    limit.rlim_cur = static_cast<rlim_t>(vm_kib * 1024 + headroom);
+    ok_ = ::setrlimit(RLIMIT_AS, &limit) == 0;
+  }
+  ~ScopedAddressSpaceLimit() { ::setrlimit(RLIMIT_AS, &old_); }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit old_;
+  bool ok_ = false;
+};
 
 IntermediatesCache MustCreate(IntermediatesCacheOptions options) {
   absl::StatusOr<IntermediatesCache> cache =
@@ -502,6 +531,51 @@ TEST(IntermediatesCacheTest, ComputeDeviceOverride) {
   absl::StatusOr<c10::IValue> got = cache.Get(0, "x");
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(got->toTensor().device().is_cpu());
+}
+
+TEST(IntermediatesCacheTest, AllocationFailureIsResourceExhausted) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the "
+                  "limit this test sets";
+#endif
+  IntermediatesCache cache = MustCreate({});
+  // A row of a [2, N] tensor is not compact: Put copies it (32 MiB), so the
+  // allocation that fails is the cache's own.
+  const int64_t n = int64_t{8} << 20;
+  at::Tensor base = at::ones({2, n}, at::kFloat);
+  at::Tensor row = base[0];
+  // Once without a limit: LibTorch's thread pool starts here, not under it.
+  ASSERT_TRUE(cache.Put(0, "v", row).ok());
+  int64_t stored = 1;
+  absl::Status failed;
+  {
+    ScopedAddressSpaceLimit limit(int64_t{256} << 20);
+    if (!limit.ok()) GTEST_SKIP() << "cannot set RLIMIT_AS";
+    for (int64_t b = 1; b < 64; ++b) {
+      failed = cache.Put(b, "v", row);
+      if (!failed.ok()) break;
+      ++stored;
+    }
+  }
+  ASSERT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+  EXPECT_THAT(
+      std::string(failed.message()),
+      ::testing::StartsWith(absl::StrCat(
+          "intermediates cache: cannot allocate memory to store "
+          "batch ",
+          stored, " 'v' (32.0 MiB): out of memory: cannot allocate 32.0 MiB")))
+      << failed;
+  // Nothing half-stored; what was stored is intact and can be released.
+  EXPECT_FALSE(cache.Contains(stored, "v"));
+  EXPECT_EQ(cache.stats().values, stored);
+  EXPECT_EQ(cache.stats().bytes_held, stored * n * 4);
+  for (int64_t b = 0; b < stored; ++b) {
+    absl::StatusOr<c10::IValue> v = cache.Take(b, "v");
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(v->toTensor().equal(row));
+  }
+  EXPECT_EQ(cache.stats().values, 0);
+  EXPECT_EQ(cache.stats().bytes_held, 0);
 }
 
 }  // namespace

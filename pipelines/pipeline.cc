@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ir/status_macros.h"
@@ -490,9 +491,10 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
     const auto& elements = out->toTupleRef().elements();
     if (options_.check_finite) {
       for (size_t p = 0; p < elements.size(); ++p) {
-        ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
-                           return NonFiniteKind(elements[p]);
-                         }));
+        ASSIGN_OR_RETURN(
+            std::string kind,
+            runtime::TorchCall(absl::StripSuffix(where, ": "),
+                               [&] { return NonFiniteKind(elements[p]); }));
         if (!kind.empty()) {
           return absl::InvalidArgumentError(absl::StrFormat(
               "non-finite activation: value '%s' computed by subgraph %d/%d "
@@ -914,9 +916,9 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
       if (!all.ok()) return Annotate(all, where);
     }
     if (options.check_finite) {
-      ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
-                         return NonFiniteKind(*out);
-                       }));
+      ASSIGN_OR_RETURN(std::string kind,
+                       runtime::TorchCall(absl::StripSuffix(where, ": "),
+                                          [&] { return NonFiniteKind(*out); }));
       if (!kind.empty()) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "non-finite activation: the model's output in calibration batch "

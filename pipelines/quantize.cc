@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "ir/status_macros.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -213,18 +214,19 @@ absl::Status StatusFromTorchError(absl::string_view context,
   if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) {
     return absl::UnimplementedError(message);
   }
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
-    return absl::ResourceExhaustedError(message);
+  if (runtime::IsOutOfMemory(e)) {
+    // Called from GuardTorch's handler: the exception is the current one.
+    return runtime::StatusFromException(std::current_exception(), context);
   }
   return absl::InternalError(message);
 }
 
 absl::Status StatusFromException(absl::string_view context,
                                  const std::exception& e) {
-  std::string message = absl::StrCat(context, ": ", e.what());
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
-    return absl::ResourceExhaustedError(message);
+  if (runtime::IsOutOfMemory(e)) {
+    return runtime::StatusFromException(std::current_exception(), context);
   }
+  std::string message = absl::StrCat(context, ": ", e.what());
   return absl::InternalError(message);
 }
 

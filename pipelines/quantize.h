@@ -138,7 +138,9 @@ std::string DescribeTensor(const at::Tensor& t);
 
 // LibTorch exceptions as absl::Status, prefixed with `context`: ValueError,
 // IndexError and TypeError become InvalidArgument, NotImplementedError
-// Unimplemented, out-of-memory ResourceExhausted, anything else Internal.
+// Unimplemented, anything else Internal; an allocation failure becomes
+// ResourceExhausted through runtime::StatusFromException ("<context>: out of
+// memory: cannot allocate 7.8 MiB"). Called from an exception handler only.
 absl::Status StatusFromTorchError(absl::string_view context,
                                   const c10::Error& e);
 absl::Status StatusFromException(absl::string_view context,

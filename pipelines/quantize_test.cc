@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -243,6 +244,21 @@ TEST(GuardTorchTest, ConvertsLibTorchExceptions) {
   absl::Status s = internal::GuardTorch(
       "plain", []() -> absl::Status { throw std::runtime_error("boom"); });
   EXPECT_EQ(s, absl::InternalError("plain: boom"));
+}
+
+TEST(GuardTorchTest, AllocationFailureIsResourceExhausted) {
+  absl::Status s = internal::GuardTorch(
+      "Hessian", []() -> absl::Status { throw std::bad_alloc(); });
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.message(), "Hessian: out of memory (std::bad_alloc)");
+  absl::StatusOr<at::Tensor> t =
+      internal::GuardTorch("weights", []() -> absl::StatusOr<at::Tensor> {
+        TORCH_CHECK_WITH(OutOfMemoryError, false,
+                         "you tried to allocate 2097152 bytes");
+      });
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t.status().message(),
+            "weights: out of memory: cannot allocate 2.0 MiB");
 }
 
 }  // namespace

@@ -92,8 +92,8 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   Json modules = Json::MakeArray();
   // Quantized modules no calibration token reached (rtn_modifier.h).
   Json uncalibrated = Json::MakeArray();
-  int64_t quantized = 0, measured = 0, with_rtn = 0;
-  double sum_err = 0, max_err = 0, sum_rtn = 0;
+  int64_t quantized = 0, measured = 0, compared = 0;
+  double sum_err = 0, max_err = 0, sum_compared = 0, sum_rtn = 0;
   for (const auto& [path, r] : results.modules) {
     Json m = Json::MakeObject();
     m.Set("path", Json(path));
@@ -126,8 +126,11 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
         sum_err += r.weight_error;
         max_err = std::max(max_err, r.weight_error);
       }
-      if (std::isfinite(r.rtn_error)) {
-        ++with_rtn;
+      // Against round-to-nearest: only modules with both errors, both
+      // measured on the same calibration inputs (the same Hessian).
+      if (std::isfinite(r.weight_error) && std::isfinite(r.rtn_error)) {
+        ++compared;
+        sum_compared += r.weight_error;
         sum_rtn += r.rtn_error;
       }
     }
@@ -141,11 +144,21 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   Json summary = Json::MakeObject();
   summary.Set("modules", Json(static_cast<int64_t>(results.modules.size())));
   summary.Set("weights_quantized", Json(quantized));
+  // What the errors are: per-module relative output errors of the
+  // quantized weights on the calibration inputs (modifier.h).
+  summary.Set("output_error_measured_on",
+              Json("per-module outputs on the calibration inputs"));
+  summary.Set("measured_modules", Json(measured));
   summary.Set("mean_output_error",
               measured > 0 ? Json(sum_err / measured) : Json());
   summary.Set("max_output_error", measured > 0 ? Json(max_err) : Json());
+  // The comparison with round-to-nearest, over the same modules on the same
+  // inputs (mean_output_error may cover more modules: RTN-quantized ones).
+  summary.Set("rtn_compared_modules", Json(compared));
+  summary.Set("mean_compared_output_error",
+              compared > 0 ? Json(sum_compared / compared) : Json());
   summary.Set("mean_rtn_output_error",
-              with_rtn > 0 ? Json(sum_rtn / with_rtn) : Json());
+              compared > 0 ? Json(sum_rtn / compared) : Json());
   // The means above cover measured modules only; these were not measured.
   summary.Set("uncalibrated_modules", std::move(uncalibrated));
   report.Set("summary", std::move(summary));

@@ -29,8 +29,13 @@
 //                           "max": .., "batches": 8, "scale": ..,
 //                           "zero_point": 0},
 //                 "notes": []}, ...],
-//    "summary": {"weights_quantized": 14, "mean_output_error": ..,
-//                "max_output_error": .., "mean_rtn_output_error": ..,
+//    "summary": {"weights_quantized": 14,
+//                "output_error_measured_on": "per-module outputs on the "
+//                                            "calibration inputs",
+//                "measured_modules": 14, "mean_output_error": ..,
+//                "max_output_error": .., "rtn_compared_modules": 14,
+//                "mean_compared_output_error": ..,
+//                "mean_rtn_output_error": ..,
 //                "uncalibrated_modules": [{"path": "...experts.3.w1",
 //                    "calibration_tokens": 0, "method": "rtn"}]},
 //    "warnings": [...],
@@ -38,8 +43,11 @@
 //            "compress_seconds": {...}}}
 //
 // Modules are sorted by path. Errors are relative output errors on the
-// calibration inputs (modifier.h, ModuleRecord); the means cover modules
-// that saw calibration tokens, the others are listed as uncalibrated.
+// calibration inputs (modifier.h, ModuleRecord), not errors of the model's
+// final outputs; the means cover modules that saw calibration tokens, the
+// others are listed as uncalibrated. mean_compared_output_error and
+// mean_rtn_output_error are over the same rtn_compared_modules (those with
+// a round-to-nearest baseline measured on the same inputs).
 // Everything but "run" (timings, cache statistics: they depend on the machine
 // and on whether the run was resumed) is the same, byte for byte, for the same
 // model, recipe, data and options; ReportInfo::include_run_section drops "run".

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ir/status_macros.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -141,8 +142,19 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
   if (NeedsHessian() || options_.measure_error) {
     if (p.hessian == nullptr) {
       ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-      p.hessian = std::make_unique<HessianAccumulator>(
-          w.size(transposed_.count(path) > 0 ? 0 : 1));
+      const int64_t columns = w.size(transposed_.count(path) > 0 ? 0 : 1);
+      absl::Status made = internal::GuardTorch("", [&]() -> absl::Status {
+        p.hessian = std::make_unique<HessianAccumulator>(columns);
+        return absl::OkStatus();
+      });
+      if (!made.ok()) {
+        return absl::Status(
+            made.code(),
+            absl::StrCat(name(), ": cannot allocate the Hessian of ", path,
+                         " (", columns, " x ", columns, " fp32, ",
+                         runtime::HumanBytes(columns * columns * 4),
+                         "): ", made.message()));
+      }
     }
     absl::Status added = p.hessian->Add(x);
     if (!added.ok()) {

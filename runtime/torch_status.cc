@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <new>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -77,10 +80,7 @@ std::string FullMessage(const std::exception& e) {
 }
 
 absl::StatusCode CodeFor(const std::exception& e, absl::string_view full) {
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
-      dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
-    return absl::StatusCode::kResourceExhausted;
-  }
+  if (IsOutOfMemory(e)) return absl::StatusCode::kResourceExhausted;
   if (dynamic_cast<const c10::IndexError*>(&e) != nullptr) {
     return absl::StatusCode::kOutOfRange;
   }
@@ -126,7 +126,54 @@ std::string Summary(absl::string_view full) {
   return std::string(lines[0]);
 }
 
+// One line for an allocation failure: "out of memory: cannot allocate 7.8
+// MiB" when LibTorch's allocator says how much ("... you tried to allocate
+// 8192000 bytes ..."), else "out of memory (<summary>)".
+std::string OutOfMemorySummary(absl::string_view full,
+                               absl::string_view summary) {
+  constexpr absl::string_view kTried = "tried to allocate ";
+  size_t at = full.find(kTried);
+  if (at != absl::string_view::npos) {
+    absl::string_view rest = full.substr(at + kTried.size());
+    size_t end = 0;
+    while (end < rest.size() && absl::ascii_isdigit(rest[end])) ++end;
+    int64_t bytes = 0;
+    if (absl::SimpleAtoi(rest.substr(0, end), &bytes)) {
+      return absl::StrCat("out of memory: cannot allocate ", HumanBytes(bytes));
+    }
+  }
+  return absl::StrCat("out of memory (", summary, ")");
+}
+
 }  // namespace
+
+std::string HumanBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  // snprintf, not absl::StrFormat: the system Abseil's str_format symbols
+  // are weak and get dropped by --as-needed links.
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+bool IsOutOfMemory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+      dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+    return true;
+  }
+  // The CPU allocator fails with a plain c10::Error (an enforce):
+  // "DefaultCPUAllocator: can't allocate memory: you tried to allocate N
+  // bytes. Error code 12 (Cannot allocate memory)", which the TorchScript
+  // interpreter may rethrow as another exception type with that message.
+  return absl::StrContains(FullMessage(e), "can't allocate memory");
+}
 
 std::string TorchErrorSummary(const std::exception& e) {
   return Summary(FullMessage(e));
@@ -143,6 +190,9 @@ absl::Status StatusFromException(std::exception_ptr e,
     full = FullMessage(ex);
     code = CodeFor(ex, full);
     summary = Summary(full);
+    if (code == absl::StatusCode::kResourceExhausted) {
+      summary = OutOfMemorySummary(full, summary);
+    }
   } catch (...) {
     summary = "unknown exception (not a std::exception)";
     full = summary;

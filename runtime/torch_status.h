@@ -19,6 +19,7 @@
 //
 // This header includes no LibTorch headers: only the .cc knows c10::Error.
 
+#include <cstdint>
 #include <exception>
 #include <string>
 #include <type_traits>
@@ -45,10 +46,19 @@ inline constexpr absl::string_view kTorchMessagePayload =
 // the first non-empty line.
 std::string TorchErrorSummary(const std::exception& e);
 
+// "7.8 MiB": a size for messages (allocation failures).
+std::string HumanBytes(int64_t bytes);
+
+// True for allocation failures: std::bad_alloc, c10::OutOfMemoryError and
+// the CPU allocator's "can't allocate memory" c10::Error.
+bool IsOutOfMemory(const std::exception& e);
+
 // Converts an exception to a Status: "<context>: <summary>" (just the summary
 // when `context` is empty). Codes: c10::IndexError -> OUT_OF_RANGE,
 // ValueError/TypeError and ordinary operator failures -> INVALID_ARGUMENT,
-// NotImplementedError -> UNIMPLEMENTED, out of memory -> RESOURCE_EXHAUSTED,
+// NotImplementedError -> UNIMPLEMENTED, out of memory (std::bad_alloc,
+// c10::OutOfMemoryError) -> RESOURCE_EXHAUSTED with the summary "out of
+// memory: cannot allocate 7.8 MiB" (the size when LibTorch reports it),
 // "No such file" -> NOT_FOUND, internal asserts -> INTERNAL, anything that is
 // not a std::exception -> UNKNOWN.
 absl::Status StatusFromException(std::exception_ptr e,

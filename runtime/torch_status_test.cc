@@ -1,5 +1,6 @@
 #include "runtime/torch_status.h"
 
+#include <c10/util/Logging.h>
 #include <torch/jit.h>
 #include <torch/script.h>
 
@@ -57,6 +58,26 @@ TEST(TorchCallTest, MapsErrorKindsToCodes) {
   EXPECT_THAT(std::string(unknown.message()), StartsWith("ctx: "));
   EXPECT_EQ(TorchCall("", [] { TORCH_INTERNAL_ASSERT(false, "oops"); }).code(),
             absl::StatusCode::kInternal);
+}
+
+TEST(TorchCallTest, OutOfMemorySaysHowMuch) {
+  absl::Status bad_alloc = TorchCall("cache", [] { throw std::bad_alloc(); });
+  EXPECT_EQ(bad_alloc.message(), "cache: out of memory (std::bad_alloc)");
+  absl::Status oom = TorchCall("mm", [] {
+    TORCH_CHECK_WITH(OutOfMemoryError, false,
+                     "DefaultCPUAllocator: can't allocate memory: you tried "
+                     "to allocate 8192000 bytes. Error code 12");
+  });
+  EXPECT_EQ(oom.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(oom.message(), "mm: out of memory: cannot allocate 7.8 MiB");
+  // The CPU allocator throws a plain c10::Error.
+  absl::Status cpu = TorchCall("", [] {
+    CAFFE_ENFORCE_EQ(12, 0,
+                     "DefaultCPUAllocator: can't allocate memory: you tried "
+                     "to allocate 1024 bytes. Error code 12");
+  });
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cpu.message(), "out of memory: cannot allocate 1.0 KiB");
 }
 
 TEST(TorchCallTest, OperatorFailureKeepsTheMessage) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/graph.h"
@@ -233,15 +234,20 @@ absl::StatusOr<TraceOptions> WithModelFiles(const LoadedModel& model,
   return options;
 }
 
+absl::Status TraceErrorOf(const std::string& path, const absl::Status& error) {
+  if (error.ok() ||
+      absl::StartsWith(error.message(), absl::StrCat(path, ":"))) {
+    return error;
+  }
+  return absl::Status(error.code(), absl::StrCat(path, ": ", error.message()));
+}
+
 absl::StatusOr<runtime::GraphModule> TraceFile(const std::string& path,
                                                const TraceOptions& options) {
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(path));
   ASSIGN_OR_RETURN(TraceOptions resolved, WithModelFiles(model, options));
   absl::StatusOr<runtime::GraphModule> gm = Trace(model.module, resolved);
-  if (!gm.ok()) {
-    return absl::Status(gm.status().code(),
-                        absl::StrCat(path, ": ", gm.status().message()));
-  }
+  if (!gm.ok()) return TraceErrorOf(path, gm.status());
   gm->mutable_extra_files() = model.extra_files;
   if (!options.config_path.empty() && resolved.config.has_value()) {
     gm->mutable_extra_files()[kConfigJson] = resolved.config->text();

@@ -106,6 +106,11 @@ absl::StatusOr<runtime::GraphModule> Trace(const torch::jit::Module& module,
 absl::StatusOr<TraceOptions> WithModelFiles(const LoadedModel& model,
                                             TraceOptions options);
 
+// A trace error of the model at `path`, as "<path>: <message>"; a message
+// that already starts with the path (one about its embedded files,
+// "<path>:config.json: ...") is kept as it is, not prefixed twice.
+absl::Status TraceErrorOf(const std::string& path, const absl::Status& error);
+
 // LoadModel + WithModelFiles + Trace. The GraphModule's extra_files() are
 // the model's embedded files, with config.json replaced by
 // options.config_path's text when that is set.

@@ -296,6 +296,70 @@ for r in enum_typo bits_9 bits_string no_targets negative_budget bad_device \
     calibrate "$MODEL" "--recipe=$R/$r.textproto" --synthetic=2 -o "$O"
 done
 
+# --- Directories given as files ----------------------------------------------
+# Every flag that reads a file says so when given a directory, naming it
+# (not "recipe: has no modifiers" or a read error).
+DIRARG="$TMP/a_directory"
+mkdir -p "$DIRARG"
+for flag in --recipe --data --config --example-inputs; do
+  case $flag in
+    --recipe) args=(calibrate "$MODEL" --synthetic=2 -o "$O") ;;
+    --data) args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" -o "$O") ;;
+    *) args=(calibrate "$MODEL" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O") ;;
+  esac
+  expect_error "calibrate $flag=DIR" "$flag: '$DIRARG' is a directory" \
+    "$OUT" "$O" -- "${args[@]}" "$flag=$DIRARG"
+done
+for cmd in trace partition transform; do
+  case $cmd in
+    trace) args=(trace "$MODEL" -o "$O") ;;
+    partition) args=(partition "$MODEL" --targets=$DEC -o "$OUT/plan.txt") ;;
+    transform) args=(transform "$MODEL" --passes=eliminate-dead-code -o "$O") ;;
+  esac
+  for flag in --config --example-inputs; do
+    expect_error "$cmd $flag=DIR" "$flag: '$DIRARG' is a directory" \
+      "$OUT" "$O" -- "${args[@]}" "$flag=$DIRARG"
+  done
+done
+
+# --- A model whose embedded config.json is bad --------------------------------
+# The error names the model's config once ("m.pt:config.json: ..."), not
+# "m.pt: m.pt:config.json: ...".
+E="$TMP/embedded"
+mkdir -p "$E"
+"$PYTHON" - "$MODEL" "$E" <<'PY' 2>/dev/null
+import json, sys, zipfile
+src, out = sys.argv[1], sys.argv[2]
+bad = {
+    "wrong_types": lambda c: {**c, "vocab_size": "many", "hidden_size": [128],
+                              "num_hidden_layers": "two"},
+}
+with zipfile.ZipFile(src) as z:
+    for name, change in bad.items():
+        with zipfile.ZipFile(f"{out}/{name}.pt", "w", zipfile.ZIP_STORED) as w:
+            for info in z.infolist():
+                data = z.read(info.filename)
+                if info.filename.endswith("/extra/config.json"):
+                    data = json.dumps(change(json.loads(data))).encode()
+                w.writestr(info, data)
+PY
+for m in wrong_types; do
+  f="$E/$m.pt"
+  [ -e "$f" ] || { fail "embedded config $m" "the Python generator did not write it"; continue; }
+  for cmd in calibrate trace; do
+    case $cmd in
+      calibrate) args=(calibrate "$f" "--recipe=$RECIPE_OK" --synthetic=2 -o "$O") ;;
+      trace) args=(trace "$f" -o "$O") ;;
+    esac
+    ALLOW_PROGRESS=1 expect_error "$cmd embedded config $m" "$f:config.json" \
+      "$OUT" "$O" -- "${args[@]}"
+    cases=$((cases + 1))
+    if grep -qF -- "$f: $f" "$TMP/stderr.txt"; then
+      fail "$cmd embedded config $m" "path repeated: $(cat "$TMP/stderr.txt")"
+    fi
+  done
+done
+
 # --- The user's own files -----------------------------------------------------
 # An output that is the input model (the same file, a symbolic or a hard
 # link to it, or a file inside an input checkpoint directory) is refused

@@ -61,6 +61,35 @@ std::string Num(const Json* v) {
   return absl::StrFormat("%.4g", v->as_double());
 }
 
+int64_t Int(const Json* v) {
+  return v != nullptr && v->is_number() ? v->as_int() : 0;
+}
+
+// "; per-module output error on the calibration inputs, mean over 14
+// modules: 0.0034, round-to-nearest on the same modules and inputs 0.049":
+// what the figures are measured on, and the round-to-nearest figure only
+// over the modules it covers.
+std::string SummaryErrors(const Json& summary) {
+  const int64_t measured = Int(summary.Find("measured_modules"));
+  if (measured == 0) return "";
+  std::string out = absl::StrCat(
+      "; per-module output error on the calibration inputs, mean over ",
+      measured, measured == 1 ? " module: " : " modules: ",
+      Num(summary.Find("mean_output_error")));
+  const int64_t compared = Int(summary.Find("rtn_compared_modules"));
+  if (compared == measured) {
+    absl::StrAppend(&out, ", round-to-nearest on the same modules and inputs ",
+                    Num(summary.Find("mean_rtn_output_error")));
+  } else if (compared > 0) {
+    absl::StrAppend(&out, "; over the ", compared,
+                    " with a round-to-nearest baseline on the same inputs: ",
+                    Num(summary.Find("mean_compared_output_error")),
+                    ", round-to-nearest ",
+                    Num(summary.Find("mean_rtn_output_error")));
+  }
+  return out;
+}
+
 absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   CalibrateOptions o;
   o.model_path = args.positional()[0];
@@ -104,6 +133,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
   o.example_inputs.example_inputs_path =
       args.Get("example-inputs").value_or("");
+  o.example_inputs.config_path = args.Get("config").value_or("");
   if (std::optional<std::string> p = args.Get("pipeline")) {
     absl::StatusOr<pipelines::PipelineKind> kind =
         pipelines::ParsePipelineKind(*p);
@@ -164,12 +194,8 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   if (!o.report_path.empty()) io.err << " and " << o.report_path;
   if (summary != nullptr) {
     io.err << " (" << summary->Find("weights_quantized")->as_int()
-           << " weights quantized, mean output error "
-           << Num(summary->Find("mean_output_error"));
-    const Json* rtn = summary->Find("mean_rtn_output_error");
-    if (rtn != nullptr && rtn->is_number()) {
-      io.err << ", RTN would be " << Num(rtn);
-    }
+           << " weights quantized";
+    io.err << SummaryErrors(*summary);
     const Json* uncalibrated = summary->Find("uncalibrated_modules");
     if (uncalibrated != nullptr && uncalibrated->is_array() &&
         !uncalibrated->elements().empty()) {
@@ -189,6 +215,7 @@ Subcommand CalibrateCommand() {
   c.synopsis =
       "MODEL --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
       "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
+      "[--config=config.json] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
       "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
       "[--json]";
@@ -229,7 +256,8 @@ Subcommand CalibrateCommand() {
       "--synthetic=N draws N deterministic samples of --seq-len tokens from "
       "the config's vocabulary.\n\n"
       "--input and --example-inputs describe example inputs for tracing a "
-      "model that embeds none (as for `tracecut trace`).\n\n"
+      "model that embeds none, and --config gives a config.json in place "
+      "of the embedded one (as for `tracecut trace`).\n\n"
       "A Linear that no calibration token reaches (an MoE expert the "
       "router never picks) is quantized round-to-nearest from its own "
       "weights, with a warning and an entry under uncalibrated_modules in "
@@ -241,11 +269,13 @@ Subcommand CalibrateCommand() {
   c.flags = {
       FlagSpec::Value("recipe", "FILE",
                       "calibration recipe (pipelines/recipe.proto, text "
-                      "format; see docs/pipelines.md)"),
+                      "format; see docs/pipelines.md)")
+          .InputFile(),
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "
                       "list or dict by input name) or .safetensors; token "
-                      "ids also as .jsonl"),
+                      "ids also as .jsonl")
+          .InputFile(),
       FlagSpec::Value("synthetic", "N",
                       "N random samples from the model's vocabulary"),
       FlagSpec::Value("seq-len", "N", "tokens per synthetic sample (16)"),
@@ -288,7 +318,8 @@ Subcommand CalibrateCommand() {
       FlagSpec::Bool("json", "print the report on stdout"),
   };
   for (FlagSpec& flag : ModelFlags()) {
-    if (flag.name == "input" || flag.name == "example-inputs") {
+    if (flag.name == "input" || flag.name == "example-inputs" ||
+        flag.name == "config") {
       c.flags.push_back(std::move(flag));
     }
   }

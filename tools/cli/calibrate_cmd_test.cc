@@ -94,9 +94,9 @@ TEST(CalibrateCmdTest, Help) {
   Result r = RunTracecut({"calibrate", "--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, StartsWith("usage: tracecut calibrate MODEL "));
-  for (const char* flag :
-       {"--recipe", "--data", "--synthetic", "--pipeline", "--resume",
-        "--report", "--json", "--input", "--example-inputs", ".safetensors"}) {
+  for (const char* flag : {"--recipe", "--data", "--synthetic", "--pipeline",
+                           "--resume", "--report", "--json", "--input",
+                           "--example-inputs", "--config", ".safetensors"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   r = RunTracecut({"demo", "--help"});
@@ -145,6 +145,82 @@ TEST(CalibrateCmdTest, WritesModelReportAndJson) {
   EXPECT_THAT(r.err, HasSubstr("subgraph 3/3 model.layers.1"));
   EXPECT_THAT(LastLine(r.err),
               StartsWith("tracecut calibrate: wrote " + dir + "/m.pt"));
+}
+
+// The summary line says what its errors are measured on, and compares GPTQ
+// with round-to-nearest over the same modules on the same inputs: the
+// report's figures, not a mean over a different set.
+TEST(CalibrateCmdTest, SummarySaysWhatTheErrorsAreMeasuredOn) {
+  const std::string dir = TempDir("summary");
+  Result r = RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                          "--synthetic=8", "--batch-size=4", "-o",
+                          dir + "/m.pt", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  ASSERT_TRUE(json.ok()) << json.status();
+  const tracer::hf::Json& summary = *json->Find("summary");
+  EXPECT_EQ(summary.Find("output_error_measured_on")->as_string(),
+            "per-module outputs on the calibration inputs");
+  EXPECT_EQ(summary.Find("measured_modules")->as_int(), 14);
+  EXPECT_EQ(summary.Find("rtn_compared_modules")->as_int(), 14);
+  // Over the same modules, the compared GPTQ mean is the mean.
+  EXPECT_DOUBLE_EQ(summary.Find("mean_compared_output_error")->as_double(),
+                   summary.Find("mean_output_error")->as_double());
+  // The means are those of the modules' own figures.
+  double gptq = 0, rtn = 0;
+  int n = 0;
+  for (const tracer::hf::Json& m : json->Find("modules")->elements()) {
+    const tracer::hf::Json* w = m.Find("weight");
+    if (w == nullptr || !w->Find("rtn_output_error")->is_number()) continue;
+    gptq += w->Find("output_error")->as_double();
+    rtn += w->Find("rtn_output_error")->as_double();
+    ++n;
+  }
+  ASSERT_EQ(n, 14);
+  EXPECT_NEAR(summary.Find("mean_output_error")->as_double(), gptq / n, 1e-12);
+  EXPECT_NEAR(summary.Find("mean_rtn_output_error")->as_double(), rtn / n,
+              1e-12);
+  EXPECT_THAT(LastLine(r.err),
+              HasSubstr("14 weights quantized; per-module output error on the "
+                        "calibration inputs, mean over 14 modules: "));
+  EXPECT_THAT(LastLine(r.err),
+              HasSubstr(", round-to-nearest on the same modules and inputs "));
+}
+
+// --config=FILE, as for trace: a config.json in place of the embedded one.
+TEST(CalibrateCmdTest, ConfigFlag) {
+  const std::string dir = TempDir("config_flag");
+  // The embedded config with a smaller vocabulary: --synthetic draws from
+  // it, and it is what the output embeds.
+  const std::string config =
+      WriteFile(dir + "/config.json",
+                R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 128,
+          "intermediate_size": 256, "max_position_embeddings": 64,
+          "model_type": "llama", "num_attention_heads": 4,
+          "num_hidden_layers": 2, "num_key_value_heads": 4,
+          "rms_norm_eps": 1e-06, "vocab_size": 100})");
+  // Recorded in the output in place of the embedded one.
+  Result r = RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                          "--synthetic=4", "--config=" + config, "-o",
+                          dir + "/m.pt", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // TorchScript archives store their files uncompressed.
+  EXPECT_THAT(ReadFile(dir + "/m.pt"), HasSubstr(R"("vocab_size": 100})"));
+  // Without vocab_size in it, --synthetic has no vocabulary to draw from.
+  WriteFile(dir + "/no_vocab.json", R"({"model_type": "llama"})");
+  r = RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                   "--synthetic=4", "--config=" + dir + "/no_vocab.json", "-o",
+                   dir + "/m3.pt"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("vocab_size"));
+  // A config that is not JSON is an error naming it.
+  WriteFile(dir + "/bad.json", "{");
+  r = RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                   "--synthetic=4", "--config=" + dir + "/bad.json", "-o",
+                   dir + "/m2.pt"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(dir + "/bad.json"));
+  EXPECT_EQ(access((dir + "/m2.pt").c_str(), F_OK), -1);
 }
 
 TEST(CalibrateCmdTest, StopThenResumeMatchesUninterrupted) {

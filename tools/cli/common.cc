@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::cli {
 namespace {
@@ -237,6 +238,24 @@ std::string SubcommandHelp(const Subcommand& command) {
   return out;
 }
 
+// The values of input-file flags (FlagSpec::InputFile) that are
+// directories: reading one would fail with a misleading message (an empty
+// recipe "has no modifiers") or an exception.
+absl::Status CheckInputFiles(const ParsedArgs& args,
+                             const std::vector<FlagSpec>& flags) {
+  for (const FlagSpec& f : flags) {
+    if (!f.input_file) continue;
+    for (const std::string& value : args.GetAll(f.name)) {
+      std::error_code ec;
+      if (std::filesystem::is_directory(value, ec)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", f.name, ": '", value, "' is a directory"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Main(const std::vector<std::string>& argv, Io& io) {
   if (argv.size() < 2) {
     io.err << "tracecut: missing subcommand (run 'tracecut --help')\n";
@@ -276,7 +295,14 @@ int Main(const std::vector<std::string>& argv, Io& io) {
           absl::StrCat("unexpected argument '",
                        parsed->positional()[command->max_positional], "'"));
     } else {
-      status = command->run(*parsed, io);
+      status = CheckInputFiles(*parsed, flags);
+      // The last boundary: an exception that got this far (an allocation
+      // failure outside the components' own boundaries) is an error, not
+      // an abort; unwinding runs the commands' cleanups.
+      if (status.ok()) {
+        status = runtime::TorchCall(
+            "", [&]() -> absl::Status { return command->run(*parsed, io); });
+      }
     }
   }
   if (status.ok()) {

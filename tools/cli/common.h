@@ -39,10 +39,11 @@
 namespace tracecut::cli {
 
 struct FlagSpec {
-  std::string name;        // Long name without dashes: "leaf".
-  char short_name = 0;     // 'o' for -o; 0 for none.
-  std::string value_name;  // "FILE"; empty for a boolean flag.
-  bool repeated = false;   // May be given more than once.
+  std::string name;         // Long name without dashes: "leaf".
+  char short_name = 0;      // 'o' for -o; 0 for none.
+  std::string value_name;   // "FILE"; empty for a boolean flag.
+  bool repeated = false;    // May be given more than once.
+  bool input_file = false;  // Names a file to read: not a directory.
   std::string help;
 
   // --name=VALUE_NAME.
@@ -56,6 +57,12 @@ struct FlagSpec {
   }
   FlagSpec& Repeated() {
     repeated = true;
+    return *this;
+  }
+  // Main refuses a directory as its value, before the command runs:
+  // "--recipe: 'DIR' is a directory".
+  FlagSpec& InputFile() {
+    input_file = true;
     return *this;
   }
 };

@@ -225,14 +225,16 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
                      LogitError(loaded.model.module(), run.model_path, eval));
   }
 
+  // Both columns on the same inputs: the GPTQ run's calibration inputs of
+  // each layer, with its weights quantized by GPTQ and by round-to-nearest.
+  // (The RTN run's own layer inputs differ: its earlier layers are RTN's.)
   const pipelines::CalibrationResults& g = runs[0].outcome->results;
-  const pipelines::CalibrationResults& r = runs[1].outcome->results;
-  text << "\n== per-layer relative output error on the calibration inputs\n";
+  text << "\n== per-layer relative output error on the calibration inputs "
+          "(both on the GPTQ run's layer inputs)\n";
   text << absl::StrFormat("%-36s %8s %8s\n", "module", "GPTQ", "RTN");
   for (const auto& [path, rec] : g.modules) {
-    const pipelines::ModuleRecord* rtn = r.FindModule(path);
     text << absl::StrFormat("%-36s %8.4f %8.4f\n", path, rec.weight_error,
-                            rtn != nullptr ? rtn->weight_error : 0.0);
+                            rec.rtn_error);
   }
   const double gptq_err = runs[0].error.relative;
   const double rtn_err = runs[1].error.relative;

@@ -32,7 +32,8 @@ std::vector<FlagSpec> ModelFlags() {
                      "inline torch.nn built-ins and Conv1D too (only --leaf "
                      "modules stay call_module)"),
       FlagSpec::Value("config", "FILE",
-                      "HF config.json to use instead of the embedded one"),
+                      "HF config.json to use instead of the embedded one")
+          .InputFile(),
       FlagSpec::Value(
           "input", "SPEC",
           absl::StrCat("describe an example input of forward: ", kInputSyntax,
@@ -44,7 +45,8 @@ std::vector<FlagSpec> ModelFlags() {
       FlagSpec::Value("example-inputs", "FILE",
                       "a torch.save'd tensor, list, tuple or dict of "
                       "tensors: forward's example inputs by position or "
-                      "argument name"),
+                      "argument name")
+          .InputFile(),
   };
 }
 
@@ -118,10 +120,7 @@ absl::StatusOr<TracedModel> LoadAndTrace(const ParsedArgs& args) {
   ASSIGN_OR_RETURN(options, tracer::WithModelFiles(loaded, std::move(options)));
   absl::StatusOr<runtime::GraphModule> gm =
       tracer::Trace(loaded.module, options);
-  if (!gm.ok()) {
-    return absl::Status(gm.status().code(),
-                        absl::StrCat(path, ": ", gm.status().message()));
-  }
+  if (!gm.ok()) return tracer::TraceErrorOf(path, gm.status());
   gm->mutable_extra_files() = loaded.extra_files;
   if (!options.config_path.empty() && options.config.has_value()) {
     gm->mutable_extra_files()[tracer::kConfigJson] = options.config->text();
