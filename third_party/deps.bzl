@@ -31,5 +31,23 @@ def tracecut_dependencies():
         path = "/usr",
         build_file = str(Label("//third_party:googletest.BUILD")),
     )
+    _maybe(
+        native.new_local_repository,
+        "nlohmann_json",
+        path = "/usr",
+        build_file = str(Label("//third_party:nlohmann_json.BUILD")),
+    )
+    _maybe(
+        native.new_local_repository,
+        "cli11",
+        path = "/usr",
+        build_file = str(Label("//third_party:cli11.BUILD")),
+    )
+    _maybe(
+        native.new_local_repository,
+        "com_github_google_benchmark",
+        path = "/usr",
+        build_file = str(Label("//third_party:benchmark.BUILD")),
+    )
     _maybe(system_absl, "com_google_absl")
     _maybe(pytorch_repository, "libtorch")
