@@ -37,7 +37,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "bench/bench_util.h"
-#include "ir/status_macros.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
@@ -46,6 +45,7 @@
 #include "pipelines/pipeline.h"
 #include "pipelines/recipe.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::bench {
 namespace {

@@ -2,7 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::ir {
 namespace {

@@ -13,8 +13,8 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "ir/names.h"
-#include "ir/status_macros.h"
 #include "ir/verifier.h"
+#include "util/status_macros.h"
 
 namespace tracecut::ir {
 namespace {

@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/names.h"
-#include "ir/status_macros.h"
 #include "ir/verifier.h"
+#include "util/status_macros.h"
 
 namespace tracecut::ir {
 namespace {

@@ -11,10 +11,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "partition/subgraph.h"
 #include "runtime/compare.h"
 #include "runtime/interpreter.h"
+#include "util/status_macros.h"
 
 namespace tracecut::partition {
 namespace {

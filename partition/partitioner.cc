@@ -21,7 +21,7 @@
 #include "absl/types/span.h"
 #include "ir/graph.h"
 #include "ir/names.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::partition {
 

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::partition {
 

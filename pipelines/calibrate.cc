@@ -25,7 +25,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "pipelines/compressed_output.h"
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/observers.h"
@@ -39,6 +38,7 @@
 #include "tracer/input_files.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

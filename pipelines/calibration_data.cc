@@ -21,11 +21,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/safetensors.h"
-#include "ir/status_macros.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
 #include "tracer/hf/json.h"
 #include "tracer/input_files.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

@@ -21,10 +21,10 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/compressed_tensors.h"
 #include "checkpoint/safetensors.h"
-#include "ir/status_macros.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "pipelines/quantize.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 

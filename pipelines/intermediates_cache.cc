@@ -24,9 +24,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

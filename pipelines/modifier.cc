@@ -13,11 +13,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "partition/partitioner.h"
 #include "pipelines/progress.h"
 #include "runtime/finite.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

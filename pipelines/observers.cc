@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

@@ -31,12 +31,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "ir/status_macros.h"
 #include "partition/subgraph.h"
 #include "pipelines/expert_calibration.h"
 #include "pipelines/interrupt.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

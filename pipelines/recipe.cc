@@ -19,10 +19,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "ir/status_macros.h"
 #include "pipelines/gptq.h"
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.pb.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {

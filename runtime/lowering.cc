@@ -31,10 +31,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "runtime/op_schema.h"
 #include "runtime/prune_unused.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::runtime {
 namespace {

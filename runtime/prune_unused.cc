@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::runtime {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace tracecut::tracer {
 namespace {

@@ -17,9 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "ir/status_macros.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/export/pt2_import.h"
+#include "util/status_macros.h"
 
 namespace tracecut::tracer {
 namespace {

@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 #include "transforms/fusion_math.h"
 #include "transforms/module_util.h"
 #include "transforms/node_snapshot.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -10,12 +10,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "runtime/compare.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 #include "transforms/per_subgraph.h"
 #include "transforms/per_subgraph_internal.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -1,6 +1,6 @@
 #include "transforms/deep_copy.h"
 
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 

@@ -6,11 +6,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 #include "transforms/module_util.h"
 #include "transforms/purity.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

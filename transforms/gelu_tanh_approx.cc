@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "ir/status_macros.h"
 #include "transforms/node_snapshot.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -3,9 +3,9 @@
 #include <memory>
 #include <utility>
 
-#include "ir/status_macros.h"
 #include "runtime/lowering.h"
 #include "transforms/pipeline.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 

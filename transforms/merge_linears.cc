@@ -9,12 +9,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 #include "transforms/fusion_math.h"
 #include "transforms/module_util.h"
 #include "transforms/node_snapshot.h"
 #include "transforms/pair_fusion.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -14,8 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
 #include "ir/names.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -5,8 +5,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "ir/text.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

@@ -4,10 +4,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "transforms/module_util.h"
 #include "transforms/node_snapshot.h"
 #include "transforms/transformation.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

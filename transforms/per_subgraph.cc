@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "transforms/per_subgraph_internal.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace internal {

@@ -6,10 +6,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::transforms {
 namespace {

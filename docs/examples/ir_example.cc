@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "ir/dot.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
+#include "util/status_macros.h"
 
 namespace {
 

@@ -11,13 +11,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "partition/check.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
 #include "runtime/graph_module.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace {
 

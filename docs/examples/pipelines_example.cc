@@ -13,7 +13,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "ir/status_macros.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
@@ -22,6 +21,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/rtn_modifier.h"
 #include "runtime/lowering.h"
+#include "util/status_macros.h"
 
 namespace {
 

@@ -13,12 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace {
 

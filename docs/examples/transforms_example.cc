@@ -10,7 +10,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "runtime/compare.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -20,6 +19,7 @@
 #include "transforms/change_truediv_to_mul_by_inverse.h"
 #include "transforms/merge_linears.h"
 #include "transforms/pipeline.h"
+#include "util/status_macros.h"
 
 namespace {
 

@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "ir/status_macros.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
@@ -25,6 +24,7 @@
 #include "tools/cli/common.h"
 #include "tools/cli/model_flags.h"
 #include "tracer/hf/json.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

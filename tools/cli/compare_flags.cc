@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

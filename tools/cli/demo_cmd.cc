@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "ir/status_macros.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
 #include "pipelines/calibrate.h"
@@ -28,6 +27,7 @@
 #include "runtime/torch_status.h"
 #include "tools/cli/common.h"
 #include "tracer/hf/json.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

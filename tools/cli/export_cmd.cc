@@ -16,9 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "tools/cli/common.h"
 #include "tools/cpp/runfiles/runfiles.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

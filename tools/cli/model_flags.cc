@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
 #include "tracer/input_files.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

@@ -14,7 +14,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "partition/check.h"
 #include "partition/module_sizes.h"
 #include "partition/partitioner.h"
@@ -27,6 +26,7 @@
 #include "tracer/hf/json.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

@@ -11,13 +11,13 @@
 #include "ir/dot.h"
 #include "ir/graph.h"
 #include "ir/proto.h"
-#include "ir/status_macros.h"
 #include "ir/text.h"
 #include "runtime/lowering.h"
 #include "tools/cli/common.h"
 #include "tools/cli/graph_json.h"
 #include "tools/cli/model_flags.h"
 #include "tracer/tracer.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

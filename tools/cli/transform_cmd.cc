@@ -17,7 +17,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
-#include "ir/status_macros.h"
 #include "partition/partitioner.h"
 #include "runtime/compare.h"
 #include "runtime/graph_module.h"
@@ -35,6 +34,7 @@
 #include "transforms/per_subgraph_internal.h"
 #include "transforms/pipeline.h"
 #include "transforms/registry.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {

@@ -30,8 +30,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "ir/status_macros.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 // Note [Importing torch.export programs]
 //

@@ -7,7 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
+#include "util/status_macros.h"
 
 namespace tracecut::tracer::hf {
 namespace {

@@ -15,12 +15,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "ir/status_macros.h"
 #include "modifier/activation_max.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
 #include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
+#include "util/status_macros.h"
 
 namespace {
 

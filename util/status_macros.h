@@ -1,5 +1,5 @@
-#ifndef TRACECUT_IR_STATUS_MACROS_H_
-#define TRACECUT_IR_STATUS_MACROS_H_
+#ifndef TRACECUT_UTIL_STATUS_MACROS_H_
+#define TRACECUT_UTIL_STATUS_MACROS_H_
 
 // Status plumbing macros. Abseil 20220623 (Debian bookworm) ships no public
 // RETURN_IF_ERROR / ASSIGN_OR_RETURN, so tracecut keeps its own.
@@ -28,4 +28,4 @@
   if (!statusor.ok()) return std::move(statusor).status();   \
   lhs = std::move(statusor).value()
 
-#endif  // TRACECUT_IR_STATUS_MACROS_H_
+#endif  // TRACECUT_UTIL_STATUS_MACROS_H_
