@@ -5,13 +5,10 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/cli/common.h"
