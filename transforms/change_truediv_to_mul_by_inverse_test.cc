@@ -5,6 +5,7 @@
 #include "transforms/fusion_math.h"
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -41,7 +42,7 @@ TEST(ChangeTrueDivTest, RewritesPowersOfTwoExactly) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   EXPECT_TRUE(pipeline.preserves_computation());
   auto out = pipeline.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   const ir::Graph& g = out->graph();
   EXPECT_EQ(g.FindNode("div")->target(), "aten::mul.Scalar")
       << ir::PrintGraph(g);

@@ -4,6 +4,7 @@
 #include "ir/text.h"
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -35,7 +36,7 @@ TEST(FuseBiasInLinearTest, FoldsBiasIntoWeightOnPaddedInput) {
   Pipeline pipeline;
   pipeline.AddPass<FuseBiasInLinear>();
   auto fused = pipeline.Apply(original);
-  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_OK(fused);
   const ir::Graph& g = fused->graph();
   ir::Node* fc = g.FindNode("fc");
   EXPECT_EQ(fc->target(), "block.fc_bias_fused") << ir::PrintGraph(g);
@@ -46,7 +47,7 @@ TEST(FuseBiasInLinearTest, FoldsBiasIntoWeightOnPaddedInput) {
   // proj has no bias: untouched.
   EXPECT_EQ(g.FindNode("proj")->target(), "block.proj");
   auto w = fused->GetTensor("block.fc_bias_fused.weight");
-  ASSERT_TRUE(w.ok());
+  ASSERT_OK(w);
   EXPECT_EQ(w->sizes(), (std::vector<int64_t>{7, 6}));
   EXPECT_TRUE(
       fused->GetSubmodule("block.fc_bias_fused")->attr("bias").isNone());
