@@ -1,7 +1,5 @@
 #include "transforms/instrumentation.h"
 
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "transforms/test_util.h"
 #include "util/files.h"
 #include "util/testing/status_matchers.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -28,9 +27,10 @@ using testing::MakeGraphModule;
 using testing::MakeLinear;
 using testing::MakeRoot;
 using ::testing::StartsWith;
-using util::testing::IsOk;
 using util::testing::IsOkAndHolds;
+using util::testing::ListDir;
 using util::testing::StatusIs;
+using util::testing::TempDir;
 
 // q and k on %x (merge-linears fires), then x / 4 (truediv fires) and a
 // division by zero that FailsOnDivByZero rejects.
@@ -113,15 +113,6 @@ class Log : public Instrumentation {
   std::vector<std::string>& log_;
   bool fail_after_;
 };
-
-// A fresh directory under the test's temporary directory.
-std::string TempDir(absl::string_view name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path dir =
-      std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / std::string(name);
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
 
 TEST(InstrumentationTest, HooksRunInOrderAroundEveryPass) {
   std::vector<std::string> log;
@@ -290,6 +281,7 @@ TEST(ReproducerTest, FailingPassLeavesAReproducerThatFailsAgain) {
                        "division by zero at %div_1"));
 
   // A second failure does not overwrite the first.
+  EXPECT_THAT(ListDir(dir), ElementsAre("fails-on-div-by-zero.ir"));
   EXPECT_THAT(pipeline.Apply(MakeGraphModule(Root(), kGraph)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(absl::StrCat("[reproducer: ", dir,
@@ -320,7 +312,7 @@ TEST(ReproducerTest, ChecksAfterAPassGetAReproducerToo) {
 }
 
 TEST(ReproducerTest, UnwritableDirectoryIsReportedNotFatal) {
-  const std::string file = TempDir("repro_file");
+  const std::string file = TempDir("repro_file") + "/not_a_dir";
   ASSERT_OK(util::WriteFileAtomically(file, "not a directory"));
   PipelineOptions options;
   options.reproducer_dir = file;
