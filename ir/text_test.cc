@@ -69,7 +69,7 @@ absl::StatusOr<Argument> ParseValue(const std::string& value) {
 void ExpectRoundTrip(const Graph& g, ParseOptions options = {}) {
   std::string text = PrintGraph(g);
   absl::StatusOr<std::unique_ptr<Graph>> parsed = ParseGraph(text, options);
-  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  ASSERT_OK(parsed) << text;
   EXPECT_TRUE(StructurallyEqual(g, **parsed)) << text;
   EXPECT_EQ(PrintGraph(**parsed), text);
 }

@@ -62,7 +62,7 @@ TEST(VerifierTest, AcceptsWellFormedGraphs) {
   EXPECT_OK(Verify(s.g, &culprit));
   EXPECT_EQ(culprit, nullptr);
   for (const test_graphs::NamedGraph& c : test_graphs::VariedGraphs()) {
-    EXPECT_TRUE(Verify(*c.graph).ok()) << c.name << ": " << Verify(*c.graph);
+    EXPECT_OK(Verify(*c.graph)) << c.name;
   }
 }
 
@@ -171,10 +171,8 @@ TEST(VerifierTest, KwargNamesMustBeIdentifiers) {
 
 TEST(VerifierTest, KwargNamesMustBeUnique) {
   Small s;
-  ASSERT_TRUE(s.add
-                  ->SetKwargs({{"alpha", Argument::Int(1)},
-                               {"alpha", Argument::Int(2)}})
-                  .ok());
+  ASSERT_OK(s.add->SetKwargs(
+      {{"alpha", Argument::Int(1)}, {"alpha", Argument::Int(2)}}));
   ExpectFailure(s.g, s.add, "kwarg alpha is given twice");
 }
 
@@ -295,12 +293,10 @@ TEST(VerifierTest, TargetsMustBeWellFormed) {
 TEST(VerifierTest, CheckTargetAcceptsTheConventions) {
   EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::linear"));
   EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::add.Tensor"));
-  EXPECT_TRUE(
-      CheckTarget(OpKind::kCallFunction, "prim::NumToTensor.Scalar").ok());
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "prim::NumToTensor.Scalar"));
   EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::__and__.Tensor"));
   EXPECT_OK(CheckTarget(OpKind::kCallFunction, "getitem"));
-  EXPECT_TRUE(
-      CheckTarget(OpKind::kGetAttr, "model.layers.0.q_proj.weight").ok());
+  EXPECT_OK(CheckTarget(OpKind::kGetAttr, "model.layers.0.q_proj.weight"));
   EXPECT_OK(CheckTarget(OpKind::kGetAttr, "_tensor_constant0"));
   EXPECT_OK(CheckTarget(OpKind::kCallModule, "model.layers.0.mlp"));
   EXPECT_OK(CheckTarget(OpKind::kCallMethod, "view"));

@@ -272,9 +272,8 @@ TEST(CheckTest, StructureMismatchNamesSubgraphAndValue) {
   ir::Node* n = p->subgraphs[1].graph->FindNode("l0_out");
   ASSERT_NE(n, nullptr);
   n->set_target("aten::sum.dim_IntList");
-  ASSERT_TRUE(n->SetArgs({n->args()[0], Argument::List({Argument::Int(1)}),
-                          Argument::Bool(true)})
-                  .ok());
+  ASSERT_OK(n->SetArgs({n->args()[0], Argument::List({Argument::Int(1)}),
+                        Argument::Bool(true)}));
   auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(),

@@ -29,6 +29,7 @@ using testing::Entry;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using testing::RootScope;
+using ::tracecut::util::testing::StatusIs;
 
 PartitionOptions Llama() {
   PartitionOptions o;
@@ -416,14 +417,16 @@ TEST(PartitionerTest, RejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   PartitionOptions o;
   o.targets = {"re:(unclosed"};
-  auto p = PartitionGraph(*d.graph, o);
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(p.status().message(), HasSubstr("re:(unclosed"));
+  EXPECT_THAT(
+      PartitionGraph(*d.graph, o),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("re:(unclosed")));
   o = Llama();
   o.targets_per_subgraph = -1;
-  EXPECT_FALSE(PartitionGraph(*d.graph, o).ok());
+  EXPECT_THAT(PartitionGraph(*d.graph, o),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   ir::Graph no_output;
-  EXPECT_FALSE(PartitionGraph(no_output, Llama()).ok());
+  EXPECT_THAT(PartitionGraph(no_output, Llama()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(PartitionerTest, NestedTargetsOutermostByDefault) {
@@ -600,7 +603,8 @@ TEST(PartitionerTest, Deterministic) {
   Decoder d = BuildDecoder({.layers = 4, .glue_after_layer = 2});
   auto a = PartitionGraph(*d.graph, Llama());
   auto b = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   ASSERT_EQ(a->subgraphs.size(), b->subgraphs.size());
   for (size_t i = 0; i < a->subgraphs.size(); ++i) {
     EXPECT_TRUE(
