@@ -17,11 +17,11 @@
 //   report["nodes"] = int64_t{3};
 //   std::string text = util::DumpJson(report, 2);
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include <nlohmann/json.hpp>
 
 namespace tracecut::util {
 

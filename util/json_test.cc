@@ -63,8 +63,9 @@ TEST(JsonTest, RejectsNonStrictInputNamingTheSource) {
        {"", "{", "[1,]", "{\"a\":1,}", "{'a':1}", "01", "1.", ".5", "NaN",
         "[1] 2", "\"\\x\"", "\"\\ud800\"", "{\"a\":1,\"a\":2}", "tru",
         "\"tab\there\"", "// c\n1", "1e400"}) {
-    EXPECT_THAT(ParseJson(bad, "f.json"),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("f.json:")))
+    EXPECT_THAT(
+        ParseJson(bad, "f.json"),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("f.json:")))
         << bad;
   }
   // Line and column of where the parser stopped.

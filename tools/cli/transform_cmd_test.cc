@@ -15,14 +15,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/cli/common.h"
-#include "tracer/hf/json.h"
 #include "tracer/load.h"
+#include "util/json.h"
 
 namespace tracecut::cli {
 namespace {
 
 using ::testing::HasSubstr;
-using tracer::hf::Json;
+using util::Json;
 
 std::string Fixture(const std::string& stem) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
@@ -51,10 +51,8 @@ struct Result {
 
 // `key` of a JSON object; fails the test (and returns a null) when absent.
 const Json* Member(const Json& object, const std::string& key) {
-  for (const auto& [k, v] : object.members()) {
-    if (k == key) return &v;
-  }
-  ADD_FAILURE() << "no \"" << key << "\" in " << object.Dump();
+  if (const Json* v = util::FindMember(object, key)) return v;
+  ADD_FAILURE() << "no \"" << key << "\" in " << util::DumpJson(object);
   static const Json* null = new Json();
   return null;
 }
@@ -92,17 +90,17 @@ TEST(TransformCmdTest, LargeActivationsPassRelativeNotAbsoluteTolerance) {
                            "--json", "-o", dir + "/ok.pt"});
   ASSERT_EQ(ok.code, 0) << ok.err;
   EXPECT_THAT(ok.err, HasSubstr("check passed, max abs error "));
-  auto json = Json::Parse(ok.out, "stdout");
+  auto json = util::ParseJson(ok.out, "stdout");
   ASSERT_TRUE(json.ok()) << json.status() << "\n" << ok.out;
-  EXPECT_TRUE(Member(*json, "passed")->as_bool());
-  EXPECT_EQ(Member(*json, "rtol")->as_double(), 1e-4);
-  EXPECT_EQ(Member(*json, "atol")->as_double(), 1e-5);
-  const double max_abs = Member(*json, "max_abs_error")->as_double();
+  EXPECT_TRUE(Member(*json, "passed")->get<bool>());
+  EXPECT_EQ(Member(*json, "rtol")->get<double>(), 1e-4);
+  EXPECT_EQ(Member(*json, "atol")->get<double>(), 1e-5);
+  const double max_abs = Member(*json, "max_abs_error")->get<double>();
   EXPECT_GT(max_abs, 1e-5);  // What the absolute rule rejected.
-  EXPECT_LT(Member(*json, "max_rel_error")->as_double(), 1e-5);
-  EXPECT_EQ(Member(*json, "violations")->as_int(), 0);
+  EXPECT_LT(Member(*json, "max_rel_error")->get<double>(), 1e-5);
+  EXPECT_EQ(Member(*json, "violations")->get<int64_t>(), 0);
   EXPECT_TRUE(Member(*json, "worst")->is_null());
-  EXPECT_EQ(Member(*json, "output")->as_string(), dir + "/ok.pt");
+  EXPECT_EQ(Member(*json, "output")->get<std::string>(), dir + "/ok.pt");
   EXPECT_TRUE(Exists(dir + "/ok.pt"));
 
   const std::string out = dir + "/abs.pt";
@@ -127,17 +125,17 @@ TEST(TransformCmdTest, FailedCheckJson) {
                           "--passes=fuse-batchnorm2d-in-conv2d", "--check",
                           "--rtol=0", "--atol=0", "--json", "-o", out});
   EXPECT_EQ(r.code, 1);
-  auto json = Json::Parse(r.out, "stdout");
+  auto json = util::ParseJson(r.out, "stdout");
   ASSERT_TRUE(json.ok()) << json.status() << "\n" << r.out;
-  EXPECT_FALSE(Member(*json, "passed")->as_bool());
-  EXPECT_EQ(Member(*json, "rtol")->as_double(), 0.0);
+  EXPECT_FALSE(Member(*json, "passed")->get<bool>());
+  EXPECT_EQ(Member(*json, "rtol")->get<double>(), 0.0);
   EXPECT_TRUE(Member(*json, "output")->is_null());
-  EXPECT_GT(Member(*json, "violations")->as_int(), 0);
+  EXPECT_GT(Member(*json, "violations")->get<int64_t>(), 0);
   const Json* worst = Member(*json, "worst");
   ASSERT_NE(worst, nullptr);
-  EXPECT_EQ(Member(*worst, "path")->as_string(), "[0]");
-  EXPECT_EQ(Member(*worst, "index")->elements().size(), 2u);
-  EXPECT_GT(Member(*worst, "abs_error")->as_double(), 0.0);
+  EXPECT_EQ(Member(*worst, "path")->get<std::string>(), "[0]");
+  EXPECT_EQ(Member(*worst, "index")->size(), 2u);
+  EXPECT_GT(Member(*worst, "abs_error")->get<double>(), 0.0);
   EXPECT_FALSE(Exists(out));
 }
 
