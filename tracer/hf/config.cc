@@ -83,7 +83,7 @@ bool Matches(const Json& v, Want want) {
     case Want::kNumber:
       return v.is_number();
     case Want::kBool:
-      return v.is_bool();
+      return v.is_boolean();
     case Want::kString:
       return v.is_string();
     case Want::kStringList:
@@ -189,7 +189,7 @@ absl::StatusOr<std::optional<bool>> HfConfig::GetBool(
     absl::string_view key) const {
   const Json* v = util::FindMember(json_, key);
   if (v == nullptr || v->is_null()) return std::optional<bool>();
-  if (!v->is_bool()) return TypeError(source_, key, "a bool", *v);
+  if (!v->is_boolean()) return TypeError(source_, key, "a bool", *v);
   return std::optional<bool>(v->get<bool>());
 }
 
