@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::checkpoint {
 namespace {
@@ -14,8 +15,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string TestData(const std::string& name) {
-  return std::string(std::getenv("TEST_SRCDIR")) +
-         "/tracecut/checkpoint/testdata/" + name;
+  return util::testing::Runfile("checkpoint/testdata/" + name);
 }
 
 // A safetensors image from a header and data, for the malformed cases.

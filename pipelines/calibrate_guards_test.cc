@@ -21,24 +21,16 @@
 #include "pipelines/calibrate.h"
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.h"
+#include "util/testing/runfiles.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string Runfile(const std::string& rel) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return rel;
-  return absl::StrCat(srcdir, "/", workspace, "/", rel);
-}
-
-std::string TempDir(const std::string& name) {
-  std::string dir = absl::StrCat(testing::TempDir(), "/", name);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
+using ::tracecut::util::testing::Runfile;
+using ::tracecut::util::testing::TempDir;
 
 bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 

@@ -13,16 +13,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::pipelines {
 namespace {
 
-std::string Runfile(const std::string& rel) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return rel;
-  return absl::StrCat(srcdir, "/", workspace, "/", rel);
-}
+using ::tracecut::util::testing::Runfile;
 
 std::string TestData(const std::string& name) {
   return Runfile(absl::StrCat("pipelines/testdata/", name));

@@ -27,16 +27,12 @@
 #include "pipelines/modifier.h"
 #include "pipelines/observers.h"
 #include "pipelines/rtn_modifier.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::pipelines {
 namespace {
 
-std::string Runfile(const std::string& rel) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return rel;
-  return absl::StrCat(srcdir, "/", workspace, "/", rel);
-}
+using ::tracecut::util::testing::Runfile;
 
 // A traced fixture, loaded once per test binary.
 const LoadedForCalibration& Fixture(const std::string& stem) {

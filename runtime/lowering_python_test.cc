@@ -23,6 +23,7 @@
 #include "runtime/lowering.h"
 #include "runtime/op_schema.h"
 #include "runtime/test_util.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::runtime {
 namespace {
@@ -71,9 +72,7 @@ void Flatten(const c10::IValue& v, std::vector<at::Tensor>& out) {
 // Runs the Python check; returns its exit status, output in `log`.
 int RunPython(const std::string& model, const std::string& spec,
               std::string* log) {
-  std::string script = absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
-                                    std::getenv("TEST_WORKSPACE"),
-                                    "/runtime/python_load_check.py");
+  std::string script = util::testing::Runfile("runtime/python_load_check.py");
   std::string cmd =
       absl::StrCat(Python(), " ", script, " ", model, " ", spec, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");

@@ -20,6 +20,7 @@
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/test_util.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::runtime {
 namespace {
@@ -254,23 +255,12 @@ TEST(LoweringErrorsTest, NameTheNode) {
   EXPECT_THAT(Msg(s), ::testing::Not(HasSubstr("\n")));
 }
 
-std::string TempDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  std::string dir =
-      fs::path(t != nullptr ? t : "/tmp") /
-      ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using ::tracecut::util::testing::ListDir;
 
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    names.push_back(e.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
+// A directory of this test's own.
+std::string TempDir() {
+  return util::testing::TempDir(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name());
 }
 
 // Net: block0, block1 (one type Block: fc = Linear(4, 4) leaf, buffer

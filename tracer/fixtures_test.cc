@@ -27,6 +27,7 @@
 #include "runtime/lowering.h"
 #include "tracer/tracer.h"
 #include "util/json.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::tracer {
 namespace {
@@ -53,12 +54,7 @@ const std::vector<std::string>& Stems() {
   return *stems;
 }
 
-std::string Runfile(const std::string& rel) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return rel;
-  return absl::StrCat(srcdir, "/", workspace, "/", rel);
-}
+using ::tracecut::util::testing::Runfile;
 
 std::string FixturePath(const std::string& stem) {
   return Runfile(absl::StrCat("tests/fixtures/", stem, ".pt"));

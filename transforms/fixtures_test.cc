@@ -33,6 +33,7 @@
 #include "transforms/per_subgraph.h"
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
+#include "util/testing/runfiles.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -40,12 +41,7 @@ namespace {
 using testing::DiffGraphModules;
 using testing::RunGraph;
 
-std::string Runfile(const std::string& rel) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return rel;
-  return absl::StrCat(srcdir, "/", workspace, "/", rel);
-}
+using ::tracecut::util::testing::Runfile;
 
 // The project's Python (@libtorch//:python, set by the BUILD rule).
 std::string PythonPath() {

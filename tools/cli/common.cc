@@ -1,6 +1,5 @@
 #include "tools/cli/common.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,43 +7,27 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/cord.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "runtime/torch_status.h"
+#include "tools/cpp/runfiles/runfiles.h"
+#include "util/files.h"
+#include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {
 
-constexpr absl::string_view kUsagePayload = "tracecut/usage-error";
 constexpr absl::string_view kExitCodePayload = "tracecut/exit-code";
 
 std::vector<Subcommand>& Registry() {
   static auto* registry = new std::vector<Subcommand>();
   return *registry;
-}
-
-const FlagSpec* FindLong(const std::vector<FlagSpec>& flags,
-                         absl::string_view name) {
-  for (const FlagSpec& f : flags) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
-}
-
-const FlagSpec* FindShort(const std::vector<FlagSpec>& flags, char name) {
-  for (const FlagSpec& f : flags) {
-    if (f.short_name != 0 && f.short_name == name) return &f;
-  }
-  return nullptr;
 }
 
 std::string ToolHelp() {
@@ -67,15 +50,6 @@ std::string ToolHelp() {
   return out;
 }
 
-std::string FlagLabel(const FlagSpec& f) {
-  std::string label;
-  if (f.short_name != 0)
-    absl::StrAppend(&label, "-", std::string(1, f.short_name), ", ");
-  absl::StrAppend(&label, "--", f.name);
-  if (!f.value_name.empty()) absl::StrAppend(&label, "=", f.value_name);
-  return label;
-}
-
 // Outputs are written to a temporary file renamed over the path: over a
 // device or FIFO (e.g. -o /dev/null or /dev/full, as root) that would
 // replace the node itself with a regular file.
@@ -90,117 +64,14 @@ absl::Status CheckNotSpecialFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The flags of `command` and --help, which every subcommand takes.
+std::vector<FlagSpec> FlagsWithHelp(const Subcommand& command) {
+  std::vector<FlagSpec> flags = command.flags;
+  flags.push_back(FlagSpec::Bool("help", "show this help").Short('h'));
+  return flags;
+}
+
 }  // namespace
-
-FlagSpec FlagSpec::Value(std::string name, std::string value_name,
-                         std::string help) {
-  FlagSpec f;
-  f.name = std::move(name);
-  f.value_name = std::move(value_name);
-  f.help = std::move(help);
-  return f;
-}
-
-FlagSpec FlagSpec::Bool(std::string name, std::string help) {
-  FlagSpec f;
-  f.name = std::move(name);
-  f.help = std::move(help);
-  return f;
-}
-
-bool ParsedArgs::Has(absl::string_view flag) const {
-  return values_.find(flag) != values_.end();
-}
-
-std::optional<std::string> ParsedArgs::Get(absl::string_view flag) const {
-  auto it = values_.find(flag);
-  if (it == values_.end() || it->second.empty()) return std::nullopt;
-  return it->second.back();
-}
-
-std::vector<std::string> ParsedArgs::GetAll(absl::string_view flag) const {
-  auto it = values_.find(flag);
-  return it == values_.end() ? std::vector<std::string>() : it->second;
-}
-
-absl::Status UsageError(absl::string_view message) {
-  absl::Status s = absl::InvalidArgumentError(message);
-  s.SetPayload(kUsagePayload, absl::Cord("1"));
-  return s;
-}
-
-bool IsUsageError(const absl::Status& status) {
-  return status.GetPayload(kUsagePayload).has_value();
-}
-
-absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                     const std::vector<FlagSpec>& flags) {
-  ParsedArgs parsed;
-  auto add = [&](const FlagSpec& f, std::string value) -> absl::Status {
-    std::vector<std::string>& values = parsed.values_[f.name];
-    if (!values.empty() && !f.repeated) {
-      return UsageError(absl::StrCat("--", f.name, " given more than once"));
-    }
-    values.push_back(std::move(value));
-    return absl::OkStatus();
-  };
-  bool flags_done = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (flags_done || a == "-" || !absl::StartsWith(a, "-")) {
-      parsed.positional_.push_back(a);
-      continue;
-    }
-    if (a == "--") {
-      flags_done = true;
-      continue;
-    }
-    const FlagSpec* f = nullptr;
-    std::optional<std::string> inline_value;
-    std::string shown;
-    if (absl::StartsWith(a, "--")) {
-      absl::string_view body = absl::string_view(a).substr(2);
-      size_t eq = body.find('=');
-      absl::string_view name = body.substr(0, eq);
-      if (eq != absl::string_view::npos) {
-        inline_value = std::string(body.substr(eq + 1));
-      }
-      f = FindLong(flags, name);
-      shown = absl::StrCat("--", name);
-    } else {
-      f = FindShort(flags, a[1]);
-      if (a.size() > 2) inline_value = a.substr(2);
-      shown = a.substr(0, 2);
-    }
-    if (f == nullptr) {
-      return UsageError(absl::StrCat("unknown flag ", shown));
-    }
-    if (f->value_name.empty()) {
-      if (inline_value.has_value()) {
-        return UsageError(absl::StrCat(shown, " takes no value"));
-      }
-      absl::Status s = add(*f, "");
-      if (!s.ok()) return s;
-      continue;
-    }
-    std::string value;
-    if (inline_value.has_value()) {
-      value = *inline_value;
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return UsageError(
-          absl::StrCat(shown, " needs a value (", f->value_name, ")"));
-    }
-    if (value.empty()) {
-      return UsageError(absl::StrCat(shown, " needs a non-empty value (",
-                                     f->value_name, ")"));
-    }
-    absl::Status s = add(*f, std::move(value));
-    if (!s.ok()) return s;
-  }
-  return parsed;
-}
 
 bool RegisterSubcommand(Subcommand command) {
   Registry().push_back(std::move(command));
@@ -218,24 +89,8 @@ std::vector<const Subcommand*> Subcommands() {
 }
 
 std::string SubcommandHelp(const Subcommand& command) {
-  std::string out =
-      absl::StrCat("usage: tracecut ", command.name, " ", command.synopsis,
-                   "\n\n", command.summary, "\n");
-  if (!command.description.empty()) {
-    absl::StrAppend(&out, "\n", command.description, "\n");
-  }
-  std::vector<FlagSpec> flags = command.flags;
-  flags.push_back(FlagSpec::Bool("help", "show this help").Short('h'));
-  size_t width = 0;
-  for (const FlagSpec& f : flags) width = std::max(width, FlagLabel(f).size());
-  absl::StrAppend(&out, "\nflags:\n");
-  for (const FlagSpec& f : flags) {
-    std::string label = FlagLabel(f);
-    absl::StrAppend(&out, "  ", label,
-                    std::string(width - label.size() + 2, ' '), f.help,
-                    f.repeated ? " (repeatable)" : "", "\n");
-  }
-  return out;
+  return FlagsHelp(command.name, command.synopsis, command.summary,
+                   command.description, FlagsWithHelp(command));
 }
 
 // The values of input-file flags (FlagSpec::InputFile) that are
@@ -276,8 +131,7 @@ int Main(const std::vector<std::string>& argv, Io& io) {
     return 2;
   }
   std::vector<std::string> args(argv.begin() + 2, argv.end());
-  std::vector<FlagSpec> flags = command->flags;
-  flags.push_back(FlagSpec::Bool("help", "show this help").Short('h'));
+  const std::vector<FlagSpec> flags = FlagsWithHelp(*command);
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, flags);
   absl::Status status;
   if (!parsed.ok()) {
@@ -346,61 +200,12 @@ absl::Status WriteOutput(const std::string& path, absl::string_view bytes,
     return io.out ? absl::OkStatus()
                   : absl::DataLossError("cannot write to standard output");
   }
-  if (absl::Status s = CheckNotSpecialFile(path); !s.ok()) return s;
-  std::string dir = ".";
-  if (size_t slash = path.rfind('/'); slash != std::string::npos) {
-    dir = slash == 0 ? "/" : path.substr(0, slash);
-  }
-  std::string base = path.substr(
-      path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
-  if (base.empty()) {
+  RETURN_IF_ERROR(CheckNotSpecialFile(path));
+  if (path.empty() || path.back() == '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("output path '", path, "' names a directory"));
   }
-  std::string tmpl = absl::StrCat(dir, "/.", base, ".tmp.XXXXXX");
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot write '", path, "': cannot create a file in '",
-                     dir, "': ", std::strerror(errno)));
-  }
-  const std::string tmp(name.data());
-  auto fail = [&](absl::string_view what) {
-    int err = errno;
-    close(fd);
-    unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("cannot write '", path, "': ", what,
-                                            ": ", std::strerror(err)));
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("write failed");
-    }
-    done += static_cast<size_t>(n);
-  }
-  // Readable like a file created normally (mkstemp makes it 0600).
-  mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
-  if (fsync(fd) != 0) return fail("fsync failed");
-  if (close(fd) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(
-        "cannot write '", path, "': close failed: ", std::strerror(err)));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat(
-        "cannot write '", path, "': rename failed: ", std::strerror(err)));
-  }
-  return absl::OkStatus();
+  return util::WriteFileAtomically(path, bytes);
 }
 
 absl::Status CheckOutputPath(const std::string& path, bool directory_output) {
@@ -410,7 +215,7 @@ absl::Status CheckOutputPath(const std::string& path, bool directory_output) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot write '", path, "': it is a directory"));
   }
-  if (absl::Status s = CheckNotSpecialFile(path); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckNotSpecialFile(path));
   fs::path dir = fs::path(path).parent_path();
   if (dir.empty()) dir = ".";
   if (!fs::is_directory(dir, ec)) {
@@ -423,9 +228,9 @@ absl::Status CheckOutputPath(const std::string& path, bool directory_output) {
   std::string probe = (dir / ".tracecut-probe.XXXXXX").string();
   int fd = mkstemp(probe.data());
   if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot write '", path, "': cannot create a file in '",
-                     dir.string(), "': ", std::strerror(errno)));
+    return util::ErrnoError(
+        errno, absl::StrCat("cannot write '", path,
+                            "': cannot create a file in '", dir.string(), "'"));
   }
   close(fd);
   unlink(probe.c_str());
@@ -459,6 +264,32 @@ absl::Status CheckOutputIsNotInput(const std::string& output,
                      input, "'; choose another output path"));
   }
   return absl::OkStatus();
+}
+
+std::string UserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
+    return absl::StrCat(wd, "/", path);
+  }
+  return path;
+}
+
+absl::StatusOr<std::string> FindRunfile(const std::string& name) {
+  using ::bazel::tools::cpp::runfiles::Runfiles;
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string error;
+  std::unique_ptr<Runfiles> runfiles(Runfiles::Create(exe, &error));
+  if (runfiles == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot find tracecut's runfiles: ", error));
+  }
+  std::string path = runfiles->Rlocation(name);
+  if (path.empty() || access(path.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot find ", name, " among tracecut's runfiles"));
+  }
+  return path;
 }
 
 }  // namespace tracecut::cli

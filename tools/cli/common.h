@@ -2,7 +2,8 @@
 #define TRACECUT_TOOLS_CLI_COMMON_H_
 
 // Shared plumbing of the `tracecut` command line: a subcommand registry,
-// flag parsing, and atomic output. No LibTorch here.
+// dispatch, and atomic output. Flags are declared and read through
+// tools/cli/flags.h (parsed by CLI11). No LibTorch here.
 //
 // A subcommand lives in its own file (tools/cli/<name>_cmd.cc, a cc_library
 // with alwayslink = True linked into //tools:tracecut) and registers itself:
@@ -15,9 +16,11 @@
 //     c.synopsis = "MODEL.pt [-o FILE]";
 //     c.summary = "One line for `tracecut --help`.";
 //     c.description = "A paragraph for `tracecut foo --help`.";
-//     c.flags = {FlagSpec::Value("output", "FILE", "where to
-//     write").Short('o')}; c.min_positional = c.max_positional = 1; c.run =
-//     RunFoo; return c;
+//     c.flags = {FlagSpec::Value("output", "FILE", "where to write")
+//                    .Short('o')};
+//     c.min_positional = c.max_positional = 1;
+//     c.run = RunFoo;
+//     return c;
 //   }
 //   const bool kRegistered = RegisterSubcommand(FooCommand());
 //   }  // namespace
@@ -26,8 +29,6 @@
 // error 1; both print one line, "tracecut foo: <message>".
 
 #include <functional>
-#include <map>
-#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -35,59 +36,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "tools/cli/flags.h"
 
 namespace tracecut::cli {
-
-struct FlagSpec {
-  std::string name;         // Long name without dashes: "leaf".
-  char short_name = 0;      // 'o' for -o; 0 for none.
-  std::string value_name;   // "FILE"; empty for a boolean flag.
-  bool repeated = false;    // May be given more than once.
-  bool input_file = false;  // Names a file to read: not a directory.
-  std::string help;
-
-  // --name=VALUE_NAME.
-  static FlagSpec Value(std::string name, std::string value_name,
-                        std::string help);
-  // --name (no value).
-  static FlagSpec Bool(std::string name, std::string help);
-  FlagSpec& Short(char c) {
-    short_name = c;
-    return *this;
-  }
-  FlagSpec& Repeated() {
-    repeated = true;
-    return *this;
-  }
-  // Main refuses a directory as its value, before the command runs:
-  // "--recipe: 'DIR' is a directory".
-  FlagSpec& InputFile() {
-    input_file = true;
-    return *this;
-  }
-};
-
-class ParsedArgs {
- public:
-  const std::vector<std::string>& positional() const { return positional_; }
-  bool Has(absl::string_view flag) const;
-  // The value of a single-valued flag, if given.
-  std::optional<std::string> Get(absl::string_view flag) const;
-  // Every value of a repeated flag, in order.
-  std::vector<std::string> GetAll(absl::string_view flag) const;
-
- private:
-  friend absl::StatusOr<ParsedArgs> ParseArgs(
-      const std::vector<std::string>& args, const std::vector<FlagSpec>& flags);
-  std::vector<std::string> positional_;
-  std::map<std::string, std::vector<std::string>, std::less<>> values_;
-};
-
-// Parses `--name=value`, `--name value`, `-o value`, `-ovalue`, boolean
-// `--name`, and positionals ("--" ends flags). Unknown flags, missing or
-// unexpected values, and single-valued flags given twice are usage errors.
-absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                     const std::vector<FlagSpec>& flags);
 
 // Where a subcommand writes.
 struct Io {
@@ -110,10 +61,6 @@ struct Subcommand {
 bool RegisterSubcommand(Subcommand command);
 // Registered subcommands, sorted by name.
 std::vector<const Subcommand*> Subcommands();
-
-// A usage error: exits 2 and points at --help.
-absl::Status UsageError(absl::string_view message);
-bool IsUsageError(const absl::Status& status);
 
 // The `tracecut` entry point: dispatches argv[1] and returns the exit code.
 int Main(const std::vector<std::string>& argv, Io& io);
@@ -144,6 +91,16 @@ absl::Status CheckOutputPath(const std::string& path,
 // model is never replaced by a tool's output.
 absl::Status CheckOutputIsNotInput(const std::string& output,
                                    const std::string& input);
+
+// `path` as the user meant it: relative paths are taken from where the user
+// ran `bazel run` ($BUILD_WORKING_DIRECTORY), not from the runfiles tree
+// that `bazel run` starts in.
+std::string UserPath(const std::string& path);
+
+// `name` ("tracecut/tests/fixtures/llama.pt": workspace, then path) among
+// the runfiles of the running binary, found with Bazel's runfiles library.
+// NotFound when the binary has no runfiles or `name` is not readable there.
+absl::StatusOr<std::string> FindRunfile(const std::string& name);
 
 }  // namespace tracecut::cli
 

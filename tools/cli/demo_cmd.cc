@@ -2,9 +2,7 @@
 // partition, sequential GPTQ W4 g128 on synthetic data, and the final-logit
 // error of GPTQ against round-to-nearest.
 
-#include <sys/stat.h>
 #include <torch/script.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -16,7 +14,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
 #include "pipelines/calibrate.h"
@@ -26,6 +23,7 @@
 #include "pipelines/recipe.h"
 #include "runtime/torch_status.h"
 #include "tools/cli/common.h"
+#include "util/files.h"
 #include "util/json.h"
 #include "util/status_macros.h"
 
@@ -58,62 +56,16 @@ constexpr char kRtnRecipe[] = R"pb(
   pipeline: SEQUENTIAL
 )pb";
 
-bool Exists(const std::string& path) { return access(path.c_str(), R_OK) == 0; }
-
 // The bundled model: a runfile of the tracecut binary.
 absl::StatusOr<std::string> FindBundledModel() {
-  std::vector<std::string> tried;
-  auto candidate = [&](const std::string& path) -> bool {
-    tried.push_back(path);
-    return Exists(path);
-  };
-  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* dir = std::getenv(env)) {
-      std::string p = absl::StrCat(dir, "/", kFixture);
-      if (candidate(p)) return p;
-    }
-  }
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    std::string p = absl::StrCat(exe, ".runfiles/", kFixture);
-    if (candidate(p)) return p;
-  }
-  // `bazel run` starts in the runfiles tree itself.
-  if (candidate("tests/fixtures/llama.pt")) return tried.back();
-  return absl::NotFoundError(absl::StrCat(
-      "cannot find the bundled model (tried ", absl::StrJoin(tried, ", "),
-      "); build with bazel (bazel run //tools:tracecut -- demo) or pass "
-      "--model=FILE"));
-}
-
-// Relative paths are taken from where the user ran `bazel run`.
-std::string UserPath(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
-    return absl::StrCat(wd, "/", path);
+  absl::StatusOr<std::string> path = FindRunfile(kFixture);
+  if (!path.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot find the bundled model (", path.status().message(),
+        "); build with bazel (bazel run //tools:tracecut -- demo) or pass "
+        "--model=FILE"));
   }
   return path;
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::string partial;
-  for (size_t i = 0; i <= dir.size(); ++i) {
-    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
-      partial = dir.substr(0, i);
-      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("cannot create directory '", partial, "'"));
-      }
-    }
-  }
-  struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", dir, "' is not a directory"));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<pipelines::OutputError> LogitError(
@@ -165,7 +117,7 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
        << partition::PlanToText(partition::BuildPlan(partition, popts)) << "\n";
 
   // 3. Calibrate: GPTQ, then round-to-nearest for comparison.
-  RETURN_IF_ERROR(MakeDirs(out_dir));
+  RETURN_IF_ERROR(util::MakeDirs(out_dir));
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
   pipelines::Progress progress(&io.err, live);
   struct Run {

@@ -17,53 +17,32 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "tools/cli/common.h"
-#include "tools/cpp/runfiles/runfiles.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {
 
-using bazel::tools::cpp::runfiles::Runfiles;
-
 constexpr char kScript[] = "tracecut/python/tracecut_export.py";
 constexpr char kPython[] = "libtorch/python";
 
-absl::StatusOr<std::string> Runfile(const Runfiles& runfiles,
-                                    const std::string& name) {
-  std::string path = runfiles.Rlocation(name);
-  if (path.empty() || access(path.c_str(), R_OK) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot find ", name,
-                     " among tracecut's runfiles; run tracecut built by bazel "
-                     "(bazel run //tools:tracecut -- export ...)"));
-  }
-  return path;
-}
-
-// Relative paths are taken from where the user ran `bazel run`.
-std::string UserPath(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  if (const char* wd = std::getenv("BUILD_WORKING_DIRECTORY")) {
-    return absl::StrCat(wd, "/", path);
+// A runfile of the export: found, or an error saying how to get it.
+absl::StatusOr<std::string> ExportRunfile(const std::string& name) {
+  absl::StatusOr<std::string> path = FindRunfile(name);
+  if (!path.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        path.status().message(),
+        "; run tracecut built by bazel (bazel run //tools:tracecut -- export "
+        "...)"));
   }
   return path;
 }
 
 absl::Status RunExport(const ParsedArgs& args, Io& io) {
-  std::string error;
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  exe[n > 0 ? n : 0] = '\0';
-  std::unique_ptr<Runfiles> runfiles(Runfiles::Create(exe, &error));
-  if (runfiles == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot find tracecut's runfiles: ", error));
-  }
   if (!args.Get("output").has_value()) {
     return UsageError("give -o OUT.pt2 (where to write the program)");
   }
-  ASSIGN_OR_RETURN(std::string script, Runfile(*runfiles, kScript));
-  ASSIGN_OR_RETURN(std::string python, Runfile(*runfiles, kPython));
+  ASSIGN_OR_RETURN(std::string script, ExportRunfile(kScript));
+  ASSIGN_OR_RETURN(std::string python, ExportRunfile(kPython));
 
   // A model id (no such path) is passed through for the local HF cache.
   std::string model = args.positional()[0];

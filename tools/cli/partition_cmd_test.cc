@@ -2,75 +2,31 @@
 // split into head + one subgraph per decoder layer with --check passing,
 // --help, and errors for targets matching nothing.
 
-#include <dirent.h>
-#include <sys/stat.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/cli/common.h"
+#include "tools/cli/testing/cli_test_util.h"
 #include "tracer/hf/config.h"
 #include "tracer/load.h"
 #include "util/json.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::cli {
 namespace {
 
 using ::testing::HasSubstr;
-using util::Json;
-
-std::string Fixture(const std::string& stem) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
-                      "/tests/fixtures/", stem, ".pt");
-}
-
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      std::string name = e->d_name;
-      if (name != "." && name != "..") out.push_back(name);
-    }
-    closedir(d);
-  }
-  return out;
-}
-
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-Result RunTracecut(std::vector<std::string> args) {
-  args.insert(args.begin(), "tracecut");
-  std::ostringstream out, err;
-  Io io{out, err};
-  int code = Main(args, io);
-  return {code, out.str(), err.str()};
-}
-
-int Lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
+using ::tracecut::cli::testing::Fixture;
+using ::tracecut::cli::testing::Lines;
+using ::tracecut::cli::testing::Result;
+using ::tracecut::cli::testing::RunTracecut;
+using ::tracecut::util::Json;
+using ::tracecut::util::testing::ListDir;
+using ::tracecut::util::testing::TempDir;
 
 const Json* Member(const Json& object, const std::string& key) {
   return util::FindMember(object, key);

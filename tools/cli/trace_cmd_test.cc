@@ -1,12 +1,9 @@
 // The `tracecut trace` subcommand through cli::Main: help, usage errors,
 // every output format, --json, and atomic output.
 
-#include <dirent.h>
 #include <sys/stat.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,65 +15,26 @@
 #include "ir/proto.h"
 #include "ir/text.h"
 #include "tools/cli/common.h"
+#include "tools/cli/testing/cli_test_util.h"
+#include "util/files.h"
 #include "util/json.h"
+#include "util/testing/status_matchers.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
-
-std::string Fixture(const std::string& stem) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
-                      "/tests/fixtures/", stem, ".pt");
-}
-
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* e = readdir(d)) {
-      std::string name = e->d_name;
-      if (name != "." && name != "..") out.push_back(name);
-    }
-    closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
-
-Result RunTracecut(std::vector<std::string> args) {
-  args.insert(args.begin(), "tracecut");
-  std::ostringstream out, err;
-  Io io{out, err};
-  int code = Main(args, io);
-  return {code, out.str(), err.str()};
-}
-
-int Lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
+using ::tracecut::cli::testing::Fixture;
+using ::tracecut::cli::testing::Lines;
+using ::tracecut::cli::testing::Result;
+using ::tracecut::cli::testing::RunTracecut;
+using ::tracecut::util::testing::IsOkAndHolds;
+using ::tracecut::util::testing::ListDir;
+using ::tracecut::util::testing::TempDir;
 
 TEST(TracecutTest, HelpForToolAndSubcommand) {
   Result r = RunTracecut({"--help"});
@@ -142,7 +100,7 @@ TEST(TracecutTest, EveryFormatToAFile) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(r.out.empty());
     EXPECT_THAT(r.err, HasSubstr("wrote"));
-    const std::string bytes = ReadFile(path);
+    ASSERT_OK_AND_ASSIGN(const std::string bytes, util::ReadFile(path));
     ASSERT_FALSE(bytes.empty()) << format;
     if (std::string(format) == "proto") {
       absl::StatusOr<std::unique_ptr<ir::Graph>> g =
@@ -177,7 +135,7 @@ TEST(TracecutTest, JsonSummary) {
   ASSERT_EQ(j->at("call_module_targets").size(), 1u);
   EXPECT_EQ(j->at("assumptions").size(), 2u);
   EXPECT_EQ(j->at("output").get<std::string>(), dir + "/g.txt");
-  EXPECT_FALSE(ReadFile(dir + "/g.txt").empty());
+  EXPECT_THAT(util::ReadFile(dir + "/g.txt"), IsOkAndHolds(Not(IsEmpty())));
 
   // --json alone: the summary only.
   r = RunTracecut({"trace", Fixture("shape_branch"), "--json"});
@@ -192,7 +150,7 @@ TEST(WriteOutputTest, AtomicReplaceAndErrors) {
   const std::string path = dir + "/f.txt";
   ASSERT_TRUE(WriteOutput(path, "one", io).ok());
   ASSERT_TRUE(WriteOutput(path, "two", io).ok());
-  EXPECT_EQ(ReadFile(path), "two");
+  EXPECT_THAT(util::ReadFile(path), IsOkAndHolds("two"));
   EXPECT_EQ(ListDir(dir).size(), 1u);
   absl::Status s = WriteOutput(dir + "/no/such/dir/f.txt", "x", io);
   EXPECT_FALSE(s.ok());
@@ -218,26 +176,6 @@ TEST(WriteOutputTest, SpecialFilesAreNotReplaced) {
   ASSERT_EQ(stat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
   EXPECT_EQ(ListDir(dir), std::vector<std::string>{"fifo"});
-}
-
-TEST(ParseArgsTest, FlagForms) {
-  std::vector<FlagSpec> flags = {
-      FlagSpec::Value("leaf", "X", "").Repeated(),
-      FlagSpec::Value("output", "FILE", "").Short('o'),
-      FlagSpec::Bool("json", ""),
-  };
-  absl::StatusOr<ParsedArgs> a = ParseArgs(
-      {"m.pt", "--leaf=a", "--leaf", "b", "-oout", "--json", "--", "--literal"},
-      flags);
-  ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_THAT(a->positional(), ::testing::ElementsAre("m.pt", "--literal"));
-  EXPECT_THAT(a->GetAll("leaf"), ::testing::ElementsAre("a", "b"));
-  EXPECT_EQ(a->Get("output"), "out");
-  EXPECT_TRUE(a->Has("json"));
-  EXPECT_FALSE(a->Has("other"));
-  absl::StatusOr<ParsedArgs> bad = ParseArgs({"--leaf="}, flags);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_TRUE(IsUsageError(bad.status()));
 }
 
 }  // namespace

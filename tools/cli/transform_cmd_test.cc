@@ -5,49 +5,33 @@
 
 #include <sys/stat.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/cli/common.h"
+#include "tools/cli/testing/cli_test_util.h"
 #include "tracer/load.h"
 #include "util/json.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::cli {
 namespace {
 
 using ::testing::HasSubstr;
-using util::Json;
-
-std::string Fixture(const std::string& stem) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "",
-                      "/tests/fixtures/", stem, ".pt");
-}
-
-std::string TempDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name);
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
+using ::tracecut::cli::testing::Fixture;
+using ::tracecut::cli::testing::Lines;
+using ::tracecut::cli::testing::Result;
+using ::tracecut::cli::testing::RunTracecut;
+using ::tracecut::util::Json;
+using ::tracecut::util::testing::TempDir;
 
 bool Exists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
 }
-
-struct Result {
-  int code;
-  std::string out;
-  std::string err;
-};
 
 // `key` of a JSON object; fails the test (and returns a null) when absent.
 const Json* Member(const Json& object, const std::string& key) {
@@ -55,14 +39,6 @@ const Json* Member(const Json& object, const std::string& key) {
   ADD_FAILURE() << "no \"" << key << "\" in " << util::DumpJson(object);
   static const Json* null = new Json();
   return null;
-}
-
-Result RunTracecut(std::vector<std::string> args) {
-  args.insert(args.begin(), "tracecut");
-  std::ostringstream out, err;
-  Io io{out, err};
-  int code = Main(args, io);
-  return {code, out.str(), err.str()};
 }
 
 TEST(TransformCmdTest, FusesBatchNormInCnnWithCheck) {
@@ -108,7 +84,7 @@ TEST(TransformCmdTest, LargeActivationsPassRelativeNotAbsoluteTolerance) {
                             "--passes=fuse-batchnorm2d-in-conv2d", "--check",
                             "--rtol=0", "--atol=1e-5", "-o", out});
   EXPECT_EQ(abs.code, 1);
-  EXPECT_EQ(std::count(abs.err.begin(), abs.err.end(), '\n'), 1) << abs.err;
+  EXPECT_EQ(Lines(abs.err), 1) << abs.err;
   EXPECT_THAT(abs.err,
               HasSubstr("check failed after fuse-batchnorm2d-in-conv2d: "));
   EXPECT_THAT(abs.err, HasSubstr(" of 20 elements exceed atol 1e-05 + rtol "
@@ -147,7 +123,7 @@ TEST(TransformCmdTest, ToleranceFlags) {
                             "--passes=eliminate-dead-code", "--check", flag,
                             "-o", out});
     EXPECT_EQ(r.code, 2) << flag;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
     const std::string name(flag, std::string(flag).find('='));
     EXPECT_THAT(r.err, HasSubstr(name + " wants a finite number >= 0"));
   }
@@ -178,7 +154,7 @@ TEST(TransformCmdTest, UnknownPassIsOneLineAndWritesNothing) {
   Result r = RunTracecut(
       {"transform", Fixture("cnn"), "--passes=no-such-pass", "-o", out});
   EXPECT_NE(r.code, 0);
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("unknown pass 'no-such-pass'"));
   EXPECT_THAT(r.err, HasSubstr("fuse-batchnorm2d-in-conv2d"));
   EXPECT_FALSE(Exists(out));
@@ -190,7 +166,7 @@ TEST(TransformCmdTest, OutputOverAFifoFailsBeforeTracing) {
   Result r = RunTracecut({"transform", Fixture("cnn"),
                           "--passes=eliminate-dead-code", "-o", fifo});
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("'" + fifo + "': it exists and is not a"));
   struct stat st;
   ASSERT_EQ(stat(fifo.c_str(), &st), 0);
@@ -208,7 +184,7 @@ TEST(TransformCmdTest, DebugWithUnwritableStdoutFails) {
            io);
   const std::string e = err.str();
   EXPECT_EQ(code, 1);
-  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+  EXPECT_EQ(Lines(e), 1) << e;
   EXPECT_THAT(e, HasSubstr("cannot write to standard output"));
 }
 
