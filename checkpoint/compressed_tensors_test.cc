@@ -10,6 +10,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::checkpoint {
 namespace {
@@ -37,7 +38,7 @@ TEST(PackToInt32Test, FourBitsByHand) {
   // Codes -8..7 are 0..15 once offset: nibble k of word 0 holds k.
   torch::Tensor codes = torch::arange(-8, 8, torch::kChar).reshape({1, 16});
   absl::StatusOr<torch::Tensor> packed = PackToInt32(codes, 4);
-  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_OK(packed);
   ASSERT_EQ(packed->sizes(), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(static_cast<uint32_t>((*packed)[0][0].item<int32_t>()),
             0x76543210u);
@@ -52,12 +53,12 @@ TEST(PackToInt32Test, EveryWidthRoundTripsAcrossWordBoundaries) {
     const int64_t hi = (int64_t{1} << (bits - 1));
     torch::Tensor codes = torch::randint(lo, hi, {3, 45}, torch::kChar);
     absl::StatusOr<torch::Tensor> packed = PackToInt32(codes, bits);
-    ASSERT_TRUE(packed.ok()) << packed.status();
+    ASSERT_OK(packed);
     EXPECT_EQ(packed->size(1), (45 * bits + 31) / 32) << bits;
     EXPECT_TRUE(torch::equal(Unpack(*packed, bits, 45), codes)) << bits;
     // Along dim 0: the transpose of packing the transpose.
     absl::StatusOr<torch::Tensor> by_column = PackToInt32(codes.t(), bits, 0);
-    ASSERT_TRUE(by_column.ok());
+    ASSERT_OK(by_column);
     EXPECT_TRUE(torch::equal(by_column->t(), *packed)) << bits;
   }
   EXPECT_FALSE(PackToInt32(torch::zeros({2, 2}, torch::kInt), 4).ok());
@@ -84,7 +85,7 @@ TEST(CompressLinearTest, WritesThePackedTensorsInOrder) {
   {
     CtLinear l = MakeLinear();
     auto tensors = CompressLinear(l);
-    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    ASSERT_OK(tensors);
     std::vector<std::string> names;
     for (const auto& [name, t] : *tensors) names.push_back(name);
     std::vector<std::string> want = {
@@ -115,7 +116,7 @@ TEST(CompressLinearTest, SymmetricStoresNoZeroPoint) {
   l.weight = torch::randint(-8, 8, {3, 8}, torch::kFloat) *
              l.scale.repeat_interleave(4, 1);
   auto tensors = CompressLinear(l);
-  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_OK(tensors);
   ASSERT_EQ(tensors->size(), 3u);
   EXPECT_EQ(tensors->back().first, l.path + ".weight_shape");
 }
@@ -145,7 +146,7 @@ TEST(ConfigWithQuantizationTest, OneGroupPerScheme) {
   absl::StatusOr<std::string> config = ConfigWithQuantization(
       R"({"model_type": "llama", "hidden_size": 64})",
       {{"a.q_proj", w4}, {"a.down_proj", w8}, {"b.q_proj", w4}});
-  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_OK(config);
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(*config);
   EXPECT_EQ(j.begin().key(), "model_type");  // Original keys first.
   const auto& q = j["quantization_config"];
@@ -171,7 +172,7 @@ TEST(SerializeSafetensorsTest, ReadsBackAndIsDeterministic) {
       {"c.half", torch::ones({3}, torch::kBFloat16).t()}};
   absl::StatusOr<std::string> bytes =
       SerializeSafetensors(tensors, {{"format", "pt"}});
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_OK(bytes);
   EXPECT_EQ(*SerializeSafetensors(tensors, {{"format", "pt"}}), *bytes);
   uint64_t header = 0;
   for (int i = 7; i >= 0; --i) {
@@ -179,7 +180,7 @@ TEST(SerializeSafetensorsTest, ReadsBackAndIsDeterministic) {
   }
   EXPECT_EQ(header % 8, 0u);
   auto file = SafetensorsFile::FromBytes(*bytes, "mem.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   for (const auto& [name, t] : tensors) {
     absl::StatusOr<torch::Tensor> got = (*file)->Get(name);
     ASSERT_TRUE(got.ok()) << name;

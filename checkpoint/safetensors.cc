@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "util/files.h"
 #include "util/status_macros.h"
 
 namespace tracecut::checkpoint {
@@ -109,13 +110,13 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
     const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open '", path, "'"));
+    return util::ErrnoError(errno, absl::StrCat("cannot open '", path, "'"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat("cannot stat '", path, "'"));
+    return util::ErrnoError(err, absl::StrCat("cannot stat '", path, "'"));
   }
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->name_ = path;
@@ -125,7 +126,7 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
-      return absl::ErrnoToStatus(err, absl::StrCat("cannot map '", path, "'"));
+      return util::ErrnoError(err, absl::StrCat("cannot map '", path, "'"));
     }
     f->mapping_ = p;
     f->data_ = static_cast<const char*>(p);

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::checkpoint {
 namespace {
@@ -28,19 +29,19 @@ std::string Image(const std::string& header, const std::string& data) {
 
 TEST(SafetensorsFileTest, ReadsWhatTheSafetensorsPackageWrote) {
   auto f = SafetensorsFile::Open(TestData("model.safetensors"));
-  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_OK(f);
   EXPECT_THAT((*f)->names(), ::testing::ElementsAre("b", "ids", "w"));
   auto w = (*f)->Get("w");
-  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK(w);
   EXPECT_TRUE(
       torch::equal(*w, torch::arange(6, torch::kFloat32).reshape({2, 3})));
   auto b = (*f)->Get("b");
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(
       torch::equal(b->to(torch::kFloat32), torch::tensor({0.5f, -1.0f, 2.0f})));
   auto ids = (*f)->Get("ids");
-  ASSERT_TRUE(ids.ok());
+  ASSERT_OK(ids);
   EXPECT_EQ(ids->scalar_type(), torch::kInt64);
   EXPECT_EQ(ids->sum().item<int64_t>(), 10);
   auto missing = (*f)->Get("nope");
@@ -50,17 +51,17 @@ TEST(SafetensorsFileTest, ReadsWhatTheSafetensorsPackageWrote) {
 
 TEST(CheckpointTest, ReadsShardsThroughTheIndex) {
   auto c = Checkpoint::Open(TestData("sharded"));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_TRUE(c->Has("a"));
   auto b = c->Get("b");
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_TRUE(torch::equal(*b, torch::full({3}, 7.0)));
   EXPECT_THAT(c->Get("c").status().message(), HasSubstr("no tensor 'c'"));
 }
 
 TEST(CheckpointTest, SingleFileDirectory) {
   auto c = Checkpoint::Open(TestData(""));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_TRUE(c->Has("w"));
   EXPECT_TRUE(Checkpoint::HasWeights(TestData("")));
   EXPECT_FALSE(Checkpoint::HasWeights("/nonexistent"));
@@ -97,7 +98,7 @@ TEST(SafetensorsFileTest, EachLieIsAnErrorNamingTheTensor) {
     EXPECT_THAT(f.status().message(), HasSubstr(c.message));
   }
   auto good = SafetensorsFile::FromBytes(Image(ok_entry, "12345678"), "y");
-  EXPECT_TRUE(good.ok()) << good.status();
+  EXPECT_OK(good);
 }
 
 }  // namespace

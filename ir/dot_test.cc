@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "ir/graph.h"
 #include "ir/testing/test_graphs.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::ir {
 namespace {
@@ -92,7 +93,7 @@ TEST(DotTest, PaletteWrapsAround) {
 TEST(DotTest, EscapesLabels) {
   Graph g;
   Node* x = *g.AddNode(OpKind::kPlaceholder, "a\"b\\c\nd\xff", {}, {}, "x");
-  ASSERT_TRUE(g.Output(Argument::Ref(x)).ok());
+  ASSERT_OK(g.Output(Argument::Ref(x)));
   EXPECT_THAT(ToDot(g),
               HasSubstr(R"(label="%x\nplaceholder[a\"b\\c\\x0ad\\xff]")"));
 }
@@ -123,7 +124,7 @@ TEST(DotTest, EscapesModulePaths) {
   Graph bad;
   Node* x = *bad.AddNode(OpKind::kGetAttr,
                          "\xc3.\xe2\x82.\xed\xa0\x80.\xc0\xaf", {}, {}, "x");
-  ASSERT_TRUE(bad.Output(Argument::Ref(x)).ok());
+  ASSERT_OK(bad.Output(Argument::Ref(x)));
   EXPECT_THAT(
       ToDot(bad),
       HasSubstr(R"(get_attr[\\xc3.\\xe2\\x82.\\xed\\xa0\\x80.\\xc0\\xaf])"));

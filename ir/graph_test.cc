@@ -3,6 +3,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "util/status_macros.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::ir {
 namespace {
@@ -65,7 +66,7 @@ TEST(GraphTest, InsertBeforeKeepsOrder) {
   EXPECT_TRUE(s.relu->IsBefore(neg));
   EXPECT_TRUE(neg->IsBefore(s.add));
   EXPECT_EQ(neg->next(), s.add);
-  ASSERT_TRUE(s.g.ReplaceAllUsesWith(s.relu, neg).ok());
+  ASSERT_OK(s.g.ReplaceAllUsesWith(s.relu, neg));
   EXPECT_THAT(s.add->inputs(), ElementsAre(neg, s.x));
   EXPECT_THAT(s.relu->users(), ElementsAre(neg));
 }
@@ -82,8 +83,8 @@ TEST(GraphTest, ReplaceAllUsesWithRejectsLaterReplacement) {
 TEST(GraphTest, EraseNeedsNoUsers) {
   Small s;
   EXPECT_FALSE(s.g.Erase(s.relu).ok());
-  ASSERT_TRUE(s.g.Erase(s.out).ok());
-  ASSERT_TRUE(s.g.Erase(s.add).ok());
+  ASSERT_OK(s.g.Erase(s.out));
+  ASSERT_OK(s.g.Erase(s.add));
   EXPECT_THAT(s.x->users(), ElementsAre(s.relu));
   EXPECT_EQ(s.g.size(), 2u);
   EXPECT_EQ(s.g.FindNode("add"), nullptr);
@@ -106,7 +107,7 @@ TEST(GraphTest, MoveBeforeChecksDependencies) {
   EXPECT_FALSE(s.g.MoveBefore(s.relu, s.x).ok());
   EXPECT_FALSE(s.g.MoveBefore(s.relu, nullptr).ok());
   Node* c = *s.g.GetAttr("c");  // After the output.
-  ASSERT_TRUE(s.g.MoveBefore(c, s.relu).ok());
+  ASSERT_OK(s.g.MoveBefore(c, s.relu));
   EXPECT_EQ(c->prev(), s.x);
 }
 

@@ -9,6 +9,7 @@
 #include "ir/graph.pb.h"
 #include "ir/testing/test_graphs.h"
 #include "ir/text.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::ir {
 namespace {
@@ -33,7 +34,7 @@ TEST(ProtoTest, RoundTripsVariedGraphs) {
     GraphProto proto;
     ToProto(*c.graph, &proto);
     absl::StatusOr<std::unique_ptr<Graph>> back = FromProto(proto);
-    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_OK(back);
     EXPECT_TRUE(StructurallyEqual(*c.graph, **back));
     // Text -> proto -> text is the identity.
     EXPECT_EQ(PrintGraph(**back), PrintGraph(*c.graph));
@@ -44,9 +45,9 @@ TEST(ProtoTest, BinaryRoundTripIsExactAndDeterministic) {
   for (const test_graphs::NamedGraph& c : test_graphs::VariedGraphs()) {
     SCOPED_TRACE(c.name);
     absl::StatusOr<std::string> bytes = SerializeGraph(*c.graph);
-    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    ASSERT_OK(bytes);
     absl::StatusOr<std::unique_ptr<Graph>> back = DeserializeGraph(*bytes);
-    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_OK(back);
     EXPECT_TRUE(StructurallyEqual(*c.graph, **back));
     // The same graph, rebuilt, serializes to the same bytes.
     EXPECT_EQ(*SerializeGraph(**back), *bytes);
@@ -64,7 +65,7 @@ TEST(ProtoTest, DeepNestingWithinTheTextLimitSurvivesTheWire) {
   g->FindNode("x")->meta().extra["deep"] = g->output_node()->args()[0];
   absl::StatusOr<std::unique_ptr<Graph>> back =
       DeserializeGraph(*SerializeGraph(*g));
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   EXPECT_TRUE(StructurallyEqual(*g, **back));
 }
 
@@ -245,7 +246,7 @@ TEST(ProtoTest, VerifiesTheResult) {
   FromProtoOptions unverified;
   unverified.verify = false;
   absl::StatusOr<std::unique_ptr<Graph>> g = FromProto(proto, unverified);
-  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_OK(g);
   GraphProto again;
   ToProto(**g, &again);
   EXPECT_EQ(again.SerializeAsString(), proto.SerializeAsString());
@@ -262,9 +263,9 @@ TEST(ProtoTest, ModulePathsPyTorchAllowsRoundTrip) {
 }
 )");
   absl::StatusOr<std::string> bytes = SerializeGraph(*g);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_OK(bytes);
   absl::StatusOr<std::unique_ptr<Graph>> back = DeserializeGraph(*bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   EXPECT_TRUE(StructurallyEqual(*g, **back));
   EXPECT_EQ((*back)->FindNode("m")->target(),
             "0.bl\xc3\xb6"
@@ -277,7 +278,7 @@ TEST(ProtoTest, DeserializeRejectsGarbage) {
               StartsWith("not a serialized GraphProto"));
   std::string bytes = *SerializeGraph(*ParseOrDie(kSmall));
   EXPECT_FALSE(DeserializeGraph(bytes.substr(0, bytes.size() - 3)).ok());
-  EXPECT_TRUE(DeserializeGraph(bytes).ok());
+  EXPECT_OK(DeserializeGraph(bytes));
 }
 
 }  // namespace

@@ -37,7 +37,9 @@ for lib in "$absl_dir"/libabsl_*.so; do
 done
 
 target=${FUZZ_TARGET:-text}
-sources=("$root/ir/graph.cc" "$root/ir/verifier.cc" "$root/ir/text.cc")
+sources=("$root/ir/graph.cc" "$root/ir/names.cc" "$root/ir/verifier.cc"
+  "$root/ir/text_parser.cc" "$root/ir/text_printer.cc"
+  "$root/ir/text_scanner.cc")
 extra=()
 case $target in
   text)

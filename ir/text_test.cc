@@ -18,6 +18,7 @@
 #include "ir/names.h"
 #include "ir/testing/test_graphs.h"
 #include "ir/verifier.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::ir {
 namespace {
@@ -50,7 +51,7 @@ ParseOptions Unverified() {
 std::unique_ptr<Graph> ParseCanonical(const std::string& text,
                                       ParseOptions options = {}) {
   absl::StatusOr<std::unique_ptr<Graph>> g = ParseGraph(text, options);
-  EXPECT_TRUE(g.ok()) << g.status();
+  EXPECT_OK(g);
   if (!g.ok()) return nullptr;
   EXPECT_EQ(PrintGraph(**g), text);
   return *std::move(g);
@@ -68,7 +69,7 @@ absl::StatusOr<Argument> ParseValue(const std::string& value) {
 void ExpectRoundTrip(const Graph& g, ParseOptions options = {}) {
   std::string text = PrintGraph(g);
   absl::StatusOr<std::unique_ptr<Graph>> parsed = ParseGraph(text, options);
-  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << text;
+  ASSERT_OK(parsed) << text;
   EXPECT_TRUE(StructurallyEqual(g, **parsed)) << text;
   EXPECT_EQ(PrintGraph(**parsed), text);
 }
@@ -113,7 +114,7 @@ TEST(TextTest, ParsesTheDesignExample) {
 )ir";
   std::unique_ptr<Graph> g = ParseCanonical(text);
   ASSERT_NE(g, nullptr);
-  EXPECT_TRUE(Verify(*g).ok());
+  EXPECT_OK(Verify(*g));
   EXPECT_THAT(g->meta().assumptions,
               ::testing::ElementsAre("x.dim() == 3 (model.py:12)"));
   EXPECT_EQ(g->meta().extra.at("seq_len"), Argument::Int(16));
@@ -191,7 +192,7 @@ TEST(TextTest, DoublesRoundTripBitExactly) {
   for (double v : values) {
     std::string text = FormatDouble(v);
     absl::StatusOr<Argument> a = ParseValue(text);
-    ASSERT_TRUE(a.ok()) << text << ": " << a.status();
+    ASSERT_OK(a) << text;
     ASSERT_EQ(a->kind(), Argument::Kind::kDouble) << text;
     EXPECT_EQ(Bits(a->as_double()), Bits(v)) << text;
   }
@@ -226,7 +227,7 @@ TEST(TextTest, StringsRoundTripEveryByte) {
   }
   for (const std::string& s : strings) {
     absl::StatusOr<Argument> a = ParseValue(QuoteString(s));
-    ASSERT_TRUE(a.ok()) << QuoteString(s) << ": " << a.status();
+    ASSERT_OK(a) << QuoteString(s);
     EXPECT_EQ(*a, Argument::String(s)) << QuoteString(s);
   }
   EXPECT_EQ(*ParseValue(R"("\0\a\b\f\v\'\x4A\x4a")"),
@@ -249,7 +250,7 @@ TEST(TextTest, PrintsSequencesPythonStyle) {
 TEST(TextTest, NestingUpToTheLimitParses) {
   std::string ok =
       std::string(kMaxTextNesting, '[') + std::string(kMaxTextNesting, ']');
-  EXPECT_TRUE(ParseValue(ok).ok());
+  EXPECT_OK(ParseValue(ok));
   std::string deep = "[" + ok + "]";
   absl::Status s = ParseValue(deep).status();
   EXPECT_THAT(Message(s), HasSubstr("nesting deeper than 256 levels"));
@@ -271,8 +272,8 @@ TEST(TextTest, OddTargetsAndKwargNamesRoundTripUnverified) {
                         {"k", Argument::None()},
                         {"k", Argument::Int(2)}},
                        "b");
-  ASSERT_TRUE(g.Output(Argument::Ref(b)).ok());
-  ASSERT_TRUE(g.GetAttr("after.output").ok());
+  ASSERT_OK(g.Output(Argument::Ref(b)));
+  ASSERT_OK(g.GetAttr("after.output"));
   std::string text = PrintGraph(g);
   EXPECT_THAT(text, HasSubstr(R"(%x = placeholder["odd input!"]())"));
   EXPECT_THAT(
@@ -298,7 +299,7 @@ TEST(TextTest, QuotesScopePathsAndTypes) {
   Node* x = *g.Placeholder("x");
   x->set_scope(Scope(
       {{"", ""}, {"a b", "T\"y\\pe"}, {"model.layers.0", "M"}, {":", "\n"}}));
-  ASSERT_TRUE(g.Output(Argument::Ref(x)).ok());
+  ASSERT_OK(g.Output(Argument::Ref(x)));
   EXPECT_THAT(
       PrintGraph(g),
       HasSubstr(
@@ -337,7 +338,7 @@ std::unique_ptr<Graph> GraphWithModulePath(const std::string& path) {
       {{"", "M"}, {path, "torchvision.models.regnet.ResBottleneckBlock"}});
   w->set_scope(scope);
   m->set_scope(scope);
-  EXPECT_TRUE(g->Output(Argument::Ref(m)).ok());
+  EXPECT_OK(g->Output(Argument::Ref(m)));
   return g;
 }
 
@@ -345,7 +346,7 @@ TEST(TextTest, ModulePathsRoundTripExactly) {
   for (const std::string& path : OddModulePaths()) {
     SCOPED_TRACE(absl::CEscape(path));
     std::unique_ptr<Graph> g = GraphWithModulePath(path);
-    ASSERT_TRUE(Verify(*g).ok()) << Verify(*g);
+    ASSERT_OK(Verify(*g));
     ExpectRoundTrip(*g);
     ExpectRoundTrip(*g, Unverified());
     // Node names derived from the path stay identifiers, so %refs need no
@@ -397,7 +398,7 @@ TEST(TextTest, ParsesQuotedModulePaths) {
   %output = output[output](%w)
 }
 )");
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_EQ(PrintGraph(**q), R"(graph {
   %x = placeholder[x]()
   %w = get_attr[fc.weight]() scope[:"M", fc:"L"]
@@ -419,7 +420,7 @@ TEST(TextTest, RejectsEmptyModulePathSegments) {
                    "segments without '.'"));
     // Unverified, it parses and round-trips.
     absl::StatusOr<std::unique_ptr<Graph>> g = ParseGraph(text, Unverified());
-    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_OK(g);
     EXPECT_EQ((*g)->FindNode("w")->target(), target);
     ExpectRoundTrip(**g, Unverified());
   }

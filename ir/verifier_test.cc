@@ -9,6 +9,7 @@
 #include "ir/graph.h"
 #include "ir/internal/graph_test_peer.h"
 #include "ir/testing/test_graphs.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::ir {
 namespace {
@@ -58,10 +59,10 @@ void ExpectFailure(const Graph& g, const Node* culprit,
 TEST(VerifierTest, AcceptsWellFormedGraphs) {
   Small s;
   const Node* culprit = s.x;
-  EXPECT_TRUE(Verify(s.g, &culprit).ok());
+  EXPECT_OK(Verify(s.g, &culprit));
   EXPECT_EQ(culprit, nullptr);
   for (const test_graphs::NamedGraph& c : test_graphs::VariedGraphs()) {
-    EXPECT_TRUE(Verify(*c.graph).ok()) << c.name << ": " << Verify(*c.graph);
+    EXPECT_OK(Verify(*c.graph)) << c.name;
   }
 }
 
@@ -170,10 +171,8 @@ TEST(VerifierTest, KwargNamesMustBeIdentifiers) {
 
 TEST(VerifierTest, KwargNamesMustBeUnique) {
   Small s;
-  ASSERT_TRUE(s.add
-                  ->SetKwargs({{"alpha", Argument::Int(1)},
-                               {"alpha", Argument::Int(2)}})
-                  .ok());
+  ASSERT_OK(s.add->SetKwargs(
+      {{"alpha", Argument::Int(1)}, {"alpha", Argument::Int(2)}}));
   ExpectFailure(s.g, s.add, "kwarg alpha is given twice");
 }
 
@@ -243,8 +242,8 @@ TEST(VerifierTest, PlaceholderMustNotReadNodes) {
 TEST(VerifierTest, PlaceholderMayHaveAConstantDefault) {
   Small s;
   Graph::InsertPointGuard guard(s.g, s.w);
-  ASSERT_TRUE(s.g.AddNode(OpKind::kPlaceholder, "p", {Argument::Int(3)}).ok());
-  EXPECT_TRUE(Verify(s.g).ok());
+  ASSERT_OK(s.g.AddNode(OpKind::kPlaceholder, "p", {Argument::Int(3)}));
+  EXPECT_OK(Verify(s.g));
 }
 
 TEST(VerifierTest, GetAttrMustNotReadNodes) {
@@ -287,24 +286,22 @@ TEST(VerifierTest, TargetsMustBeWellFormed) {
   }
   Small s;
   Node* p = *s.g.AddNode(OpKind::kPlaceholder, "", {}, {}, "p");
-  ASSERT_TRUE(s.g.MoveBefore(p, s.w).ok());
+  ASSERT_OK(s.g.MoveBefore(p, s.w));
   ExpectFailure(s.g, p, "malformed placeholder target \"\"");
 }
 
 TEST(VerifierTest, CheckTargetAcceptsTheConventions) {
-  EXPECT_TRUE(CheckTarget(OpKind::kCallFunction, "aten::linear").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kCallFunction, "aten::add.Tensor").ok());
-  EXPECT_TRUE(
-      CheckTarget(OpKind::kCallFunction, "prim::NumToTensor.Scalar").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kCallFunction, "aten::__and__.Tensor").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kCallFunction, "getitem").ok());
-  EXPECT_TRUE(
-      CheckTarget(OpKind::kGetAttr, "model.layers.0.q_proj.weight").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kGetAttr, "_tensor_constant0").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kCallModule, "model.layers.0.mlp").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kCallMethod, "view").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kPlaceholder, "3d input").ok());
-  EXPECT_TRUE(CheckTarget(OpKind::kOutput, "output").ok());
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::linear"));
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::add.Tensor"));
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "prim::NumToTensor.Scalar"));
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "aten::__and__.Tensor"));
+  EXPECT_OK(CheckTarget(OpKind::kCallFunction, "getitem"));
+  EXPECT_OK(CheckTarget(OpKind::kGetAttr, "model.layers.0.q_proj.weight"));
+  EXPECT_OK(CheckTarget(OpKind::kGetAttr, "_tensor_constant0"));
+  EXPECT_OK(CheckTarget(OpKind::kCallModule, "model.layers.0.mlp"));
+  EXPECT_OK(CheckTarget(OpKind::kCallMethod, "view"));
+  EXPECT_OK(CheckTarget(OpKind::kPlaceholder, "3d input"));
+  EXPECT_OK(CheckTarget(OpKind::kOutput, "output"));
 }
 
 TEST(VerifierTest, ModulePathsAreWhatPyTorchAccepts) {
@@ -323,15 +320,15 @@ TEST(VerifierTest, ModulePathsAreWhatPyTorchAccepts) {
            "x:y.*",
        }) {
     SCOPED_TRACE(path);
-    EXPECT_TRUE(CheckTarget(OpKind::kGetAttr, path).ok());
-    EXPECT_TRUE(CheckTarget(OpKind::kCallModule, path).ok());
+    EXPECT_OK(CheckTarget(OpKind::kGetAttr, path));
+    EXPECT_OK(CheckTarget(OpKind::kCallModule, path));
     Small s;
     Graph::InsertPointGuard guard(s.g, s.out);
     Node* m = *s.g.CallModule(path, {Argument::Ref(s.x)});
     m->set_scope(Scope(
         {{"", "M"}, {path, "torchvision.ops.misc.Conv2dNormActivation"}}));
     EXPECT_TRUE(IsIdentifier(m->name())) << m->name();
-    EXPECT_TRUE(Verify(s.g).ok()) << Verify(s.g);
+    EXPECT_OK(Verify(s.g));
   }
 }
 
@@ -359,7 +356,7 @@ TEST(VerifierTest, ScopePathsMustBeRootOrModulePaths) {
   Small s;
   s.relu->set_scope(
       Scope({{"", "M"}, {"block1", "AnyStage"}, {"block1.block1-0", "B"}}));
-  EXPECT_TRUE(Verify(s.g).ok()) << Verify(s.g);
+  EXPECT_OK(Verify(s.g));
 }
 
 TEST(VerifierTest, DescribeQuotesAmbiguousPaths) {
@@ -382,7 +379,7 @@ TEST(VerifierTest, DescribeQuotesAmbiguousPaths) {
 TEST(VerifierTest, GraphNeedsAnOutput) {
   Graph g;
   ExpectFailure(g, nullptr, "graph has no output node");
-  ASSERT_TRUE(g.Placeholder("x").ok());
+  ASSERT_OK(g.Placeholder("x"));
   ExpectFailure(g, nullptr, "graph has no output node");
 }
 
@@ -401,12 +398,12 @@ TEST(VerifierTest, OutputMustBeLast) {
 
 TEST(VerifierTest, OutputTakesOnePositionalArgument) {
   Small s;
-  ASSERT_TRUE(s.out->SetArgs({Argument::Ref(s.add), Argument::None()}).ok());
+  ASSERT_OK(s.out->SetArgs({Argument::Ref(s.add), Argument::None()}));
   ExpectFailure(s.g, s.out, "has 2 argument(s) and 0 kwarg(s)");
-  ASSERT_TRUE(s.out->SetArgs({}).ok());
+  ASSERT_OK(s.out->SetArgs({}));
   ExpectFailure(s.g, s.out, "has 0 argument(s)");
-  ASSERT_TRUE(s.out->SetArgs({Argument::None()}).ok());
-  ASSERT_TRUE(s.out->SetKwargs({{"k", Argument::None()}}).ok());
+  ASSERT_OK(s.out->SetArgs({Argument::None()}));
+  ASSERT_OK(s.out->SetKwargs({{"k", Argument::None()}}));
   ExpectFailure(s.g, s.out, "1 kwarg(s)");
 }
 
@@ -414,7 +411,7 @@ TEST(VerifierTest, OutputMustHaveNoUsers) {
   Small s;
   // The only way to read the output is from after it, so the output is no
   // longer last; either way the graph is rejected at the output.
-  ASSERT_TRUE(s.g.CallFunction("aten::neg", {Argument::Ref(s.out)}).ok());
+  ASSERT_OK(s.g.CallFunction("aten::neg", {Argument::Ref(s.out)}));
   ExpectFailure(s.g, s.out, "output node is not last");
 }
 

@@ -15,6 +15,7 @@
 #include "partition/subgraph.h"
 #include "runtime/compare.h"
 #include "runtime/graph_module.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::partition {
 namespace {
@@ -121,9 +122,9 @@ TEST(CheckTest, SubgraphsInOrderMatchTheWholeGraph) {
     PartitionOptions o = Layers();
     o.targets_per_subgraph = per;
     auto p = PartitionGraph(*t.graph, o);
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_TRUE(r->passed);
     EXPECT_TRUE(r->output.passed);
     EXPECT_EQ(r->output.max_abs_error, 0.0);
@@ -148,16 +149,16 @@ TEST(CheckTest, SubgraphsInOrderMatchTheWholeGraph) {
 TEST(CheckTest, GraphModuleOverloadAndRunPartition) {
   Tiny t = MakeTiny(2);
   auto p = PartitionGraph(*t.graph, Layers());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   runtime::GraphModule gm(t.root, std::move(t.graph));
   auto r = CheckPartition(gm, *p, {Det({3, 8}, 2)});
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_TRUE(r->passed);
   EXPECT_EQ(r->output.max_abs_error, 0.0);
 
   PartitionRunStats stats;
   auto out = RunPartition(*p, gm.module(), {Det({3, 8}, 2)}, &stats);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   ASSERT_TRUE(out->isTuple());
   EXPECT_EQ(out->toTupleRef().elements()[0].toTensor().sizes(),
             (std::vector<int64_t>{3, 4}));
@@ -170,14 +171,14 @@ TEST(CheckTest, GraphModuleOverloadAndRunPartition) {
 TEST(CheckTest, ReportsTheSubgraphThatDiverges) {
   Tiny t = MakeTiny(3);
   auto p = PartitionGraph(*t.graph, Layers());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   // Break layer 1 (subgraph 2).
   ir::Node* n = p->subgraphs[2].graph->FindNode("l1_t");
   ASSERT_NE(n, nullptr);
   n->set_target("aten::sigmoid");
   auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_FALSE(r->passed);
   EXPECT_FALSE(r->output.passed);
   EXPECT_GT(r->output.max_abs_error, 0.0);
@@ -200,14 +201,14 @@ TEST(CheckTest, ReportsTheSubgraphThatDiverges) {
 TEST(CheckTest, TolerancesDecideWhatFails) {
   Tiny t = MakeTiny(3);
   auto p = PartitionGraph(*t.graph, Layers());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   // Layer 1 (subgraph 2) adds 1.001 * tanh(...) instead of tanh(...).
   ir::Node* n = p->subgraphs[2].graph->FindNode("l1_out");
   ASSERT_NE(n, nullptr);
-  ASSERT_TRUE(n->SetArg(2, Argument::Double(1.001)).ok());
+  ASSERT_OK(n->SetArg(2, Argument::Double(1.001)));
 
   auto strict = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
-  ASSERT_TRUE(strict.ok()) << strict.status();
+  ASSERT_OK(strict);
   EXPECT_FALSE(strict->passed);
   EXPECT_EQ(strict->first_divergent, 2);
   EXPECT_EQ(strict->first_failing, 2);
@@ -215,7 +216,7 @@ TEST(CheckTest, TolerancesDecideWhatFails) {
 
   auto loose = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)},
                               runtime::CompareOptions{1e-2, 1e-2});
-  ASSERT_TRUE(loose.ok()) << loose.status();
+  ASSERT_OK(loose);
   EXPECT_TRUE(loose->passed);
   EXPECT_TRUE(loose->output.passed);
   EXPECT_GT(loose->output.max_abs_error, 0.0);
@@ -231,7 +232,7 @@ TEST(CheckTest, TolerancesDecideWhatFails) {
 TEST(CheckTest, RunErrorsNameTheSubgraph) {
   Tiny t = MakeTiny(2);
   auto p = PartitionGraph(*t.graph, Layers());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   p->subgraphs[1].graph->FindNode("l0_t")->set_target("aten::no_such_op");
   auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
   ASSERT_FALSE(r.ok());
@@ -252,7 +253,7 @@ TEST(ModuleSizesTest, TensorsAndLeafModules) {
   PartitionOptions o = Layers();
   o.param_bytes = bytes;
   auto p = PartitionGraph(*t.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 3u);
   EXPECT_EQ(p->subgraphs[0].param_bytes, 8 * 4);
   EXPECT_EQ(p->subgraphs[1].param_bytes, (8 * 8 + 8 * 8 + 8) * 4);
@@ -266,14 +267,13 @@ TEST(ModuleSizesTest, TensorsAndLeafModules) {
 TEST(CheckTest, StructureMismatchNamesSubgraphAndValue) {
   Tiny t = MakeTiny(2);
   auto p = PartitionGraph(*t.graph, Layers());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   // Layer 0's output becomes [2, 1] instead of [2, 8].
   ir::Node* n = p->subgraphs[1].graph->FindNode("l0_out");
   ASSERT_NE(n, nullptr);
   n->set_target("aten::sum.dim_IntList");
-  ASSERT_TRUE(n->SetArgs({n->args()[0], Argument::List({Argument::Int(1)}),
-                          Argument::Bool(true)})
-                  .ok());
+  ASSERT_OK(n->SetArgs({n->args()[0], Argument::List({Argument::Int(1)}),
+                        Argument::Bool(true)}));
   auto r = CheckPartition(*t.graph, t.root, *p, {Det({2, 8}, 1)});
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(),

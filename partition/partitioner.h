@@ -71,17 +71,20 @@ ParamBytesFn ParamBytesFromMap(absl::flat_hash_map<std::string, int64_t> map);
 std::optional<int64_t> TensorBytes(const ir::TensorMeta& meta);
 
 struct PartitionOptions {
-  // Module patterns that start a subgraph. Each is matched against every
-  // module in a node's scope stack:
+  // Module patterns (ir/module_pattern.h, the syntax of --leaf too) that
+  // start a subgraph. Each is matched against every module in a node's
+  // scope stack:
   //   "LlamaDecoderLayer"                  short type
   //   "transformers.models.llama.modeling_llama.LlamaDecoderLayer"
   //                                        qualified (demangled) type
   //   "model.layers.3"                     module path
   //   "model.layers.*", "*DecoderLayer"    glob on the path or the type
-  //                                        ('*' and '?' stop at '.', '**'
-  //                                        does not; path segments are any
-  //                                        PyTorch name, ir/names.h:
-  //                                        "trunk_output.*.block1-*")
+  //                                        (on a path '*' and '?' stop at
+  //                                        '.', '**' does not; path
+  //                                        segments are any PyTorch name,
+  //                                        ir/names.h:
+  //                                        "trunk_output.*.block1-*"; on a
+  //                                        type '*' spans '.')
   //   "re:.*layers\.[0-9]+"                ECMAScript regex, full match on
   //                                        the path or either type
   std::vector<std::string> targets;
@@ -101,13 +104,11 @@ struct PartitionOptions {
   ParamBytesFn param_bytes;
 };
 
-// "512 B", "1.5 KiB", "12.0 MiB", "1.2 GiB" (binary units, one decimal).
-std::string HumanBytes(int64_t bytes);
-
 // "outermost" / "innermost".
 absl::string_view NestingName(Nesting nesting);
 
-// Whether one target/ignore pattern (syntax above) matches a module.
+// Whether one target/ignore pattern (syntax above) matches a module:
+// ir::ModulePattern(pattern).Matches(path, type).
 // `type` is the demangled qualified type ("" when unknown). An invalid
 // "re:" pattern matches nothing; PartitionGraph reports it as an error.
 bool ModulePatternMatches(absl::string_view pattern, absl::string_view path,

@@ -16,6 +16,7 @@
 #include "ir/verifier.h"
 #include "partition/subgraph.h"
 #include "partition/test_graphs.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::partition {
 namespace {
@@ -28,6 +29,7 @@ using testing::Entry;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using testing::RootScope;
+using ::tracecut::util::testing::StatusIs;
 
 PartitionOptions Llama() {
   PartitionOptions o;
@@ -71,8 +73,8 @@ void ExpectNoForwardReads(const Partition& p) {
 TEST(PartitionerTest, CheckTargetPlacementCatchesASplitOrSharedTarget) {
   Decoder d = BuildDecoder({.layers = 3});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_TRUE(CheckTargetPlacement(*d.graph, *p).ok());
+  ASSERT_OK(p);
+  EXPECT_OK(CheckTargetPlacement(*d.graph, *p));
 
   // A node of layer 1 homed in layer 2's subgraph: the target is split.
   std::string moved;
@@ -104,7 +106,7 @@ TEST(PartitionerTest, CheckTargetPlacementCatchesASplitOrSharedTarget) {
 TEST(PartitionerTest, DecoderSplitsIntoHeadLayersAndTail) {
   Decoder d = BuildDecoder({.layers = 4});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 5u);
   EXPECT_THAT(p->subgraphs[0].module_paths, IsEmpty());
   for (int i = 0; i < 4; ++i) {
@@ -144,20 +146,18 @@ TEST(PartitionerTest, DecoderSplitsIntoHeadLayersAndTail) {
   int64_t total = 0;
   for (const Subgraph& s : p->subgraphs) {
     total += s.node_count;
-    EXPECT_TRUE(ir::Verify(*s.graph).ok()) << ir::Verify(*s.graph);
+    EXPECT_OK(ir::Verify(*s.graph));
   }
-  EXPECT_TRUE(ir::Verify(*p->output_graph).ok())
-      << ir::Verify(*p->output_graph);
+  EXPECT_OK(ir::Verify(*p->output_graph));
   EXPECT_EQ(total, static_cast<int64_t>(d.graph->size()));
   ExpectNoForwardReads(*p);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok())
-      << VerifyPartition(*d.graph, *p);
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, OutputsAreMinimalAndLastUseFreesEverything) {
   Decoder d = BuildDecoder({.layers = 3});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   const auto& s = p->subgraphs;
   EXPECT_THAT(s[0].input_names, ElementsAre("input_ids", "attention_mask"));
@@ -194,7 +194,7 @@ TEST(PartitionerTest, OutputsAreMinimalAndLastUseFreesEverything) {
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->scope(), d.graph->FindNode("l0_q")->scope());
   EXPECT_EQ(g1.FindNode("l1_q"), nullptr);
-  EXPECT_TRUE(VerifySchedule(*p).ok()) << VerifySchedule(*p);
+  EXPECT_OK(VerifySchedule(*p));
 }
 
 TEST(PartitionerTest, ReassembleRebuildsTheGraph) {
@@ -204,11 +204,10 @@ TEST(PartitionerTest, ReassembleRebuildsTheGraph) {
                               .glue_after_layer = 0,
                               .return_embeddings = true});
     auto p = PartitionGraph(*d.graph, Llama());
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE(VerifyPartition(*d.graph, *p).ok())
-        << VerifyPartition(*d.graph, *p);
+    ASSERT_OK(p);
+    ASSERT_OK(VerifyPartition(*d.graph, *p));
     auto rebuilt = Reassemble(*p);
-    ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+    ASSERT_OK(rebuilt);
     ExpectSameNodes(*d.graph, **rebuilt);
   }
 }
@@ -216,7 +215,7 @@ TEST(PartitionerTest, ReassembleRebuildsTheGraph) {
 TEST(PartitionerTest, ModelOutputOfAnEarlySubgraphIsKept) {
   Decoder d = BuildDecoder({.layers = 2, .return_embeddings = true});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_THAT(p->model_outputs, ElementsAre("logits", "embed"));
   EXPECT_THAT(p->subgraphs[0].output_names,
               ElementsAre("embed", "causal_mask", "cos", "sin"));
@@ -228,13 +227,13 @@ TEST(PartitionerTest, ModelOutputOfAnEarlySubgraphIsKept) {
     ph.push_back(n->name());
   }
   EXPECT_THAT(ph, ElementsAre("logits", "embed"));
-  EXPECT_TRUE(VerifySchedule(*p).ok()) << VerifySchedule(*p);
+  EXPECT_OK(VerifySchedule(*p));
 }
 
 TEST(PartitionerTest, TiedParametersAreReadInEachSubgraph) {
   Decoder d = BuildDecoder({.layers = 2, .tied_embedding = true});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 3u);
   EXPECT_EQ(p->SubgraphOf("embed_w"), 0);
   EXPECT_THAT(
@@ -250,14 +249,13 @@ TEST(PartitionerTest, TiedParametersAreReadInEachSubgraph) {
   const ir::Node* w = p->subgraphs[2].graph->FindNode("embed_w");
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->op(), ir::OpKind::kGetAttr);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok())
-      << VerifyPartition(*d.graph, *p);
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, GlueBetweenLayersGoesToItsFirstConsumer) {
   Decoder d = BuildDecoder({.layers = 4, .glue_after_layer = 1});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   // glue_cos follows layer 1 in graph order; layer 2 reads it first.
   EXPECT_EQ(p->SubgraphOf("glue_cos"), 3);
   EXPECT_THAT(p->subgraphs[3].output_names, ElementsAre("glue_cos", "l2_out"));
@@ -266,19 +264,17 @@ TEST(PartitionerTest, GlueBetweenLayersGoesToItsFirstConsumer) {
   // cos is last read by the glue node.
   EXPECT_THAT(p->subgraphs[3].last_use, ::testing::Contains("cos"));
   ExpectNoForwardReads(*p);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok())
-      << VerifyPartition(*d.graph, *p);
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, NoHeadWhenNothingPrecedesTheFirstTarget) {
   Decoder d = BuildDecoder({.layers = 3, .no_head = true});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 3u);
   EXPECT_THAT(p->subgraphs[0].module_paths, ElementsAre("model.layers.0"));
   EXPECT_EQ(p->SubgraphOf("input_ids"), 0);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok())
-      << VerifyPartition(*d.graph, *p);
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, LeafLayersAndModuleSizes) {
@@ -289,12 +285,12 @@ TEST(PartitionerTest, LeafLayersAndModuleSizes) {
                                      {"model.layers.2", 300},
                                      {"lm_head", 7}});
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[1].leaf_modules, ElementsAre("model.layers.0"));
   EXPECT_EQ(p->subgraphs[1].param_bytes, 100);
   EXPECT_EQ(p->subgraphs[3].param_bytes, 307);  // Unknown model.norm is 0.
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, TargetsPerSubgraph) {
@@ -302,7 +298,7 @@ TEST(PartitionerTest, TargetsPerSubgraph) {
   PartitionOptions o = Llama();
   o.targets_per_subgraph = 2;
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[1].module_paths,
               ElementsAre("model.layers.0", "model.layers.1"));
@@ -310,7 +306,7 @@ TEST(PartitionerTest, TargetsPerSubgraph) {
               ElementsAre("model.layers.2", "model.layers.3"));
   EXPECT_THAT(p->subgraphs[3].module_paths, ElementsAre("model.layers.4"));
   EXPECT_THAT(p->subgraphs[1].output_names, ElementsAre("l1_out"));
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, PatternsByQualifiedTypePathAndGlob) {
@@ -321,7 +317,7 @@ TEST(PartitionerTest, PatternsByQualifiedTypePathAndGlob) {
     PartitionOptions o;
     o.targets = {t};
     auto p = PartitionGraph(*d.graph, o);
-    ASSERT_TRUE(p.ok()) << t << ": " << p.status();
+    ASSERT_OK(p) << t;
     EXPECT_EQ(p->subgraphs.size(), 4u) << t;
     EXPECT_THAT(p->targets_used, ElementsAre(t));
   }
@@ -329,14 +325,14 @@ TEST(PartitionerTest, PatternsByQualifiedTypePathAndGlob) {
   PartitionOptions o;
   o.targets = {"model.layers.1", "MistralDecoderLayer"};
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 2u);
   EXPECT_THAT(p->subgraphs[1].module_paths, ElementsAre("model.layers.1"));
   EXPECT_THAT(p->targets_used, ElementsAre("model.layers.1"));
   // Layer 0 is head (before the first target), layer 2 goes with the tail.
   EXPECT_EQ(p->SubgraphOf("l0_q"), 0);
   EXPECT_EQ(p->SubgraphOf("l2_q"), 1);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, ModulePatternMatches) {
@@ -384,14 +380,14 @@ TEST(PartitionerTest, IgnoredModulesNeverStartASubgraph) {
   PartitionOptions o = Llama();
   o.ignore = {"model.layers.2"};
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[3].module_paths, ElementsAre("model.layers.3"));
   // Layer 2's nodes are placed with their first consumer, layer 3.
   EXPECT_EQ(p->SubgraphOf("l2_q"), 3);
   EXPECT_THAT(p->subgraphs[3].param_targets,
               ::testing::Contains("model.layers.2.self_attn.q_proj.weight"));
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 
   // Ignoring an ancestor ignores everything inside it.
   o.ignore = {"model"};
@@ -421,14 +417,16 @@ TEST(PartitionerTest, RejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   PartitionOptions o;
   o.targets = {"re:(unclosed"};
-  auto p = PartitionGraph(*d.graph, o);
-  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(p.status().message(), HasSubstr("re:(unclosed"));
+  EXPECT_THAT(
+      PartitionGraph(*d.graph, o),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("re:(unclosed")));
   o = Llama();
   o.targets_per_subgraph = -1;
-  EXPECT_FALSE(PartitionGraph(*d.graph, o).ok());
+  EXPECT_THAT(PartitionGraph(*d.graph, o),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   ir::Graph no_output;
-  EXPECT_FALSE(PartitionGraph(no_output, Llama()).ok());
+  EXPECT_THAT(PartitionGraph(no_output, Llama()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(PartitionerTest, NestedTargetsOutermostByDefault) {
@@ -436,7 +434,7 @@ TEST(PartitionerTest, NestedTargetsOutermostByDefault) {
   PartitionOptions o;
   o.targets = {"LlamaMLP", "LlamaDecoderLayer"};
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[1].module_paths, ElementsAre("model.layers.0"));
   EXPECT_THAT(p->targets_used, ElementsAre("LlamaDecoderLayer"));
@@ -460,7 +458,7 @@ TEST(PartitionerTest, NestedTargetsInnermostRejectsSurroundingOuter) {
   // layer 0's input norm, which precedes the first target (head).
   o.targets = {"LlamaAttention", "LlamaMLP"};
   auto split = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_OK(split);
   ASSERT_EQ(split->subgraphs.size(), 7u);
   EXPECT_THAT(split->subgraphs[1].module_paths,
               ElementsAre("model.layers.0.self_attn"));
@@ -471,7 +469,7 @@ TEST(PartitionerTest, NestedTargetsInnermostRejectsSurroundingOuter) {
   EXPECT_EQ(split->SubgraphOf("l0_res1"), 2);
   EXPECT_EQ(split->SubgraphOf("l0_ln2"), 2);
   EXPECT_EQ(split->SubgraphOf("l0_out"), 3);  // Read first by layer 1.
-  EXPECT_TRUE(VerifyPartition(*d.graph, *split).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *split));
 }
 
 // A ResNet-like model: each stage runs its own downsample, then its blocks.
@@ -502,25 +500,25 @@ TEST(PartitionerTest, NestedTargetsInnermostSplitsStages) {
       h = add;
     }
   }
-  ASSERT_TRUE(g.Output(ir::Argument::Ref(h)).ok());
+  ASSERT_OK(g.Output(ir::Argument::Ref(h)));
 
   PartitionOptions o;
   o.targets = {"ResNetStage", "ResNetBlock"};
   auto outer = PartitionGraph(g, o);
-  ASSERT_TRUE(outer.ok()) << outer.status();
+  ASSERT_OK(outer);
   ASSERT_EQ(outer->subgraphs.size(), 2u);
   EXPECT_THAT(outer->subgraphs[0].module_paths, ElementsAre("stages.0"));
 
   o.nesting = Nesting::kInnermost;
   auto inner = PartitionGraph(g, o);
-  ASSERT_TRUE(inner.ok()) << inner.status();
+  ASSERT_OK(inner);
   ASSERT_EQ(inner->subgraphs.size(), 6u);
   EXPECT_THAT(inner->subgraphs[0].module_paths, ElementsAre("stages.0"));
   EXPECT_THAT(inner->subgraphs[1].module_paths,
               ElementsAre("stages.0.blocks.0"));
   EXPECT_THAT(inner->subgraphs[3].module_paths, ElementsAre("stages.1"));
   EXPECT_THAT(inner->subgraphs[0].output_names, ElementsAre("s0_down"));
-  EXPECT_TRUE(VerifyPartition(g, *inner).ok()) << VerifyPartition(g, *inner);
+  EXPECT_OK(VerifyPartition(g, *inner));
 }
 
 // A shared module called before and after another target cannot be one
@@ -537,7 +535,7 @@ TEST(PartitionerTest, TargetRunningAroundAnotherIsRejected) {
   b->set_scope(other);
   ir::Node* c = *g.CallFunction("aten::relu", {ir::Argument::Ref(b)}, {}, "c");
   c->set_scope(shared);
-  ASSERT_TRUE(g.Output(ir::Argument::Ref(c)).ok());
+  ASSERT_OK(g.Output(ir::Argument::Ref(c)));
   PartitionOptions o;
   o.targets = {"Block"};
   auto p = PartitionGraph(g, o);
@@ -549,7 +547,7 @@ TEST(PartitionerTest, TargetRunningAroundAnotherIsRejected) {
   // Ignoring one of them makes it orderable.
   o.ignore = {"other"};
   auto ok = PartitionGraph(g, o);
-  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_OK(ok);
   EXPECT_EQ(ok->subgraphs.size(), 1u);
 }
 
@@ -559,7 +557,7 @@ TEST(PartitionerTest, BudgetMergesConsecutiveTargets) {
   PartitionOptions o = Llama();
   o.max_param_bytes = 2 * layer + layer / 2;
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[1].module_paths,
               ElementsAre("model.layers.0", "model.layers.1"));
@@ -572,9 +570,9 @@ TEST(PartitionerTest, BudgetMergesConsecutiveTargets) {
   // With a cap on targets as well.
   o.targets_per_subgraph = 1;
   auto capped = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(capped.ok());
+  ASSERT_OK(capped);
   EXPECT_EQ(capped->subgraphs.size(), 7u);
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 TEST(PartitionerTest, BudgetKeepsAnOversizedTargetAloneAndWarns) {
@@ -590,7 +588,7 @@ TEST(PartitionerTest, BudgetKeepsAnOversizedTargetAloneAndWarns) {
   o.param_bytes = ParamBytesFromMap(sizes);
   o.max_param_bytes = 500;
   auto p = PartitionGraph(*d.graph, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 4u);
   EXPECT_THAT(p->subgraphs[1].module_paths, ElementsAre("model.layers.0"));
   EXPECT_THAT(p->subgraphs[2].module_paths, ElementsAre("model.layers.1"));
@@ -605,7 +603,8 @@ TEST(PartitionerTest, Deterministic) {
   Decoder d = BuildDecoder({.layers = 4, .glue_after_layer = 2});
   auto a = PartitionGraph(*d.graph, Llama());
   auto b = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   ASSERT_EQ(a->subgraphs.size(), b->subgraphs.size());
   for (size_t i = 0; i < a->subgraphs.size(); ++i) {
     EXPECT_TRUE(
@@ -628,11 +627,11 @@ TEST(PartitionerTest, SubgraphGraphsFromText) {
   %output = output[output](%c)
 }
 )");
-  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_OK(g);
   PartitionOptions o;
   o.targets = {"m.Block"};
   auto p = PartitionGraph(**g, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->subgraphs.size(), 3u);
   EXPECT_EQ(ir::PrintGraph(*p->subgraphs[0].graph), R"(graph {
   %x = placeholder[x]()
@@ -665,14 +664,14 @@ TEST(PartitionerTest, SubgraphGraphsFromText) {
   EXPECT_THAT(p->subgraphs[2].last_use, ElementsAre("mask", "a"));
   EXPECT_EQ(p->subgraphs[2].param_bytes, 16);
   auto rebuilt = Reassemble(*p);
-  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  ASSERT_OK(rebuilt);
   EXPECT_EQ(ir::PrintGraph(**rebuilt), ir::PrintGraph(**g));
 }
 
 TEST(PartitionerTest, VerifyScheduleCatchesBrokenPartitions) {
   Decoder d = BuildDecoder({.layers = 2});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   // A value freed too early.
   p->subgraphs[1].last_use.push_back("causal_mask");
   absl::Status s = VerifySchedule(*p);
@@ -684,7 +683,7 @@ TEST(PartitionerTest, VerifyScheduleCatchesBrokenPartitions) {
   s = VerifySchedule(*p);
   EXPECT_THAT(s.message(), HasSubstr("is never freed"));
   p->subgraphs[2].last_use.push_back("l0_out");
-  ASSERT_TRUE(VerifySchedule(*p).ok()) << VerifySchedule(*p);
+  ASSERT_OK(VerifySchedule(*p));
   // A subgraph that reads what a later one produces.
   std::swap(p->subgraphs[1], p->subgraphs[2]);
   std::swap(p->subgraphs[1].index, p->subgraphs[2].index);
@@ -699,7 +698,7 @@ TEST(PartitionerTest, TwoThousandLayersPartitionQuickly) {
   auto t1 = std::chrono::steady_clock::now();
   auto p = PartitionGraph(*d.graph, Llama());
   auto t2 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   auto ms = [](auto a, auto b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
   };
@@ -709,7 +708,7 @@ TEST(PartitionerTest, TwoThousandLayersPartitionQuickly) {
   ASSERT_EQ(p->subgraphs.size(), static_cast<size_t>(layers + 1));
   EXPECT_THAT(p->subgraphs[layers].output_names, ElementsAre("logits"));
   EXPECT_THAT(p->subgraphs[1000].output_names, ElementsAre("l999_out"));
-  EXPECT_TRUE(VerifyPartition(*d.graph, *p).ok());
+  EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
 }  // namespace

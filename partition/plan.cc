@@ -18,6 +18,7 @@
 #include "partition/partitioner.h"
 #include "partition/plan.pb.h"
 #include "partition/subgraph.h"
+#include "util/format.h"
 #include "util/json.h"
 
 namespace tracecut::partition {
@@ -131,7 +132,7 @@ std::string PlanToText(const PartitionPlan& plan) {
       {"#", "nodes", "params", "modules", "inputs", "outputs"}};
   for (const SubgraphPlan& s : plan.subgraphs()) {
     rows.push_back({absl::StrCat(s.index()), absl::StrCat(s.node_count()),
-                    HumanBytes(s.param_bytes()), Modules(s),
+                    util::HumanBytes(s.param_bytes()), Modules(s),
                     Elide(s.input_names(), 4), Elide(s.output_names(), 4)});
   }
   const size_t cols = rows[0].size();

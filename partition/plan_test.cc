@@ -11,6 +11,8 @@
 #include "partition/partitioner.h"
 #include "partition/plan.pb.h"
 #include "partition/test_graphs.h"
+#include "util/format.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::partition {
 namespace {
@@ -31,18 +33,18 @@ PartitionOptions Llama() {
 
 PartitionPlan PlanOf(const ir::Graph& g, const PartitionOptions& o) {
   auto p = PartitionGraph(g, o);
-  EXPECT_TRUE(p.ok()) << p.status();
+  EXPECT_OK(p);
   if (!p.ok()) return {};
   return BuildPlan(*p, o);
 }
 
 TEST(PlanTest, HumanBytes) {
-  EXPECT_EQ(HumanBytes(0), "0 B");
-  EXPECT_EQ(HumanBytes(1023), "1023 B");
-  EXPECT_EQ(HumanBytes(1024), "1.0 KiB");
-  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
-  EXPECT_EQ(HumanBytes(int64_t{64} << 20), "64.0 MiB");
-  EXPECT_EQ(HumanBytes(int64_t{5} << 30), "5.0 GiB");
+  EXPECT_EQ(util::HumanBytes(0), "0 B");
+  EXPECT_EQ(util::HumanBytes(1023), "1023 B");
+  EXPECT_EQ(util::HumanBytes(1024), "1.0 KiB");
+  EXPECT_EQ(util::HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(util::HumanBytes(int64_t{64} << 20), "64.0 MiB");
+  EXPECT_EQ(util::HumanBytes(int64_t{5} << 30), "5.0 GiB");
 }
 
 TEST(PlanTest, BuildPlanCopiesThePartition) {
@@ -121,7 +123,7 @@ TEST(PlanTest, JsonGolden) {
   ir::Node* y = *g.CallFunction(
       "aten::mm", {ir::Argument::Ref(x), ir::Argument::Ref(w)}, {}, "y");
   y->set_scope(RootScope().Push(Entry("blocks.0", "m.Block")));
-  ASSERT_TRUE(g.Output(ir::Argument::Ref(y)).ok());
+  ASSERT_OK(g.Output(ir::Argument::Ref(y)));
   PartitionOptions o;
   o.targets = {"Block", "a\"b\\c"};
   std::string json = PlanToJson(PlanOf(g, o));
@@ -185,7 +187,7 @@ TEST(PlanTest, JsonIsDeterministicAndRoundTrips) {
   std::string jb = PlanToJson(PlanOf(*b.graph, o));
   EXPECT_EQ(ja, jb);  // Byte-identical.
   auto back = PlanFromJson(ja);
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   EXPECT_EQ(back->SerializeAsString(), PlanOf(*a.graph, o).SerializeAsString());
   EXPECT_EQ(PlanToJson(*back), ja);
   EXPECT_FALSE(PlanFromJson("{\"subgraphs\": 3}").ok());
@@ -197,7 +199,7 @@ TEST(PlanTest, JsonIsDeterministicAndRoundTrips) {
 TEST(PlanTest, DotHasOneColouredClusterPerSubgraph) {
   Decoder d = BuildDecoder({.layers = 2});
   auto p = PartitionGraph(*d.graph, Llama());
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   std::string dot = PartitionToDot(*d.graph, *p);
   EXPECT_THAT(dot, HasSubstr("digraph \"partition\""));
   EXPECT_THAT(dot, HasSubstr("subgraph cluster_0"));

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "pipelines/compressed_output.h"
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/observers.h"
@@ -38,6 +39,8 @@
 #include "tracer/input_files.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/files.h"
+#include "util/hash.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -91,7 +94,7 @@ absl::StatusOr<std::string> ModelFileIdentity(const std::string& path) {
   return absl::StrFormat("%d bytes, mtime %d.%09d, %016x", size,
                          static_cast<int64_t>(st.st_mtim.tv_sec),
                          static_cast<int64_t>(st.st_mtim.tv_nsec),
-                         Fnv1a64(tail, Fnv1a64(head)));
+                         util::Fnv1a64(tail, util::Fnv1a64(head)));
 }
 
 bool IsDirectory(const std::string& path) {
@@ -130,8 +133,11 @@ void RemoveRunDir(const std::string& dir) {
     std::vector<std::string> names;
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
-      if (absl::StartsWith(name, "state.pt") ||
-          absl::StartsWith(name, "weights-")) {
+      // With the temporaries of a run killed while writing one of them
+      // (util::WriteFileAtomically's ".state.pt.tmp.XXXXXX").
+      absl::string_view file = absl::StripPrefix(name, ".");
+      if (absl::StartsWith(file, "state.pt") ||
+          absl::StartsWith(file, "weights-")) {
         names.push_back(name);
       }
     }
@@ -154,13 +160,13 @@ class RunDirLock {
   static absl::StatusOr<std::unique_ptr<RunDirLock>> Acquire(
       const std::string& dir, absl::string_view output, int64_t* previous_pid) {
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::ErrnoToStatus(
+      return util::ErrnoError(
           errno, absl::StrCat("cannot create the run directory ", dir));
     }
     const std::string path = absl::StrCat(dir, "/", kLockFile);
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+      return util::ErrnoError(errno, absl::StrCat("cannot open ", path));
     }
     char buf[32] = {};
     ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
@@ -177,7 +183,7 @@ class RunDirLock {
             " (it holds ", path,
             "); wait for it to finish or choose another -o / --run-dir"));
       }
-      return absl::ErrnoToStatus(err, absl::StrCat("cannot lock ", path));
+      return util::ErrnoError(err, absl::StrCat("cannot lock ", path));
     }
     *previous_pid = pid;
     const std::string mine = absl::StrCat(::getpid(), "\n");
@@ -185,7 +191,7 @@ class RunDirLock {
                                        static_cast<ssize_t>(mine.size())) {
       const int err = errno;
       ::close(fd);
-      return absl::ErrnoToStatus(err, absl::StrCat("cannot write ", path));
+      return util::ErrnoError(err, absl::StrCat("cannot write ", path));
     }
     return std::unique_ptr<RunDirLock>(new RunDirLock(fd));
   }
@@ -443,7 +449,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
   p.fingerprint = absl::StrCat(
       "model ", model_identity, "; recipe ",
-      absl::StrFormat("%016x", Fnv1a64(RecipeText(r))), "; targets ",
+      absl::StrFormat("%016x", util::Fnv1a64(RecipeText(r))), "; targets ",
       absl::StrJoin(targets, ","),
       p.calibrate_all_experts ? absl::StrCat("; all experts ", p.expert_pattern)
                               : "");
@@ -525,11 +531,14 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   outcome.report = BuildReport(info, outcome.results, &outcome.pipeline);
 
   // The report goes next to its destination first, the model is saved, and
-  // only then is the report renamed into place: no report without a model.
+  // only then is the report renamed into place: no report without a model,
+  // and a report that cannot be written fails before the model is saved.
+  // (util::WriteFileAtomically straight to report_path would give up the
+  // second.)
   std::string report_tmp;
   if (!options.report_path.empty()) {
     report_tmp = absl::StrCat(options.report_path, ".tmp.", getpid());
-    RETURN_IF_ERROR(WriteFileAtomically(
+    RETURN_IF_ERROR(util::WriteFileAtomically(
         report_tmp, util::DumpJson(outcome.report, 2) + "\n"));
   }
   absl::Status saved;
@@ -551,9 +560,10 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   }
   if (!report_tmp.empty() &&
       std::rename(report_tmp.c_str(), options.report_path.c_str()) != 0) {
+    const int err = errno;
     std::remove(report_tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot write report '", options.report_path, "'"));
+    return util::ErrnoError(
+        err, absl::StrCat("cannot write report '", options.report_path, "'"));
   }
   succeeded = true;
   if (!options.keep_run_dir && p.kind != PipelineKind::kBasic) {

@@ -22,10 +22,13 @@
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.h"
 #include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
 namespace {
+
+using ::tracecut::util::testing::StatusIs;
 
 using ::testing::HasSubstr;
 
@@ -50,7 +53,7 @@ CalibrateOptions Options(const std::string& model, const std::string& dir,
   CalibrateOptions o;
   o.model_path = model;
   absl::StatusOr<recipe::Recipe> r = ParseRecipe(recipe_text, "test");
-  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_OK(r);
   if (r.ok()) o.recipe = *r;
   o.synthetic_samples = 8;
   o.batch_size = 4;
@@ -64,7 +67,7 @@ TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
   const std::string model = Runfile("tests/fixtures/moe_starved.pt");
   CalibrateOptions o = Options(model, TempDir("moe"), kMoeRecipe);
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
 
   torch::jit::Module original = torch::jit::load(model);
   QuantScheme scheme;
@@ -108,10 +111,10 @@ TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
                           .attr("weight")
                           .toTensor();
       absl::StatusOr<RtnResult> rtn = QuantizeRtn(w0, scheme);
-      ASSERT_TRUE(rtn.ok()) << rtn.status();
+      ASSERT_OK(rtn);
       absl::StatusOr<at::Tensor> w =
           out->model->GetTensor(absl::StrCat(starved, ".weight"));
-      ASSERT_TRUE(w.ok()) << w.status();
+      ASSERT_OK(w);
       EXPECT_TRUE(at::equal(*w, rtn->weight)) << starved;
       EXPECT_GT(w->abs().sum().item<double>(), 0) << starved;
 
@@ -139,7 +142,7 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsFeedsEveryExpertEveryToken) {
   CalibrateOptions o = Options(model, TempDir("all_experts"), kMoeRecipe);
   o.calibrate_all_experts = true;
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   const int64_t tokens = 8 * 16;  // synthetic_samples x synthetic_seq_len.
   for (int layer = 0; layer < 2; ++layer) {
     for (int e = 0; e < 4; ++e) {
@@ -171,7 +174,7 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsLeavesTheLayerOutputsAlone) {
         Options(model, TempDir(absl::StrCat("observe", all)), kObserve);
     o.calibrate_all_experts = all == 1;
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_OK(out);
     seen[all] = out->results;
   }
   for (const char* path : {"model.layers.1.block_sparse_moe.gate", "lm_head"}) {
@@ -251,8 +254,7 @@ TEST(CalibrateGuardsTest, NonFiniteWeightIsAnErrorNamingTheTensor) {
     CalibrateOptions o = Options(PoisonedLlama(dir, bad), dir, kLlamaRecipe);
     o.synthetic_seq_len = 4;
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-    ASSERT_FALSE(out.ok());
-    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_THAT(out, StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_THAT(
         out.status().message(),
         HasSubstr(absl::StrCat("poisoned.pt: parameter "
@@ -269,8 +271,8 @@ TEST(CalibrateGuardsTest, NonFiniteQuantizationResultIsRefused) {
   CalibrateOptions o =
       Options(Runfile("tests/fixtures/llama.pt"), dir, kLlamaRecipe);
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE(CheckQuantResultsFinite(out->results, *out->model).ok());
+  ASSERT_OK(out);
+  ASSERT_OK(CheckQuantResultsFinite(out->results, *out->model));
 
   const std::string path = "model.layers.1.mlp.up_proj";
   CalibrationResults results = out->results;
@@ -286,7 +288,7 @@ TEST(CalibrateGuardsTest, NonFiniteQuantizationResultIsRefused) {
   // A quantized weight that went non-finite.
   absl::StatusOr<at::Tensor> w =
       out->model->GetTensor(absl::StrCat(path, ".weight"));
-  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_OK(w);
   {
     at::NoGradGuard no_grad;
     (*w)[0][0] = std::numeric_limits<double>::infinity();

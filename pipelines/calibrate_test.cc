@@ -22,12 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "pipelines/recipe.h"
 #include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
 namespace {
 
 using ::tracecut::util::testing::Runfile;
+using ::tracecut::util::testing::StatusIs;
 using ::tracecut::util::testing::TempDir;
 
 std::string Llama() { return Runfile("tests/fixtures/llama.pt"); }
@@ -48,7 +50,7 @@ std::string WriteFile(const std::string& path, const std::string& text) {
 
 recipe::Recipe Recipe(const std::string& text) {
   absl::StatusOr<recipe::Recipe> r = ParseRecipe(text, "test.textproto");
-  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_OK(r);
   return *r;
 }
 
@@ -89,7 +91,7 @@ TEST(CalibrateTest, WritesModelAndReport) {
   CalibrateOptions o = Base(dir);
   o.report_run_section = true;
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_FALSE(out->stopped);
   EXPECT_EQ(out->targets, std::vector<std::string>({"LlamaDecoderLayer"}));
   EXPECT_EQ(out->num_batches, 3);
@@ -140,7 +142,7 @@ TEST(CalibrateTest, WritesModelAndReport) {
 
   std::string report = ReadFile(o.report_path);
   absl::StatusOr<util::Json> json = util::ParseJson(report);
-  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_OK(json);
   EXPECT_EQ(json->at("pipeline").get<std::string>(), "sequential");
   EXPECT_EQ(json->at("modules").size(), 15u);
   EXPECT_EQ(json->at("summary").at("weights_quantized").get<int64_t>(), 14);
@@ -154,14 +156,14 @@ TEST(CalibrateTest, KilledThenResumedRunGivesIdenticalBytes) {
   std::string full_dir = TempDir("full");
   CalibrateOptions full = Base(full_dir);
   absl::StatusOr<CalibrateOutcome> a = Calibrate(full);
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
 
   // Stopped after subgraph 1 (the first decoder layer): as if killed there.
   std::string dir = TempDir("resumed");
   CalibrateOptions o = Base(dir);
   o.stop_after_subgraph = 1;
   absl::StatusOr<CalibrateOutcome> stopped = Calibrate(o);
-  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_OK(stopped);
   EXPECT_TRUE(stopped->stopped);
   EXPECT_FALSE(Exists(o.output_path));
   EXPECT_FALSE(Exists(o.report_path));
@@ -175,8 +177,7 @@ TEST(CalibrateTest, KilledThenResumedRunGivesIdenticalBytes) {
   other.resume = true;
   other.recipe.mutable_modifiers(0)->mutable_gptq()->set_dampening_frac(0.1);
   absl::StatusOr<CalibrateOutcome> refused = Calibrate(other);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_THAT(refused, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "different run"))
       << refused.status();
   EXPECT_TRUE(Exists(o.output_path + ".run/state.pt"));  // Kept.
@@ -184,7 +185,7 @@ TEST(CalibrateTest, KilledThenResumedRunGivesIdenticalBytes) {
   o.stop_after_subgraph = -1;
   o.resume = true;
   absl::StatusOr<CalibrateOutcome> b = Calibrate(o);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_TRUE(b->pipeline.resumed);
   EXPECT_EQ(b->pipeline.first_subgraph, 2);
   EXPECT_EQ(b->pipeline.subgraphs.size(), 1u);  // Only the last one ran.
@@ -226,7 +227,7 @@ TEST(CalibrateTest, ExtraModifiersRunAfterTheRecipe) {
   CountCalls count;
   o.extra_modifiers = {&count};
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(count.subgraphs, 3);
   EXPECT_EQ(count.calls, 3 * 18);  // 3 batches x 18 leaf-module calls.
 
@@ -235,7 +236,7 @@ TEST(CalibrateTest, ExtraModifiersRunAfterTheRecipe) {
   CountCalls alone;
   o.extra_modifiers = {&alone};
   out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(alone.calls, 3 * 18);
 }
 
@@ -244,7 +245,7 @@ TEST(CalibrateTest, ResumeWithoutCheckpointStartsAfresh) {
   CalibrateOptions o = Base(dir);
   o.resume = true;
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_FALSE(out->pipeline.resumed);
   EXPECT_TRUE(Exists(o.output_path));
 }
@@ -256,7 +257,7 @@ TEST(CalibrateTest, EveryPipelineFromTheRecipe) {
     CalibrateOptions o = Base(dir);
     o.recipe = Recipe(absl::StrCat(kGptqRecipe, " pipeline: ", pipeline));
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_OK(out);
     EXPECT_TRUE(Exists(o.output_path));
   }
 }
@@ -273,8 +274,7 @@ TEST(CalibrateTest, TargetsMatchingNothing) {
     }
   )pb");
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(out, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(absl::StrContains(out.status().message(),
                                 "gptq: targets [Conv2d] match no leaf module"))
       << out.status();
@@ -321,8 +321,7 @@ TEST(CalibrateTest, BadCalibrationData) {
     o.synthetic_samples = 0;
     o.data_path = WriteFile(absl::StrCat(dir, "/", c.file), c.contents);
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-    ASSERT_FALSE(out.ok());
-    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_THAT(out, StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_TRUE(absl::StrContains(out.status().message(), c.expected))
         << out.status();
     ExpectNoOutput(o);
@@ -341,7 +340,7 @@ TEST(CalibrateTest, BadCalibrationData) {
   // A real torch.save file works.
   o.data_path = Runfile("pipelines/testdata/tokens_dicts.pt");
   out = Calibrate(o);
-  EXPECT_TRUE(out.ok()) << out.status();
+  EXPECT_OK(out);
 }
 
 TEST(CalibrateTest, NaNActivationsFailWithoutOutput) {
@@ -374,8 +373,7 @@ TEST(CalibrateTest, NaNActivationsFailWithoutOutput) {
   CalibrateOptions o = Base(dir);
   o.model_path = model;
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-  ASSERT_FALSE(out.ok());
-  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(out, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(
       absl::StrContains(out.status().message(), "non-finite activation"))
       << out.status();
@@ -443,7 +441,7 @@ TEST(CalibrateTest, CnnFromImageTensors) {
     o.data_path = images;
     o.batch_size = 4;
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
-    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_OK(out);
     EXPECT_EQ(out->num_batches, 2);
     const util::Json* data = util::FindMember(out->report, "data");
     ASSERT_NE(data, nullptr);
@@ -493,7 +491,7 @@ TEST(CalibrateTest, CnnFromImageTensors) {
   spec.shape = {1, 3, 16, 16};
   o.example_inputs.input_specs = {spec};
   out = Calibrate(o);
-  EXPECT_TRUE(out.ok()) << out.status();
+  EXPECT_OK(out);
   std::remove(o.output_path.c_str());
   std::remove(o.report_path.c_str());
   o.example_inputs.input_specs.clear();

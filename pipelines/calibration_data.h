@@ -66,7 +66,7 @@ struct CalibrationData {
   int64_t num_samples = 0;
   int64_t seq_len = 0;  // Of the token ids; 0 when there are none.
   std::string source;   // "calib.pt", "synthetic (64 samples, seed 0)".
-  // Hash of the token ids and batch layout (FNV-1a 64), for checkpoints.
+  // Hash of the token ids and batch layout (util::Fnv1a64), for checkpoints.
   uint64_t fingerprint = 0;
   // Token ids [N, seq] int64 (undefined for data without token ids).
   at::Tensor tokens;
@@ -156,11 +156,6 @@ absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
 absl::StatusOr<CalibrationData> MakeCalibrationData(
     const at::Tensor& tokens, const std::vector<std::string>& input_names,
     int64_t batch_size, std::string source);
-
-// FNV-1a 64 of bytes, chained from `seed` (the offset basis by default):
-// stable across runs and machines, for checkpoint fingerprints.
-uint64_t Fnv1a64(absl::string_view bytes,
-                 uint64_t seed = 0xcbf29ce484222325ULL);
 
 }  // namespace tracecut::pipelines
 

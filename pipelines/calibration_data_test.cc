@@ -14,11 +14,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
 
 using ::tracecut::util::testing::Runfile;
+using ::tracecut::util::testing::StatusIs;
 
 std::string TestData(const std::string& name) {
   return Runfile(absl::StrCat("pipelines/testdata/", name));
@@ -33,7 +35,7 @@ std::string WriteTemp(const std::string& name, const std::string& text) {
 // What make_token_files.py writes, for comparison.
 at::Tensor ExpectedIds() {
   absl::StatusOr<at::Tensor> t = LoadTokenFile(TestData("tokens_tensor.pt"));
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t);
   return *t;
 }
 
@@ -51,23 +53,21 @@ TEST(CalibrationDataTest, ReadsListOfDictsAndDictOfLists) {
        {"tokens_dicts.pt", "tokens_lists.pt", "tokens_single_key.pt"}) {
     SCOPED_TRACE(name);
     absl::StatusOr<at::Tensor> t = LoadTokenFile(TestData(name));
-    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_OK(t);
     EXPECT_TRUE(at::equal(*t, ids));
   }
 }
 
 TEST(CalibrationDataTest, UnreadablePicklesGetAHint) {
   absl::StatusOr<at::Tensor> t = LoadTokenFile(TestData("tokens_set.pt"));
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(t, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(absl::StrContains(t.status().message(), "torch.save(ids, path)"))
       << t.status();
 }
 
 TEST(CalibrationDataTest, RejectsWrongDtypeAndShape) {
   absl::StatusOr<at::Tensor> f = LoadTokenFile(TestData("tokens_float.pt"));
-  ASSERT_FALSE(f.ok());
-  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(f, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(absl::StrContains(f.status().message(), "integer tensor"))
       << f.status();
   EXPECT_TRUE(absl::StrContains(f.status().message(), "float32[6, 16]"))
@@ -84,7 +84,7 @@ TEST(CalibrationDataTest, ReadsJsonLines) {
                                "\n"
                                "{\"input_ids\": [4, 5, 6]}\n");
   absl::StatusOr<at::Tensor> t = LoadTokenFile(path);
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_TRUE(
       at::equal(*t, at::tensor({1, 2, 3, 4, 5, 6}, at::kLong).view({2, 3})));
 }
@@ -138,8 +138,7 @@ TEST(CalibrationDataTest, CheckTokensNamesTheOffendingId) {
   TokenLimits limits;
   limits.vocab_size = 256;
   absl::Status s = CheckTokens(ids, limits, "calib.jsonl");
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(
       absl::StrContains(s.message(),
                         "token id 300 at sample 2, position 5 is out of range "
@@ -148,7 +147,7 @@ TEST(CalibrationDataTest, CheckTokensNamesTheOffendingId) {
   ids[2][5] = -1;
   EXPECT_FALSE(CheckTokens(ids, limits, "x").ok());
   ids[2][5] = 255;
-  EXPECT_TRUE(CheckTokens(ids, limits, "x").ok());
+  EXPECT_OK(CheckTokens(ids, limits, "x"));
   limits.max_seq_len = 4;
   s = CheckTokens(ids, limits, "x");
   EXPECT_TRUE(absl::StrContains(s.message(), "max_position_embeddings 4")) << s;
@@ -172,7 +171,7 @@ TEST(CalibrationDataTest, BatchesMakeEveryKnownInput) {
   absl::StatusOr<CalibrationData> data = MakeCalibrationData(
       ids, {"input_ids", "attention_mask", "token_type_ids", "position_ids"}, 2,
       "ids");
-  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_OK(data);
   ASSERT_EQ(data->batches.size(), 3u);
   EXPECT_EQ(data->batches[2][0].toTensor().size(0), 1);  // 5 = 2 + 2 + 1.
   EXPECT_TRUE(at::equal(data->batches[1][0].toTensor(), ids.narrow(0, 2, 2)));
@@ -231,7 +230,7 @@ absl::Status FeatureError(const ModelInputs& m,
 TEST(FeatureDataTest, ImagesFromTorchSaveAndSafetensors) {
   absl::StatusOr<CalibrationData> pt =
       LoadCalibrationData(TestData("features_images.pt"), Images(), 2);
-  ASSERT_TRUE(pt.ok()) << pt.status();
+  ASSERT_OK(pt);
   EXPECT_EQ(pt->num_samples, 5);
   EXPECT_EQ(pt->seq_len, 0);
   EXPECT_FALSE(pt->tokens.defined());
@@ -242,24 +241,24 @@ TEST(FeatureDataTest, ImagesFromTorchSaveAndSafetensors) {
             std::vector<std::string>{"pixel_values: float32[5, 3, 8, 8]"});
   absl::StatusOr<CalibrationData> st =
       LoadCalibrationData(TestData("features_images.safetensors"), Images(), 2);
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_TRUE(
       at::equal(pt->batches[1][0].toTensor(), st->batches[1][0].toTensor()));
   // The same data in another format is the same data for --resume.
   EXPECT_EQ(pt->fingerprint, st->fingerprint);
   absl::StatusOr<CalibrationData> other_batches =
       LoadCalibrationData(TestData("features_images.safetensors"), Images(), 3);
-  ASSERT_TRUE(other_batches.ok());
+  ASSERT_OK(other_batches);
   EXPECT_NE(pt->fingerprint, other_batches->fingerprint);
 }
 
 TEST(FeatureDataTest, EncoderDecoderPairByNameAndPosition) {
   absl::StatusOr<CalibrationData> pt =
       LoadCalibrationData(TestData("features_pair.pt"), Pair(), 2);
-  ASSERT_TRUE(pt.ok()) << pt.status();
+  ASSERT_OK(pt);
   absl::StatusOr<CalibrationData> st =
       LoadCalibrationData(TestData("features_pair.safetensors"), Pair(), 2);
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_EQ(pt->fingerprint, st->fingerprint);
   EXPECT_EQ(pt->num_samples, 3);
   EXPECT_EQ(pt->seq_len, 6);
@@ -277,7 +276,7 @@ TEST(FeatureDataTest, EncoderDecoderPairByNameAndPosition) {
             c10::ivalue::Tuple::create(
                 {c10::IValue(features), c10::IValue(ids.to(at::kInt))}));
   absl::StatusOr<CalibrationData> t = LoadCalibrationData(tuple, Pair(), 2);
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->num_samples, 2);
   EXPECT_EQ(t->batches[0][1].toTensor().scalar_type(), at::kLong);
 
@@ -342,8 +341,7 @@ TEST(FeatureDataTest, ChecksEachInputAgainstTheModel) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     absl::Status s = FeatureError(Images(), c.values);
-    ASSERT_FALSE(s.ok());
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_TRUE(absl::StrContains(s.message(), "calibration data 'calib.pt'"))
         << s;
     EXPECT_TRUE(absl::StrContains(s.message(), c.expected)) << s;
@@ -361,13 +359,13 @@ TEST(FeatureDataTest, ChecksEachInputAgainstTheModel) {
   absl::StatusOr<CalibrationData> one =
       MakeFeatureData({{"pixel_values", at::randn({3, 8, 8}, at::kDouble)}},
                       Images(), 2, "one.pt");
-  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_OK(one);
   EXPECT_EQ(one->num_samples, 1);
   EXPECT_EQ(one->batches[0][0].toTensor().scalar_type(), at::kFloat);
   c10::List<at::Tensor> list({images[0], images[1], images[2]});
   absl::StatusOr<CalibrationData> stacked =
       MakeFeatureData({{"pixel_values", list}}, Images(), 2, "list.pt");
-  ASSERT_TRUE(stacked.ok()) << stacked.status();
+  ASSERT_OK(stacked);
   EXPECT_EQ(stacked->num_samples, 3);
   EXPECT_TRUE(at::equal(stacked->batches[1][0].toTensor()[0], images[2]));
 }
@@ -380,12 +378,12 @@ TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
   const at::Tensor ids = ExpectedIds();
   absl::StatusOr<CalibrationData> before =
       MakeCalibrationData(ids, {"input_ids", "attention_mask"}, 4, "x");
-  ASSERT_TRUE(before.ok());
+  ASSERT_OK(before);
   for (const char* name : {"tokens_tensor.pt", "tokens_dicts.pt"}) {
     SCOPED_TRACE(name);
     absl::StatusOr<CalibrationData> d =
         LoadCalibrationData(TestData(name), lm, 4);
-    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_OK(d);
     EXPECT_EQ(d->fingerprint, before->fingerprint);
     EXPECT_TRUE(d->descriptions.empty());
   }
@@ -395,7 +393,7 @@ TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
   absl::StatusOr<CalibrationData> dict = LoadCalibrationData(
       Saved("dict.pt", Dict({{"input_ids", ids}, {"attention_mask", mask}})),
       lm, 4);
-  ASSERT_TRUE(dict.ok()) << dict.status();
+  ASSERT_OK(dict);
   EXPECT_TRUE(at::equal(dict->batches[0][1].toTensor(), mask.narrow(0, 0, 4)));
   EXPECT_NE(dict->fingerprint, before->fingerprint);
 
@@ -406,7 +404,7 @@ TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
   ids_only.limits.vocab_size = 256;
   absl::StatusOr<CalibrationData> lists =
       LoadCalibrationData(TestData("tokens_lists.pt"), ids_only, 4);
-  ASSERT_TRUE(lists.ok()) << lists.status();
+  ASSERT_OK(lists);
   EXPECT_TRUE(at::equal(lists->batches[0][0].toTensor(), ids.narrow(0, 0, 4)));
   absl::StatusOr<CalibrationData> masked = LoadCalibrationData(
       Saved("masked.pt", Dict({{"input_ids", ids}, {"attention_mask", mask}})),

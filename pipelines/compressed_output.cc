@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,9 +19,9 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/compressed_tensors.h"
 #include "checkpoint/safetensors.h"
-#include "pipelines/pipeline.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
+#include "util/files.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -36,16 +34,6 @@ using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 constexpr const char* kQuantBuffers[] = {
     "weight_scale",     "weight_zero_point", "weight_g_idx",     "input_scale",
     "input_zero_point", "output_scale",      "output_zero_point"};
-
-absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in)
-    return absl::NotFoundError(
-        absl::StrCat("cannot read '", path.string(), "'"));
-  return text.str();
-}
 
 absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(
     const runtime::GraphModule& gm, const std::string& path,
@@ -118,14 +106,16 @@ std::vector<Tensors> Shard(const Tensors& tensors, int64_t max_bytes) {
 
 // True if `dir` looks like an earlier compressed-tensors output.
 bool IsCompressedTensorsDir(const fs::path& dir) {
-  absl::StatusOr<std::string> config = ReadFile(dir / "config.json");
+  absl::StatusOr<std::string> config =
+      util::ReadFile((dir / "config.json").string());
   return config.ok() && absl::StrContains(*config, "\"compressed-tensors\"");
 }
 
 absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
                             const std::string& config,
                             const CompressedOutputOptions& options) {
-  RETURN_IF_ERROR(WriteFileAtomically((dir / "config.json").string(), config));
+  RETURN_IF_ERROR(
+      util::WriteFileAtomically((dir / "config.json").string(), config));
   const std::vector<Tensors> shards =
       Shard(tensors, std::max<int64_t>(options.max_shard_bytes, 1));
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
@@ -137,7 +127,7 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
                                              i + 1, shards.size());
     ASSIGN_OR_RETURN(std::string bytes, checkpoint::SerializeSafetensors(
                                             shards[i], {{"format", "pt"}}));
-    RETURN_IF_ERROR(WriteFileAtomically((dir / name).string(), bytes));
+    RETURN_IF_ERROR(util::WriteFileAtomically((dir / name).string(), bytes));
     for (const auto& [tensor, t] : shards[i]) {
       weight_map[tensor] = name;
       total += t.numel() * t.element_size();
@@ -146,7 +136,7 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
   if (shards.size() > 1) {
     nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
                                     {"weight_map", weight_map}};
-    RETURN_IF_ERROR(WriteFileAtomically(
+    RETURN_IF_ERROR(util::WriteFileAtomically(
         (dir / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   }
   // The source checkpoint's other files: tokenizer, generation config.
@@ -165,9 +155,9 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
     }
     std::sort(files.begin(), files.end());
     for (const fs::path& f : files) {
-      ASSIGN_OR_RETURN(std::string bytes, ReadFile(f));
+      ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(f.string()));
       RETURN_IF_ERROR(
-          WriteFileAtomically((dir / f.filename()).string(), bytes));
+          util::WriteFileAtomically((dir / f.filename()).string(), bytes));
     }
   }
   return absl::OkStatus();
@@ -199,8 +189,9 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
     config = it->second;
   } else if (!options.source_dir.empty() &&
              fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
-    ASSIGN_OR_RETURN(config,
-                     ReadFile(fs::path(options.source_dir) / "config.json"));
+    ASSIGN_OR_RETURN(
+        config, util::ReadFile(
+                    (fs::path(options.source_dir) / "config.json").string()));
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
         where,
@@ -278,7 +269,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       parent / absl::StrCat(".", out.filename().string(), ".tmp.", getpid());
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) {
-    return absl::ErrnoToStatus(
+    return util::ErrnoError(
         ec.value(), absl::StrCat(where, ": creating '", tmp.string(), "'"));
   }
   absl::Cleanup remove_tmp = [&] { fs::remove_all(tmp, ec); };
@@ -291,15 +282,15 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   if (replacing) {
     fs::rename(out, old, ec);
     if (ec) {
-      return absl::ErrnoToStatus(ec.value(),
-                                 absl::StrCat(where, ": moving the old one"));
+      return util::ErrnoError(ec.value(),
+                              absl::StrCat(where, ": moving the old one"));
     }
   }
   fs::rename(tmp, out, ec);
   if (ec) {
     const int err = ec.value();
     if (replacing) fs::rename(old, out, ec);
-    return absl::ErrnoToStatus(err, where);
+    return util::ErrnoError(err, where);
   }
   std::move(remove_tmp).Cancel();
   if (replacing) fs::remove_all(old, ec);

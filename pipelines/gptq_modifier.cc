@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "util/status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -38,14 +39,12 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
   }
   absl::StatusOr<GptqResult> r = GptqQuantize(weight, hessian, gptq_);
   if (!r.ok()) {
-    return absl::Status(r.status().code(), absl::StrCat("gptq: ", path, ": ",
-                                                        r.status().message()));
+    return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
   }
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, gptq_.scheme);
   if (!rtn.ok()) {
-    return absl::Status(rtn.status().code(),
-                        absl::StrCat("gptq: ", path, " (RTN baseline): ",
-                                     rtn.status().message()));
+    return util::Annotate(rtn.status(),
+                          absl::StrCat("gptq: ", path, " (RTN baseline)"));
   }
   WeightQuantOutcome out;
   out.weight = std::move(r->weight);

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "pipelines/quantize.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -53,7 +54,7 @@ Layer MakeLayer(uint64_t seed) {
   // As a pipeline sees it: batches of [batch, seq, in].
   for (int64_t b = 0; b < kTokens; b += 512) {
     absl::Status s = acc.Add(l.x.narrow(0, b, 512).reshape({4, 128, kIn}));
-    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_OK(s);
   }
   l.h = acc.hessian();
   return l;
@@ -68,14 +69,14 @@ double OutputError(const at::Tensor& x, const at::Tensor& w,
 
 double RtnError(const Layer& l, const QuantScheme& scheme) {
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(l.w, scheme);
-  EXPECT_TRUE(rtn.ok()) << rtn.status();
+  EXPECT_OK(rtn);
   return OutputError(l.x, l.w, rtn->weight);
 }
 
 GptqResult MustGptq(const at::Tensor& w, const at::Tensor& h,
                     const GptqOptions& options) {
   absl::StatusOr<GptqResult> r = GptqQuantize(w, h, options);
-  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_OK(r);
   if (!r.ok()) return GptqResult();
   EXPECT_FALSE(r->fell_back_to_rtn) << r->warning;
   return *std::move(r);
@@ -87,8 +88,8 @@ TEST(HessianAccumulatorTest, RunningAverageOverSamples) {
   at::Tensor b = at::randn({3, 8});     // 1 sample, 3 tokens.
   HessianAccumulator acc(8);
   EXPECT_TRUE(at::equal(acc.hessian(), at::zeros({8, 8})));
-  ASSERT_TRUE(acc.Add(a).ok());
-  ASSERT_TRUE(acc.Add(b.to(at::kBFloat16).to(at::kFloat)).ok());
+  ASSERT_OK(acc.Add(a));
+  ASSERT_OK(acc.Add(b.to(at::kBFloat16).to(at::kFloat)));
   EXPECT_EQ(acc.num_samples(), 3);
   EXPECT_EQ(acc.num_tokens(), 13);
   at::Tensor all =
@@ -102,7 +103,7 @@ TEST(HessianAccumulatorTest, HalfInputsAccumulateInFp32) {
   at::manual_seed(2);
   at::Tensor x = at::randn({64, 16}).to(at::kHalf);
   HessianAccumulator acc(16);
-  ASSERT_TRUE(acc.Add(x).ok());
+  ASSERT_OK(acc.Add(x));
   at::Tensor xf = x.to(at::kFloat);
   EXPECT_EQ(acc.hessian().scalar_type(), at::kFloat);
   EXPECT_TRUE(
@@ -122,7 +123,7 @@ TEST(HessianAccumulatorTest, RejectsBadInputs) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("NaN"), std::string::npos) << s;
   // Nothing was counted, and empty inputs are a no-op.
-  EXPECT_TRUE(acc.Add(at::randn({0, 8})).ok());
+  EXPECT_OK(acc.Add(at::randn({0, 8})));
   EXPECT_EQ(acc.num_samples(), 0);
   EXPECT_EQ(acc.num_tokens(), 0);
 }
@@ -147,7 +148,7 @@ TEST_P(GptqVsRtnTest, LowerOutputErrorThanRtn) {
     EXPECT_LT(gptq, rtn) << scheme.ToString() << " act_order=" << act_order;
     // Every weight lies on the grid of the parameters returned with it.
     absl::StatusOr<at::Tensor> again = GptqRequantize(r, scheme);
-    ASSERT_TRUE(again.ok()) << again.status();
+    ASSERT_OK(again);
     EXPECT_TRUE(at::equal(*again, r.weight)) << scheme.ToString();
   }
 }
@@ -214,7 +215,7 @@ TEST(GptqTest, IdentityHessianIsRtn) {
     for (bool act_order : {false, true}) {
       GptqResult r = MustGptq(w, at::eye(96), Options(scheme, act_order));
       absl::StatusOr<RtnResult> rtn = QuantizeRtn(w, scheme);
-      ASSERT_TRUE(rtn.ok()) << rtn.status();
+      ASSERT_OK(rtn);
       EXPECT_TRUE(at::allclose(r.weight, rtn->weight, 0, 1e-7))
           << scheme.ToString();
       EXPECT_TRUE(at::allclose(r.scale, rtn->params.scale, 0, 1e-9));
@@ -252,7 +253,7 @@ TEST(GptqTest, StaticGroupsUseTheOriginalGroups) {
   for (const QuantScheme& scheme :
        {Scheme(4, true, 32), Scheme(4, false, 64)}) {
     absl::StatusOr<RtnResult> rtn = QuantizeRtn(l.w, scheme);
-    ASSERT_TRUE(rtn.ok()) << rtn.status();
+    ASSERT_OK(rtn);
     for (bool act_order : {false, true}) {
       GptqOptions o = Options(scheme, act_order);
       o.static_groups = true;
@@ -262,7 +263,7 @@ TEST(GptqTest, StaticGroupsUseTheOriginalGroups) {
           << scheme.ToString();
       EXPECT_TRUE(at::equal(r.zero_point, rtn->params.zero_point));
       absl::StatusOr<at::Tensor> again = GptqRequantize(r, scheme);
-      ASSERT_TRUE(again.ok()) << again.status();
+      ASSERT_OK(again);
       EXPECT_TRUE(at::equal(*again, r.weight)) << scheme.ToString();
       EXPECT_LT(OutputError(l.x, l.w, r.weight), RtnError(l, scheme))
           << scheme.ToString() << " act_order=" << act_order;
@@ -275,11 +276,11 @@ TEST(GptqTest, NotPositiveDefiniteFallsBackToRtn) {
   at::Tensor w = at::randn({16, 64});
   QuantScheme scheme = Scheme(4, true, 16);
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(w, scheme);
-  ASSERT_TRUE(rtn.ok());
+  ASSERT_OK(rtn);
 
   // Negative definite: damping (1% of a negative mean) cannot fix it.
   absl::StatusOr<GptqResult> r = GptqQuantize(w, -at::eye(64), Options(scheme));
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_TRUE(r->fell_back_to_rtn);
   EXPECT_NE(r->warning.find("not positive definite"), std::string::npos)
       << r->warning;
@@ -290,7 +291,7 @@ TEST(GptqTest, NotPositiveDefiniteFallsBackToRtn) {
   indefinite[0][1] = 5;
   indefinite[1][0] = 5;
   r = GptqQuantize(w, indefinite, Options(scheme));
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_TRUE(r->fell_back_to_rtn);
   EXPECT_TRUE(at::equal(r->weight, rtn->weight));
 
@@ -298,7 +299,7 @@ TEST(GptqTest, NotPositiveDefiniteFallsBackToRtn) {
   at::Tensor nan = at::eye(64);
   nan[3][4] = std::numeric_limits<float>::quiet_NaN();
   r = GptqQuantize(w, nan, Options(scheme, /*act_order=*/true));
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_TRUE(r->fell_back_to_rtn);
   EXPECT_NE(r->warning.find("NaN"), std::string::npos) << r->warning;
   EXPECT_TRUE(at::equal(r->weight, rtn->weight));
@@ -309,7 +310,7 @@ TEST(GptqTest, DeadColumnsAreZeroed) {
   Layer l = MakeLayer(/*seed=*/10);
   for (int64_t c : {3, 100, 255}) l.x.select(1, c).zero_();
   HessianAccumulator acc(kIn);
-  ASSERT_TRUE(acc.Add(l.x).ok());
+  ASSERT_OK(acc.Add(l.x));
   for (bool act_order : {false, true}) {
     GptqResult r =
         MustGptq(l.w, acc.hessian(), Options(Scheme(4, true, 128), act_order));
@@ -348,7 +349,7 @@ TEST(GptqTest, HalfPrecisionWeightsKeepTheirDtype) {
     EXPECT_EQ(r.weight.scalar_type(), dtype);
     EXPECT_EQ(r.scale.scalar_type(), at::kFloat);
     absl::StatusOr<RtnResult> rtn = QuantizeRtn(w, scheme);
-    ASSERT_TRUE(rtn.ok());
+    ASSERT_OK(rtn);
     EXPECT_LT(OutputError(l.x, w, r.weight), OutputError(l.x, w, rtn->weight));
   }
 }

@@ -24,33 +24,23 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "pipelines/intermediates_cache_internal.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
+#include "util/files.h"
+#include "util/format.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {
 
-using runtime::HumanBytes;
+using internal::Describe;
+using internal::TensorMeta;
+using util::HumanBytes;
 
-using Key = std::pair<int64_t, std::string>;
+using Key = internal::CacheKey;
 
-constexpr char kMagic[8] = {'T', 'C', 'S', 'P', 'I', 'L', 'L', '1'};
-constexpr int64_t kWriteChunk = int64_t{8} << 20;
 constexpr size_t kMaxNotes = 64;
-
-std::string Describe(const Key& key) {
-  return absl::StrCat("batch ", key.first, " '", key.second, "'");
-}
-
-// One tensor of a stored value, in depth-first order.
-struct TensorMeta {
-  bool defined = false;
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> sizes;
-  c10::Device onload_device = c10::Device(c10::kCPU);
-  int64_t nbytes = 0;
-};
 
 // Rebuilds `v` with every tensor t (undefined ones included, in depth-first
 // order) replaced by fn(t). InvalidArgument for IValue kinds a cache value
@@ -119,38 +109,6 @@ bool IsCompact(const at::Tensor& t) {
          t.storage().nbytes() == t.nbytes();
 }
 
-// 64-bit FNV-1a over 8-byte words, then the tail bytes. A checksum against
-// truncated or damaged spill files, not a cryptographic hash.
-uint64_t Checksum(const char* data, int64_t n, uint64_t h) {
-  constexpr uint64_t kPrime = 1099511628211ull;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t word;
-    std::memcpy(&word, data + i, 8);
-    h = (h ^ word) * kPrime;
-  }
-  for (; i < n; ++i) h = (h ^ static_cast<unsigned char>(data[i])) * kPrime;
-  return h;
-}
-constexpr uint64_t kChecksumSeed = 1469598103934665603ull;
-
-void AppendPod(std::string& out, int64_t v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-std::string Header(const std::vector<TensorMeta>& metas) {
-  std::string h(kMagic, sizeof(kMagic));
-  AppendPod(h, static_cast<int64_t>(metas.size()));
-  for (const TensorMeta& m : metas) {
-    AppendPod(h, m.defined ? 1 : 0);
-    AppendPod(h, static_cast<int64_t>(m.dtype));
-    AppendPod(h, static_cast<int64_t>(m.sizes.size()));
-    for (int64_t s : m.sizes) AppendPod(h, s);
-    AppendPod(h, m.nbytes);
-  }
-  return h;
-}
-
 // Tensor bytes of a cache value (allocates nothing: for error messages
 // about allocation failures).
 int64_t ValueBytes(const c10::IValue& v) {
@@ -190,23 +148,6 @@ absl::Status OutOfMemory(const absl::Status& failed, absl::string_view doing,
   });
   return s;
 }
-
-class FileCloser {
- public:
-  explicit FileCloser(int fd) : fd_(fd) {}
-  ~FileCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  // Closes now; the status of close(2).
-  int Close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 
@@ -268,7 +209,7 @@ struct IntermediatesCache::State {
       std::vector<char> buf(pattern.begin(), pattern.end());
       buf.push_back('\0');
       if (::mkdtemp(buf.data()) == nullptr) {
-        return absl::ErrnoToStatus(
+        return util::ErrnoError(
             errno, absl::StrCat("intermediates cache: cannot create a spill "
                                 "directory ",
                                 pattern));
@@ -287,7 +228,7 @@ struct IntermediatesCache::State {
     } else if (errno == ENOENT && ::mkdir(dir.c_str(), 0700) == 0) {
       created_spill_dir = true;
     } else {
-      return absl::ErrnoToStatus(
+      return util::ErrnoError(
           errno,
           absl::StrCat("intermediates cache: cannot use spill_dir ", dir));
     }
@@ -311,121 +252,12 @@ struct IntermediatesCache::State {
     std::string path =
         absl::StrCat(spill_dir, "/tracecut-", ::getpid(), "-", instance, "-",
                      next_file++, "-b", key.first, ".spill");
-    auto fail = [&](int err, absl::string_view what) {
-      ::unlink(path.c_str());
-      return absl::ErrnoToStatus(
-          err,
-          absl::StrCat("intermediates cache: cannot spill ", Describe(key),
-                       " (", HumanBytes(bytes), ") to ", path, ": ", what));
-    };
-    int fd =
-        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      return absl::ErrnoToStatus(
-          errno,
-          absl::StrCat("intermediates cache: cannot spill ", Describe(key),
-                       " (", HumanBytes(bytes), "): cannot create ", path));
-    }
-    FileCloser closer(fd);
-    int64_t offset = 0;
-    auto write_all = [&](const char* data, int64_t n) -> absl::Status {
-      while (n > 0) {
-        const int64_t chunk = std::min(n, kWriteChunk);
-        if (options.spill_write_hook_for_testing) {
-          absl::Status hook =
-              options.spill_write_hook_for_testing(path, offset);
-          if (!hook.ok()) {
-            ::unlink(path.c_str());
-            return absl::Status(
-                hook.code(),
-                absl::StrCat("intermediates cache: cannot spill ",
-                             Describe(key), " (", HumanBytes(bytes), ") to ",
-                             path, ": ", hook.message()));
-          }
-        }
-        ssize_t w = ::write(fd, data, static_cast<size_t>(chunk));
-        if (w < 0) {
-          if (errno == EINTR) continue;
-          return fail(errno, "write failed");
-        }
-        if (w == 0) return fail(EIO, "write made no progress");
-        data += w;
-        n -= w;
-        offset += w;
-      }
-      return absl::OkStatus();
-    };
-    const std::string header = Header(metas);
-    RETURN_IF_ERROR(
-        write_all(header.data(), static_cast<int64_t>(header.size())));
-    uint64_t sum = kChecksumSeed;
-    for (const at::Tensor& t : cpu) {
-      const char* data = static_cast<const char*>(t.data_ptr());
-      const int64_t n = static_cast<int64_t>(t.nbytes());
-      sum = Checksum(data, n, sum);
-      RETURN_IF_ERROR(write_all(data, n));
-    }
-    RETURN_IF_ERROR(
-        write_all(reinterpret_cast<const char*>(&sum), sizeof(sum)));
-    if (closer.Close() != 0) return fail(errno, "close failed");
+    RETURN_IF_ERROR(internal::WriteSpillFile(
+        path, key, cpu, metas, bytes, options.spill_write_hook_for_testing));
     ++stats.spill_count;
     stats.bytes_spilled += bytes;
     stats.bytes_on_disk += bytes;
     return path;
-  }
-
-  // Reads the CPU tensors of a spill file written for `metas`.
-  absl::StatusOr<std::vector<at::Tensor>> ReadSpill(
-      const Key& key, const std::string& path,
-      const std::vector<TensorMeta>& metas) {
-    auto bad = [&](absl::string_view what) {
-      return absl::DataLossError(
-          absl::StrCat("intermediates cache: spill file ", path, " of ",
-                       Describe(key), " is unreadable: ", what));
-    };
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return bad(std::strerror(errno));
-    FileCloser closer(fd);
-    auto read_all = [&](char* data, int64_t n) -> absl::Status {
-      while (n > 0) {
-        ssize_t r =
-            ::read(fd, data, static_cast<size_t>(std::min(n, kWriteChunk)));
-        if (r < 0) {
-          if (errno == EINTR) continue;
-          return bad(std::strerror(errno));
-        }
-        if (r == 0) return bad("truncated");
-        data += r;
-        n -= r;
-      }
-      return absl::OkStatus();
-    };
-    const std::string want = Header(metas);
-    std::string header(want.size(), '\0');
-    RETURN_IF_ERROR(
-        read_all(header.data(), static_cast<int64_t>(header.size())));
-    if (header != want) return bad("header does not match the cached value");
-    std::vector<at::Tensor> tensors;
-    tensors.reserve(metas.size());
-    uint64_t sum = kChecksumSeed;
-    for (const TensorMeta& m : metas) {
-      if (!m.defined) {
-        tensors.emplace_back();
-        continue;
-      }
-      at::Tensor t = at::empty(m.sizes, at::TensorOptions().dtype(m.dtype));
-      char* data = static_cast<char*>(t.data_ptr());
-      const int64_t n = static_cast<int64_t>(t.nbytes());
-      RETURN_IF_ERROR(read_all(data, n));
-      sum = Checksum(data, n, sum);
-      tensors.push_back(std::move(t));
-    }
-    uint64_t stored = 0;
-    RETURN_IF_ERROR(read_all(reinterpret_cast<char*>(&stored), sizeof(stored)));
-    if (stored != sum) return bad("checksum mismatch");
-    char extra;
-    if (::read(fd, &extra, 1) != 0) return bad("trailing bytes");
-    return tensors;
   }
 
   // Tensors of `value` in depth-first order.
@@ -530,7 +362,7 @@ struct IntermediatesCache::State {
     if (!e.spill_path.empty()) {
       stats.bytes_on_disk -= e.bytes;
       if (::unlink(e.spill_path.c_str()) != 0 && errno != ENOENT) {
-        status = absl::ErrnoToStatus(
+        status = util::ErrnoError(
             errno,
             absl::StrCat("intermediates cache: cannot delete ", e.spill_path));
       }
@@ -625,7 +457,7 @@ struct IntermediatesCache::State {
       return ToCompute(e, e.value);
     }
     ASSIGN_OR_RETURN(std::vector<at::Tensor> tensors,
-                     ReadSpill(key, e.spill_path, e.tensors));
+                     internal::ReadSpillFile(e.spill_path, key, e.tensors));
     ++stats.reload_count;
     ASSIGN_OR_RETURN(
         c10::IValue loaded,

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -77,7 +78,7 @@ class ScopedAddressSpaceLimit {
 IntermediatesCache MustCreate(IntermediatesCacheOptions options) {
   absl::StatusOr<IntermediatesCache> cache =
       IntermediatesCache::Create(std::move(options));
-  EXPECT_TRUE(cache.ok()) << cache.status();
+  EXPECT_OK(cache);
   return *std::move(cache);
 }
 
@@ -160,11 +161,11 @@ TEST(IntermediatesCacheTest, RoundTripInMemoryIsBitIdentical) {
   IntermediatesCache cache = MustCreate({});
   c10::IValue v = MixedValue();
   absl::Status put = cache.Put(0, "layer0", v);
-  ASSERT_TRUE(put.ok()) << put;
+  ASSERT_OK(put);
   EXPECT_TRUE(cache.Contains(0, "layer0"));
   EXPECT_FALSE(cache.IsSpilled(0, "layer0"));
   absl::StatusOr<c10::IValue> got = cache.Get(0, "layer0");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ExpectBitIdentical(v, *got);
   EXPECT_EQ(cache.stats().spill_count, 0);
   EXPECT_EQ(cache.spill_dir(), "");
@@ -177,19 +178,19 @@ TEST(IntermediatesCacheTest, RoundTripThroughDiskIsBitIdentical) {
   IntermediatesCache cache = MustCreate(options);
   c10::IValue v = MixedValue();
   absl::Status put = cache.Put(4, "hidden", v);
-  ASSERT_TRUE(put.ok()) << put;
+  ASSERT_OK(put);
   EXPECT_TRUE(cache.IsSpilled(4, "hidden"));
   EXPECT_EQ(cache.stats().bytes_held, 0);
   EXPECT_EQ(CountFiles(options.spill_dir), 1);
   for (int i = 0; i < 2; ++i) {
     absl::StatusOr<c10::IValue> got = cache.Get(4, "hidden");
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     ExpectBitIdentical(v, *got);
   }
   EXPECT_EQ(cache.stats().reload_count, 2);
   EXPECT_EQ(cache.stats().peak_bytes_held, 0);
   // Scalars alone have no bytes and stay in memory even with budget 0.
-  ASSERT_TRUE(cache.Put(4, "flag", c10::IValue(true)).ok());
+  ASSERT_OK(cache.Put(4, "flag", c10::IValue(true)));
   EXPECT_FALSE(cache.IsSpilled(4, "flag"));
 }
 
@@ -205,9 +206,9 @@ TEST(IntermediatesCacheTest, NamedTuplesKeepTheirType) {
                                 c10::TensorType::get()});
   c10::IValue v = c10::ivalue::Tuple::createNamed(
       {at::randn({2, 3}), at::randn({4}).to(at::kBFloat16)}, type);
-  ASSERT_TRUE(cache.Put(0, "out", v).ok());
+  ASSERT_OK(cache.Put(0, "out", v));
   absl::StatusOr<c10::IValue> got = cache.Get(0, "out");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   ExpectBitIdentical(v, *got);
   c10::TupleTypePtr got_type = got->toTupleRef().type();
   ASSERT_TRUE(got_type->name().has_value());
@@ -217,11 +218,11 @@ TEST(IntermediatesCacheTest, NamedTuplesKeepTheirType) {
 TEST(IntermediatesCacheTest, ViewsAreStoredCompact) {
   IntermediatesCache cache = MustCreate({});
   at::Tensor base = at::zeros({1000}, at::kFloat);
-  ASSERT_TRUE(cache.Put(0, "slice", base.narrow(0, 10, 5)).ok());
+  ASSERT_OK(cache.Put(0, "slice", base.narrow(0, 10, 5)));
   EXPECT_EQ(cache.stats().bytes_held, 20);
   base.fill_(1);  // The cache copied the 5 elements it keeps.
   absl::StatusOr<c10::IValue> got = cache.Get(0, "slice");
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_TRUE(at::equal(got->toTensor(), at::zeros({5})));
 }
 
@@ -231,7 +232,7 @@ TEST(IntermediatesCacheTest, LeastRecentlyUsedValuesSpillAndComeBack) {
   options.spill_dir = TestDir("lru");
   IntermediatesCache cache = MustCreate(options);
   for (int b = 0; b < 5; ++b) {
-    ASSERT_TRUE(cache.Put(b, "x", Bytes(4096, b)).ok());
+    ASSERT_OK(cache.Put(b, "x", Bytes(4096, b)));
   }
   // Batches 0 and 1 were least recently used.
   EXPECT_TRUE(cache.IsSpilled(0, "x"));
@@ -248,7 +249,7 @@ TEST(IntermediatesCacheTest, LeastRecentlyUsedValuesSpillAndComeBack) {
 
   // Reading batch 0 back spills batch 2 (now least recently used).
   absl::StatusOr<c10::IValue> got = cache.Get(0, "x");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_TRUE(at::equal(got->toTensor(), Bytes(4096, 0)));
   EXPECT_FALSE(cache.IsSpilled(0, "x"));
   EXPECT_TRUE(cache.IsSpilled(2, "x"));
@@ -258,18 +259,18 @@ TEST(IntermediatesCacheTest, LeastRecentlyUsedValuesSpillAndComeBack) {
   EXPECT_EQ(s.bytes_held, 3 * 4096);
 
   // Batch 0 keeps its file: spilling it again costs no write.
-  ASSERT_TRUE(cache.Get(1, "x").ok());  // Spills 3.
-  ASSERT_TRUE(cache.Get(2, "x").ok());  // Spills 4.
-  ASSERT_TRUE(cache.Get(3, "x").ok());  // Spills 0: no write.
+  ASSERT_OK(cache.Get(1, "x"));  // Spills 3.
+  ASSERT_OK(cache.Get(2, "x"));  // Spills 4.
+  ASSERT_OK(cache.Get(3, "x"));  // Spills 0: no write.
   EXPECT_EQ(cache.stats().spill_count, 5);
   EXPECT_TRUE(cache.IsSpilled(0, "x"));
 
   // Release deletes files; Take is Get + Release.
   absl::StatusOr<c10::IValue> taken = cache.Take(0, "x");
-  ASSERT_TRUE(taken.ok());
+  ASSERT_OK(taken);
   EXPECT_TRUE(at::equal(taken->toTensor(), Bytes(4096, 0)));
   EXPECT_FALSE(cache.Contains(0, "x"));
-  for (int b = 1; b < 5; ++b) ASSERT_TRUE(cache.Release(b, "x").ok());
+  for (int b = 1; b < 5; ++b) ASSERT_OK(cache.Release(b, "x"));
   EXPECT_EQ(CountFiles(options.spill_dir), 0);
   s = cache.stats();
   EXPECT_EQ(s.values, 0);
@@ -282,8 +283,8 @@ TEST(IntermediatesCacheTest, ValueLargerThanTheBudgetGoesStraightToDisk) {
   options.memory_budget_bytes = 1000;
   options.spill_dir = TestDir("oversized");
   IntermediatesCache cache = MustCreate(options);
-  ASSERT_TRUE(cache.Put(0, "small", Bytes(400, 1)).ok());
-  ASSERT_TRUE(cache.Put(0, "big", Bytes(4000, 2)).ok());
+  ASSERT_OK(cache.Put(0, "small", Bytes(400, 1)));
+  ASSERT_OK(cache.Put(0, "big", Bytes(4000, 2)));
   EXPECT_TRUE(cache.IsSpilled(0, "big"));
   EXPECT_FALSE(cache.IsSpilled(0, "small"));  // Not evicted for nothing.
   ASSERT_EQ(cache.notes().size(), 1u);
@@ -292,7 +293,7 @@ TEST(IntermediatesCacheTest, ValueLargerThanTheBudgetGoesStraightToDisk) {
   EXPECT_NE(cache.notes()[0].find("exceeds the whole memory budget"),
             std::string::npos);
   absl::StatusOr<c10::IValue> got = cache.Get(0, "big");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_TRUE(at::equal(got->toTensor(), Bytes(4000, 2)));
   EXPECT_TRUE(cache.IsSpilled(0, "big"));  // Still never held.
   EXPECT_EQ(cache.stats().oversized_count, 1);
@@ -322,14 +323,14 @@ TEST(IntermediatesCacheTest, RandomSequenceRespectsTheBudget) {
         const int64_t n = (rng() % 20 == 0) ? 20000 : rng() % 4000;
         at::ScalarType dtype = dtypes[rng() % dtypes.size()];
         at::Tensor t = at::randn({n}).mul(1000).to(dtype);
-        ASSERT_TRUE(cache.Put(batch, name, t).ok());
+        ASSERT_OK(cache.Put(batch, name, t));
         model[key] = t;
       } else if (op < 8) {
         absl::StatusOr<c10::IValue> got = cache.Get(batch, name);
         if (model.count(key) == 0) {
           EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
         } else {
-          ASSERT_TRUE(got.ok()) << got.status();
+          ASSERT_OK(got);
           ExpectBitIdentical(c10::IValue(model[key]), *got,
                              absl::StrCat("step ", step));
         }
@@ -353,7 +354,7 @@ TEST(IntermediatesCacheTest, RandomSequenceRespectsTheBudget) {
                 static_cast<long long>(stats.peak_bytes_held));
     for (const auto& [key, t] : model) {
       absl::StatusOr<c10::IValue> got = cache.Get(key.first, key.second);
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       ExpectBitIdentical(c10::IValue(t), *got);
     }
     EXPECT_GT(CountFiles(options.spill_dir), 0);
@@ -368,7 +369,7 @@ TEST(IntermediatesCacheTest, AutomaticSpillDirIsRemovedOnDestruction) {
     IntermediatesCacheOptions options;
     options.memory_budget_bytes = 0;
     IntermediatesCache cache = MustCreate(options);
-    ASSERT_TRUE(cache.Put(0, "x", Bytes(64, 1)).ok());
+    ASSERT_OK(cache.Put(0, "x", Bytes(64, 1)));
     dir = cache.spill_dir();
     ASSERT_FALSE(dir.empty());
     EXPECT_EQ(CountFiles(dir), 1);
@@ -386,7 +387,7 @@ TEST(IntermediatesCacheTest, CreatedSpillDirIsRemovedOnDestruction) {
     options.memory_budget_bytes = 0;
     options.spill_dir = dir;
     IntermediatesCache cache = MustCreate(options);
-    ASSERT_TRUE(cache.Put(0, "x", Bytes(64, 1)).ok());
+    ASSERT_OK(cache.Put(0, "x", Bytes(64, 1)));
     EXPECT_EQ(CountFiles(dir), 1);
   }
   EXPECT_FALSE(Exists(dir));
@@ -397,7 +398,7 @@ TEST(IntermediatesCacheTest, UnwritableSpillDirIsAStatus) {
   options.memory_budget_bytes = 100;
   options.spill_dir = "/proc/tracecut-no-such-dir";
   IntermediatesCache cache = MustCreate(options);
-  ASSERT_TRUE(cache.Put(0, "a", Bytes(80, 1)).ok());
+  ASSERT_OK(cache.Put(0, "a", Bytes(80, 1)));
   // Needs "a" spilled: fails, stores nothing, keeps "a".
   absl::Status s = cache.Put(0, "b", Bytes(80, 2));
   ASSERT_FALSE(s.ok());
@@ -409,7 +410,7 @@ TEST(IntermediatesCacheTest, UnwritableSpillDirIsAStatus) {
   // Larger than the budget: also a status.
   EXPECT_FALSE(cache.Put(0, "c", Bytes(400, 3)).ok());
   absl::StatusOr<c10::IValue> a = cache.Get(0, "a");
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_TRUE(at::equal(a->toTensor(), Bytes(80, 1)));
 
   // A spill_dir that is a file.
@@ -447,7 +448,7 @@ TEST(IntermediatesCacheTest, WriteFailureMidFileLeavesNoFile) {
   EXPECT_EQ(cache.stats().bytes_on_disk, 0);
 
   disk_full = false;
-  ASSERT_TRUE(cache.Put(0, "big", Bytes(4096, 1)).ok());
+  ASSERT_OK(cache.Put(0, "big", Bytes(4096, 1)));
   EXPECT_EQ(CountFiles(options.spill_dir), 1);
 }
 
@@ -456,7 +457,7 @@ TEST(IntermediatesCacheTest, DamagedSpillFileIsDataLoss) {
   options.memory_budget_bytes = 0;
   options.spill_dir = TestDir("damaged");
   IntermediatesCache cache = MustCreate(options);
-  ASSERT_TRUE(cache.Put(0, "x", Bytes(4096, 1)).ok());
+  ASSERT_OK(cache.Put(0, "x", Bytes(4096, 1)));
   DIR* d = ::opendir(options.spill_dir.c_str());
   ASSERT_NE(d, nullptr);
   std::string path;
@@ -508,11 +509,11 @@ TEST(IntermediatesCacheTest, MissingKeysAndBadValues) {
 
 TEST(IntermediatesCacheTest, PutReplacesAndReleaseBatch) {
   IntermediatesCache cache = MustCreate({});
-  ASSERT_TRUE(cache.Put(1, "a", Bytes(400, 1)).ok());
-  ASSERT_TRUE(cache.Put(1, "a", Bytes(800, 2)).ok());
+  ASSERT_OK(cache.Put(1, "a", Bytes(400, 1)));
+  ASSERT_OK(cache.Put(1, "a", Bytes(800, 2)));
   EXPECT_EQ(cache.stats().bytes_held, 800);
-  ASSERT_TRUE(cache.Put(1, "b", c10::IValue(int64_t{3})).ok());
-  ASSERT_TRUE(cache.Put(2, "a", Bytes(400, 3)).ok());
+  ASSERT_OK(cache.Put(1, "b", c10::IValue(int64_t{3})));
+  ASSERT_OK(cache.Put(2, "a", Bytes(400, 3)));
   EXPECT_EQ(cache.Names(1), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(cache.ReleaseBatch(1), 2);
   EXPECT_TRUE(cache.Names(1).empty());
@@ -527,9 +528,9 @@ TEST(IntermediatesCacheTest, ComputeDeviceOverride) {
   options.memory_budget_bytes = 0;
   options.spill_dir = TestDir("device");
   IntermediatesCache cache = MustCreate(options);
-  ASSERT_TRUE(cache.Put(0, "x", at::ones({4})).ok());
+  ASSERT_OK(cache.Put(0, "x", at::ones({4})));
   absl::StatusOr<c10::IValue> got = cache.Get(0, "x");
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_TRUE(got->toTensor().device().is_cpu());
 }
 
@@ -545,7 +546,7 @@ TEST(IntermediatesCacheTest, AllocationFailureIsResourceExhausted) {
   at::Tensor base = at::ones({2, n}, at::kFloat);
   at::Tensor row = base[0];
   // Once without a limit: LibTorch's thread pool starts here, not under it.
-  ASSERT_TRUE(cache.Put(0, "v", row).ok());
+  ASSERT_OK(cache.Put(0, "v", row));
   int64_t stored = 1;
   absl::Status failed;
   {
@@ -571,7 +572,7 @@ TEST(IntermediatesCacheTest, AllocationFailureIsResourceExhausted) {
   EXPECT_EQ(cache.stats().bytes_held, stored * n * 4);
   for (int64_t b = 0; b < stored; ++b) {
     absl::StatusOr<c10::IValue> v = cache.Take(b, "v");
-    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_OK(v);
     EXPECT_TRUE(v->toTensor().equal(row));
   }
   EXPECT_EQ(cache.stats().values, 0);

@@ -42,8 +42,8 @@
 // embeddings). A model that is not such a chain is an error naming the
 // value that breaks it (use sequential there).
 //
-// Checkpoints (Note [Checkpoints] in pipeline.cc): after each subgraph the
-// run directory gets the weights changed in that subgraph
+// Checkpoints (Note [Checkpoints] in pipeline_checkpoint.cc): after each
+// subgraph the run directory gets the weights changed in that subgraph
 // (weights-NNNNN.pt) and, atomically replaced, state.pt: the cache's values
 // (everything later subgraphs need), the results so far and the modifiers'
 // state. `resume` continues after the last finished subgraph and gives the
@@ -70,6 +70,7 @@
 #include "pipelines/modifier.h"
 #include "pipelines/progress.h"
 #include "runtime/graph_module.h"
+#include "util/files.h"
 
 namespace tracecut::pipelines {
 
@@ -153,11 +154,9 @@ absl::StatusOr<OutputError> CompareOutputs(const torch::jit::Module& reference,
                                            const torch::jit::Module& candidate,
                                            const CalibrationData& data);
 
-// Writes `bytes` to `path` atomically: a temporary file next to it, fsync'ed,
-// then renamed over `path`. On failure `path` is untouched and the
-// temporary removed.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view bytes);
+// util::WriteFileAtomically, under the name code built against this header
+// has used (examples/consumer). New code calls util's.
+using util::WriteFileAtomically;
 
 }  // namespace tracecut::pipelines
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -63,8 +64,8 @@ TEST(QuantSchemeTest, ParseReadsWhatToStringWrites) {
 }
 
 TEST(QuantSchemeTest, ValidateRejectsBadFields) {
-  EXPECT_TRUE(Scheme(2, true).Validate().ok());
-  EXPECT_TRUE(Scheme(8, false, 64).Validate().ok());
+  EXPECT_OK(Scheme(2, true).Validate());
+  EXPECT_OK(Scheme(8, false, 64).Validate());
   for (const QuantScheme& bad :
        {Scheme(1, true), Scheme(9, true), Scheme(4, true, 0),
         Scheme(4, true, -2), Scheme(4, true, 128, /*per_tensor=*/true)}) {
@@ -84,24 +85,24 @@ TEST(QuantizeTest, SymmetricInt4PerChannelByHand) {
   at::Tensor w = Rows({{0.75f, -1.75f, 0.375f, 0.625f}, {0, 0, 0, 0}});
   QuantScheme scheme = Scheme(4, true);
   absl::StatusOr<QuantParams> p = ComputeQuantParams(w, scheme);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_TRUE(at::equal(p->scale, Rows({{0.25f}, {1.0f}})));
   EXPECT_EQ(p->zero_point.scalar_type(), at::kInt);
   EXPECT_TRUE(at::equal(p->zero_point, at::zeros({2, 1}, at::kInt)));
 
   absl::StatusOr<at::Tensor> q = Quantize(w, *p, scheme);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_EQ(q->scalar_type(), at::kChar);
   EXPECT_TRUE(at::equal(
       *q, at::tensor({3, -7, 2, 2, 0, 0, 0, 0}, at::kChar).reshape({2, 4})));
 
   absl::StatusOr<at::Tensor> fq = FakeQuantize(w, *p, scheme);
-  ASSERT_TRUE(fq.ok()) << fq.status();
+  ASSERT_OK(fq);
   EXPECT_TRUE(
       at::equal(*fq, Rows({{0.75f, -1.75f, 0.5f, 0.5f}, {0, 0, 0, 0}})));
 
   absl::StatusOr<at::Tensor> dq = Dequantize(*q, *p, scheme, at::kFloat);
-  ASSERT_TRUE(dq.ok()) << dq.status();
+  ASSERT_OK(dq);
   EXPECT_TRUE(at::equal(*dq, *fq));
 }
 
@@ -113,17 +114,17 @@ TEST(QuantizeTest, AsymmetricInt4ByHand) {
   at::Tensor w = Rows({{0.5f, 3.75f, 1.0f, 2.0f}, {-1.0f, 2.75f, 0.1f, 0.0f}});
   QuantScheme scheme = Scheme(4, false);
   absl::StatusOr<QuantParams> p = ComputeQuantParams(w, scheme);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_TRUE(at::equal(p->scale, Rows({{0.25f}, {0.25f}})));
   EXPECT_TRUE(
       at::equal(p->zero_point, at::tensor({-8, -4}, at::kInt).reshape({2, 1})));
   absl::StatusOr<at::Tensor> q = Quantize(w, *p, scheme);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_TRUE(at::equal(
       *q,
       at::tensor({-6, 7, -4, 0, -8, 7, -4, -4}, at::kChar).reshape({2, 4})));
   absl::StatusOr<at::Tensor> fq = FakeQuantize(w, *p, scheme);
-  ASSERT_TRUE(fq.ok()) << fq.status();
+  ASSERT_OK(fq);
   EXPECT_TRUE(at::equal(
       *fq, Rows({{0.5f, 3.75f, 1.0f, 2.0f}, {-1.0f, 2.75f, 0.0f, 0.0f}})));
 }
@@ -134,13 +135,13 @@ TEST(QuantizeTest, GroupsIncludingPartialLastGroup) {
   QuantScheme scheme = Scheme(8, true, /*group_size=*/2);
   EXPECT_EQ(NumGroups(scheme, 5), 3);
   absl::StatusOr<QuantParams> p = ComputeQuantParams(w, scheme);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->scale.sizes(), (std::vector<int64_t>{1, 3}));
   EXPECT_FLOAT_EQ(p->scale[0][0].item<float>(), 1.0f / 64);
   EXPECT_FLOAT_EQ(p->scale[0][1].item<float>(), 0.25f / 127);
   EXPECT_FLOAT_EQ(p->scale[0][2].item<float>(), 3.0f / 127);
   absl::StatusOr<at::Tensor> q = Quantize(w, *p, scheme);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   // 1/128 / (0.25/127) = 3.97 -> 4.
   EXPECT_TRUE(at::equal(
       *q, at::tensor({127, -32, 127, 4, -127}, at::kChar).reshape({1, 5})));
@@ -150,11 +151,11 @@ TEST(QuantizeTest, PerTensorHasOneScale) {
   at::Tensor w = Rows({{1.0f, -2.0f}, {0.5f, 4.0f}});
   QuantScheme scheme = Scheme(8, true, -1, /*per_tensor=*/true);
   absl::StatusOr<QuantParams> p = ComputeQuantParams(w, scheme);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ(p->scale.sizes(), (std::vector<int64_t>{1, 1}));
   EXPECT_FLOAT_EQ(p->scale.item<float>(), 4.0f / 127);
   absl::StatusOr<at::Tensor> q = Quantize(w, *p, scheme);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_TRUE(
       at::equal(*q, at::tensor({32, -64, 16, 127}, at::kChar).reshape({2, 2})));
 }
@@ -163,7 +164,7 @@ TEST(QuantizeTest, CodesAreClampedToTheRange) {
   QuantScheme scheme = Scheme(4, true);
   QuantParams p{Rows({{0.25f}}), at::zeros({1, 1}, at::kInt)};
   absl::StatusOr<at::Tensor> q = Quantize(Rows({{10.0f, -10.0f}}), p, scheme);
-  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_OK(q);
   EXPECT_TRUE(at::equal(*q, at::tensor({7, -8}, at::kChar).reshape({1, 2})));
 }
 
@@ -172,13 +173,13 @@ TEST(QuantizeTest, RtnKeepsHalfAndBfloat16) {
   for (at::ScalarType dtype : {at::kHalf, at::kBFloat16, at::kDouble}) {
     at::Tensor w = w32.to(dtype);
     absl::StatusOr<RtnResult> r = QuantizeRtn(w, Scheme(4, true, 32));
-    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_OK(r);
     EXPECT_EQ(r->weight.scalar_type(), dtype);
     EXPECT_EQ(r->params.scale.scalar_type(), at::kFloat);
     // The arithmetic is fp32; only the result is cast back.
     absl::StatusOr<at::Tensor> fp32 =
         FakeQuantize(w.to(at::kFloat), r->params, Scheme(4, true, 32));
-    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    ASSERT_OK(fp32);
     EXPECT_TRUE(at::equal(r->weight, fp32->to(dtype)));
   }
 }
@@ -190,15 +191,15 @@ TEST(QuantizeTest, QuantizeThenDequantizeIsFakeQuantize) {
        {Scheme(4, true, 16), Scheme(3, false, 16), Scheme(8, false),
         Scheme(2, true, -1, true)}) {
     absl::StatusOr<QuantParams> p = ComputeQuantParams(w, scheme);
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     absl::StatusOr<at::Tensor> q = Quantize(w, *p, scheme);
-    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_OK(q);
     EXPECT_GE(q->min().item<int>(), scheme.qmin()) << scheme.ToString();
     EXPECT_LE(q->max().item<int>(), scheme.qmax()) << scheme.ToString();
     absl::StatusOr<at::Tensor> dq = Dequantize(*q, *p, scheme, at::kFloat);
-    ASSERT_TRUE(dq.ok()) << dq.status();
+    ASSERT_OK(dq);
     absl::StatusOr<at::Tensor> fq = FakeQuantize(w, *p, scheme);
-    ASSERT_TRUE(fq.ok()) << fq.status();
+    ASSERT_OK(fq);
     EXPECT_TRUE(at::equal(*dq, *fq)) << scheme.ToString();
   }
 }

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
@@ -22,7 +23,7 @@ TEST(RecipeTest, DocumentedExampleLoads) {
   // The example of docs/recipes.md, kept verbatim in testdata.
   absl::StatusOr<recipe::Recipe> r =
       LoadRecipe("pipelines/testdata/gptq_w4g128.textproto");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   ASSERT_EQ(r->modifiers_size(), 1);
   ASSERT_TRUE(r->modifiers(0).has_gptq());
   const recipe::GptqModifier& g = r->modifiers(0).gptq();
@@ -42,13 +43,13 @@ TEST(RecipeTest, DocumentedExampleLoads) {
   EXPECT_DOUBLE_EQ(o.dampening_frac, 0.01);
   EXPECT_EQ(o.block_size, 128);
   EXPECT_FALSE(o.act_order);
-  EXPECT_TRUE(o.scheme.Validate().ok());
+  EXPECT_OK(o.scheme.Validate());
 }
 
 TEST(RecipeTest, DocumentedMixedExampleLoads) {
   absl::StatusOr<recipe::Recipe> r =
       LoadRecipe("pipelines/testdata/mixed_modifiers.textproto");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   ASSERT_EQ(r->modifiers_size(), 3);
   EXPECT_TRUE(r->modifiers(0).gptq().actorder());
   EXPECT_EQ(r->modifiers(0).gptq().scheme().bits(), 4);
@@ -84,7 +85,7 @@ TEST(RecipeTest, AllModifierKindsAndDefaults) {
     sequential_targets: "LlamaDecoderLayer"
     propagate_error: true
   )pb");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   ASSERT_EQ(r->modifiers_size(), 4);
   EXPECT_EQ(r->modifiers(1).observer().kind(),
             recipe::ObserverModifier::MOVING_AVERAGE);
@@ -188,7 +189,7 @@ TEST(RecipeTest, ValidateWithoutLocations) {
                    "built in code: modifiers[0].gptq.scheme.bits: must be in "
                    "[2, 8], got 1"));
   g->mutable_scheme()->set_bits(3);
-  EXPECT_TRUE(ValidateRecipe(r).ok());
+  EXPECT_OK(ValidateRecipe(r));
 }
 
 TEST(RecipeTest, MissingFileIsNotFound) {

@@ -14,7 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "runtime/torch_status.h"
+#include "util/format.h"
+#include "util/status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -148,24 +149,20 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
         return absl::OkStatus();
       });
       if (!made.ok()) {
-        return absl::Status(
-            made.code(),
-            absl::StrCat(name(), ": cannot allocate the Hessian of ", path,
-                         " (", columns, " x ", columns, " fp32, ",
-                         runtime::HumanBytes(columns * columns * 4),
-                         "): ", made.message()));
+        return util::Annotate(
+            made, absl::StrCat(name(), ": cannot allocate the Hessian of ",
+                               path, " (", columns, " x ", columns, " fp32, ",
+                               util::HumanBytes(columns * columns * 4), ")"));
       }
     }
     absl::Status added = p.hessian->Add(x);
     if (!added.ok()) {
       bool non_finite = absl::StrContains(added.message(), "NaN") ||
                         absl::StrContains(added.message(), "inf");
-      return absl::Status(
-          added.code(),
-          absl::StrCat(non_finite ? "non-finite activation: " : "", name(),
-                       ": the input of ", path,
-                       " (Linear) in calibration batch ", call.batch, ": ",
-                       added.message()));
+      return util::Annotate(
+          added, absl::StrCat(non_finite ? "non-finite activation: " : "",
+                              name(), ": the input of ", path,
+                              " (Linear) in calibration batch ", call.batch));
     }
   }
   if (x.dim() > 0) p.tokens += x.numel() / std::max<int64_t>(1, x.size(-1));
@@ -285,10 +282,8 @@ absl::StatusOr<WeightQuantOutcome> WeightQuantModifier::QuantizeWithoutData(
     absl::string_view path, const at::Tensor& weight) {
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options_.scheme);
   if (!rtn.ok()) {
-    return absl::Status(
-        rtn.status().code(),
-        absl::StrCat(name(), ": ", path,
-                     " (round-to-nearest): ", rtn.status().message()));
+    return util::Annotate(
+        rtn.status(), absl::StrCat(name(), ": ", path, " (round-to-nearest)"));
   }
   WeightQuantOutcome out;
   out.weight = rtn->weight;

@@ -21,18 +21,9 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "ir/module_pattern.h"
 
 namespace tracecut::tracer {
-
-// Glob match of a dotted module path: '*' matches within one segment (no
-// '.'), '**' matches across segments, '?' one non-'.' byte. Segments are
-// whatever PyTorch allows (ir/names.h), and a name matches itself even when
-// it holds '*' or '?'.
-//   GlobMatch("model.layers.*.mlp", "model.layers.3.mlp")  // true
-//   GlobMatch("model.*", "model.layers.3")                 // false
-//   GlobMatch("model.**", "model.layers.3")                // true
-//   GlobMatch("trunk.*.block1-?", "trunk.block1.block1-0")  // true
-bool GlobMatch(absl::string_view pattern, absl::string_view path);
 
 class LeafPolicy {
  public:
@@ -49,11 +40,13 @@ class LeafPolicy {
   // Nothing is a leaf unless added.
   static LeafPolicy None() { return LeafPolicy(); }
 
+  // Patterns are ir::ModulePattern's (the syntax of --targets too).
   // A module type, short ("LlamaRMSNorm") or qualified
   // ("transformers.models.llama.modeling_llama.LlamaRMSNorm"); '*' in it
   // matches any characters ("*RMSNorm").
   LeafPolicy& AddType(std::string type);
-  // A module path ("model.layers.0.mlp") or a glob of one (see GlobMatch).
+  // A module path ("model.layers.0.mlp") or a glob of one
+  // ("model.layers.*.mlp": '*' within a segment, '**' across).
   LeafPolicy& AddPath(std::string pattern);
   // What --leaf=TYPE_OR_PATH gives: matches either a type or a path.
   LeafPolicy& AddTypeOrPath(std::string pattern);
@@ -66,8 +59,8 @@ class LeafPolicy {
 
  private:
   bool torch_nn_ = false;
-  std::vector<std::string> types_;
-  std::vector<std::string> paths_;
+  std::vector<ir::ModulePattern> types_;
+  std::vector<ir::ModulePattern> paths_;
   std::vector<Predicate> predicates_;
 };
 

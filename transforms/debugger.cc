@@ -13,8 +13,10 @@
 #include "runtime/compare.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
+#include "transforms/instrumentation.h"
 #include "transforms/per_subgraph.h"
 #include "transforms/per_subgraph_internal.h"
+#include "util/status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::transforms {
@@ -114,13 +116,10 @@ absl::StatusOr<DebugReport> DebugPipeline(
       for (const std::string& name : s.input_names) in[name] = values.at(name);
       ASSIGN_OR_RETURN(runtime::Interpreter interp,
                        runtime::Interpreter::Create(*s.graph, gm.module()));
-      absl::StatusOr<c10::IValue> out = interp.RunNamed(in);
-      if (!out.ok()) {
-        return absl::Status(out.status().code(),
-                            absl::StrCat(internal::SubgraphLabel(s), ": ",
-                                         out.status().message()));
-      }
-      const auto& elements = out->toTupleRef().elements();
+      ASSIGN_OR_RETURN(
+          c10::IValue out,
+          util::Annotate(interp.RunNamed(in), internal::SubgraphLabel(s)));
+      const auto& elements = out.toTupleRef().elements();
       for (size_t k = 0; k < s.output_names.size(); ++k) {
         values[s.output_names[k]] = elements[k];
       }
@@ -144,48 +143,45 @@ absl::StatusOr<DebugReport> DebugPipeline(
                        const std::vector<c10::IValue>& expected) {
       return Compare(actual, expected, s.output_names, options.compare);
     };
-    internal::ObserverScope scope(
-        pipeline,
-        [&](const PassRecord& r,
-            const runtime::GraphModule& sub) -> absl::Status {
-          DebugStep step;
-          step.subgraph = s.index;
-          step.pass = r.name;
-          step.changed = r.changed;
-          step.preserves_computation = r.preserves_computation;
-          step.touched_nodes =
-              internal::TouchedNodes(sub.graph(), r.name, r.app);
-          if (r.changed) {
-            absl::StatusOr<std::vector<c10::IValue>> after =
-                RunSubgraph(sub.graph(), sub.module(), in);
-            if (!after.ok()) {
-              return absl::Status(after.status().code(),
-                                  absl::StrCat("running after ", r.name, ": ",
-                                               after.status().message()));
-            }
-            const Comparison e = compare(*after, previous);
-            const Comparison c = compare(*after, reference);
-            step.max_abs = e.result.max_abs_error;
-            step.max_rel = e.result.max_rel_error;
-            step.elements = e.result.elements;
-            step.violations = e.result.violations;
-            step.worst = e.result.worst;
-            step.mismatch = e.mismatch;
-            step.exceeds = !e.result.passed;
-            step.cumulative_max_abs = c.result.max_abs_error;
-            step.cumulative_max_rel = c.result.max_rel_error;
-            previous = *std::move(after);
-          } else {
-            const Comparison c = compare(previous, reference);
-            step.cumulative_max_abs = c.result.max_abs_error;
-            step.cumulative_max_rel = c.result.max_rel_error;
-          }
-          if (step.exceeds && report.first_exceeding < 0) {
-            report.first_exceeding = static_cast<int>(report.steps.size());
-          }
-          report.steps.push_back(std::move(step));
-          return absl::OkStatus();
-        });
+    // Measures each pass on this subgraph right after it ran.
+    AfterPassCallback measure([&](const PassRun& r,
+                                  const runtime::GraphModule& sub,
+                                  bool changed) -> absl::Status {
+      DebugStep step;
+      step.subgraph = s.index;
+      step.pass = r.name;
+      step.changed = changed;
+      step.preserves_computation = r.pass->preserves_computation();
+      step.touched_nodes = TouchedNodes(sub.graph(), r.name, r.app);
+      if (changed) {
+        ASSIGN_OR_RETURN(
+            std::vector<c10::IValue> after,
+            util::Annotate(RunSubgraph(sub.graph(), sub.module(), in),
+                           absl::StrCat("running after ", r.name)));
+        const Comparison e = compare(after, previous);
+        const Comparison c = compare(after, reference);
+        step.max_abs = e.result.max_abs_error;
+        step.max_rel = e.result.max_rel_error;
+        step.elements = e.result.elements;
+        step.violations = e.result.violations;
+        step.worst = e.result.worst;
+        step.mismatch = e.mismatch;
+        step.exceeds = !e.result.passed;
+        step.cumulative_max_abs = c.result.max_abs_error;
+        step.cumulative_max_rel = c.result.max_rel_error;
+        previous = std::move(after);
+      } else {
+        const Comparison c = compare(previous, reference);
+        step.cumulative_max_abs = c.result.max_abs_error;
+        step.cumulative_max_rel = c.result.max_rel_error;
+      }
+      if (step.exceeds && report.first_exceeding < 0) {
+        report.first_exceeding = static_cast<int>(report.steps.size());
+      }
+      report.steps.push_back(std::move(step));
+      return absl::OkStatus();
+    });
+    ScopedInstrumentation scope(pipeline, measure);
     RETURN_IF_ERROR(internal::RunOnSubgraph(pipeline, work, s, base).status());
   }
   return report;

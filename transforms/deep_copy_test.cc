@@ -2,6 +2,7 @@
 
 #include "gtest/gtest.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -19,7 +20,7 @@ TEST(DeepCopyTest, DetachesFromTheInput) {
   torch::Tensor w = gm.GetTensor("fc.weight").value();
   DeepCopy pass;
   auto changed = pass.Run(gm);
-  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_OK(changed);
   EXPECT_FALSE(*changed);  // Same graph, same numbers.
   EXPECT_NE(&gm.graph(), old_graph);
   EXPECT_TRUE(ir::StructurallyEqual(gm.graph(), *before));

@@ -34,6 +34,7 @@
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
 #include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -68,13 +69,13 @@ struct Fixture {
 Fixture Load(const std::string& stem) {
   const std::string path = FixturePath(stem);
   auto model = tracer::LoadModel(path);
-  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_OK(model);
   auto options = tracer::WithModelFiles(*model, tracer::TraceOptions());
-  EXPECT_TRUE(options.ok()) << options.status();
+  EXPECT_OK(options);
   auto gm = tracer::Trace(model->module, *options);
-  EXPECT_TRUE(gm.ok()) << gm.status();
+  EXPECT_OK(gm);
   auto inputs = tracer::ResolveExampleInputs(model->module, *options);
-  EXPECT_TRUE(inputs.ok()) << inputs.status();
+  EXPECT_OK(inputs);
   return Fixture{std::move(gm).value(), model->module, inputs->values, path};
 }
 
@@ -101,7 +102,7 @@ double ErrorAgainstOriginal(const Fixture& f, const runtime::GraphModule& gm) {
   std::vector<torch::Tensor> want =
       Flatten(const_cast<torch::jit::Module&>(f.original).forward(f.inputs));
   auto got = RunGraph(gm, f.inputs);
-  EXPECT_TRUE(got.ok()) << got.status();
+  EXPECT_OK(got);
   if (!got.ok()) return INFINITY;
   return testing::MaxRelError(*got, want);
 }
@@ -124,7 +125,7 @@ void ExpectPythonRunsExport(const Fixture& f, const runtime::GraphModule& gm,
                             const runtime::SaveOptions& options = {}) {
   const std::string exported = TempPath(absl::StrCat(name, ".pt"));
   absl::Status saved = runtime::SaveTorchScript(gm, exported, options);
-  ASSERT_TRUE(saved.ok()) << saved;
+  ASSERT_OK(saved);
   const std::string inputs = TempPath(absl::StrCat(name, ".inputs.pkl"));
   std::vector<char> bytes =
       torch::jit::pickle_save(c10::ivalue::Tuple::create(f.inputs));
@@ -154,7 +155,7 @@ TEST_P(CnnTest, FoldsAllThreeConvBnPairsWithin1e5) {
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   pipeline.AddPass<LintAndRecompile>();
   auto out = pipeline.Apply(f.gm);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(
       GetTransformedNodes(out->graph(), FuseBatchNorm2dInConv2d::kName).size(),
       3u)
@@ -184,9 +185,9 @@ TEST_P(CnnTest, LeanExportDropsBatchNormAndReversesExactly) {
   Pipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   auto out = pipeline.Apply(f.gm);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   auto before = RunGraph(*out, f.inputs);
-  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_OK(before);
   runtime::SaveOptions lean;
   lean.lowering.prune_unused = true;
   const std::string name = GetParam() + "_lean";
@@ -211,7 +212,7 @@ TEST_P(CnnTest, LeanExportDropsBatchNormAndReversesExactly) {
   const int64_t lean_size = FileSize(path);
   const int64_t original_size = FileSize(f.path);
   const std::string full = TempPath(GetParam() + "_full.pt");
-  ASSERT_TRUE(runtime::SaveTorchScript(*out, full).ok());
+  ASSERT_OK(runtime::SaveTorchScript(*out, full));
   std::cout << GetParam() << ": original " << original_size
             << " bytes, fused and saved whole " << FileSize(full)
             << " bytes, lean " << lean_size << " bytes\n";
@@ -223,7 +224,7 @@ TEST_P(CnnTest, LeanExportDropsBatchNormAndReversesExactly) {
     EXPECT_TRUE(out->module().hasattr(m)) << m;
   }
   auto after = RunGraph(*out, f.inputs);
-  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_OK(after);
   ASSERT_EQ(after->size(), before->size());
   for (size_t i = 0; i < after->size(); ++i) {
     EXPECT_TRUE(torch::equal((*after)[i], (*before)[i]));
@@ -246,7 +247,7 @@ TEST(CnnTest, BFloat16StaysBFloat16) {
   Pipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   auto fused = pipeline.Apply(f.gm);
-  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_OK(fused);
   ASSERT_EQ(GetTransformedNodes(fused->graph(), FuseBatchNorm2dInConv2d::kName)
                 .size(),
             3u);
@@ -274,7 +275,7 @@ TEST_P(MlpBnTest, FoldsTwoDPairsOnlyWithin1e5) {
   Pipeline pipeline;
   pipeline.AddPass<FuseBatchNorm1dInLinear>();
   auto out = pipeline.Apply(f.gm);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   const ir::Graph& g = out->graph();
   EXPECT_EQ(g.FindNode("bn1"), nullptr) << ir::PrintGraph(g);
   EXPECT_EQ(g.FindNode("bn2"), nullptr);
@@ -305,7 +306,7 @@ TEST_P(MergeLinearsFixtureTest, MergesWithin1e5AndReversesBitForBit) {
   Pipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto out = pipeline.Apply(f.gm);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   int merged = 0;
   for (const ir::Node* n : out->graph().nodes()) {
     const ir::TransformMark* m = FindMark(*n, MergeLinears::kName);
@@ -317,7 +318,7 @@ TEST_P(MergeLinearsFixtureTest, MergesWithin1e5AndReversesBitForBit) {
   EXPECT_LT(err, 1e-5);
   if (c.merged > 0) ExpectPythonRunsExport(f, *out, c.stem, 1e-5);
   auto undone = pipeline.Reverse(*out);
-  ASSERT_TRUE(undone.ok()) << undone.status();
+  ASSERT_OK(undone);
   EXPECT_EQ(*undone, c.merged > 0);
   EXPECT_EQ(DiffGraphModules(*out, f.gm), "");
 }
@@ -353,7 +354,7 @@ TEST(PerSubgraphFixtureTest, LlamaLayerByLayer) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<MergeLinears>();
   auto result = RunPerSubgraph(f.gm, pipeline, options);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   int layers_merged = 0;
   for (const SubgraphRunReport& s : result->subgraphs) {
     if (s.module_paths.empty()) continue;
@@ -383,7 +384,7 @@ TEST(DebuggerFixtureTest, BertGeluApproximationIsFlaggedInTheFirstLayer) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<GeluTanhApprox>();
   auto report = DebugPipeline(f.gm, pipeline, f.inputs, options);
-  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_OK(report);
   std::cout << report->ToJson();
   ASSERT_GE(report->first_exceeding, 0);
   const DebugStep& bad = report->steps[report->first_exceeding];

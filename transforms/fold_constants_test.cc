@@ -5,6 +5,7 @@
 #include "transforms/eliminate_dead_code.h"
 #include "transforms/fusion_math.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -40,7 +41,7 @@ TEST(FoldConstantsTest, FoldsPureChainsOnly) {
   runtime::GraphModule original = Make();
   auto gm = original.Clone();
   auto changed = FoldConstants().Run(*gm);
-  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_OK(changed);
   ASSERT_TRUE(*changed);
   const ir::Graph& g = gm->graph();
   for (const char* folded : {"t", "mul", "neg"}) {
@@ -55,7 +56,7 @@ TEST(FoldConstantsTest, FoldsPureChainsOnly) {
   EXPECT_EQ(g.FindNode("mm")->op(), ir::OpKind::kCallFunction);
   // The folded transpose does not alias the parameter.
   auto folded = gm->GetTensor("_folded_constant_t");
-  ASSERT_TRUE(folded.ok());
+  ASSERT_OK(folded);
   EXPECT_FALSE(folded->storage().is_alias_of(gm->GetTensor("w")->storage()));
 
   ASSERT_TRUE(EliminateDeadCode().Run(*gm).value());

@@ -6,6 +6,7 @@
 #include "ir/text.h"
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -73,7 +74,7 @@ TEST(FuseBatchNorm1dInLinearTest, FusesBothOrdersOnTwoDInputsOnly) {
   Pipeline pipeline;
   pipeline.AddPass<FuseBatchNorm1dInLinear>();
   auto fused = pipeline.Apply(original);
-  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_OK(fused);
   const ir::Graph& g = fused->graph();
   // Linear -> BN: the fused call keeps fc1's name.
   EXPECT_EQ(g.FindNode("bn1"), nullptr) << ir::PrintGraph(g);
@@ -90,12 +91,12 @@ TEST(FuseBatchNorm1dInLinearTest, FusesBothOrdersOnTwoDInputsOnly) {
   for (uint64_t seed : {31, 32}) {
     auto before = RunGraph(original, Inputs(seed));
     auto after = RunGraph(*fused, Inputs(seed));
-    ASSERT_TRUE(before.ok()) << before.status();
-    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_OK(before);
+    ASSERT_OK(after);
     EXPECT_LT(MaxRelError(*after, *before), 1e-5);
   }
   auto reversed = pipeline.Reverse(*fused);
-  ASSERT_TRUE(reversed.ok()) << reversed.status();
+  ASSERT_OK(reversed);
   EXPECT_EQ(DiffGraphModules(*fused, original), "");
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms::fusion_math {
 namespace {
@@ -45,7 +46,7 @@ TEST_P(FoldConvTest, MatchesConvThenBatchNorm) {
   if (conv_bias) b = at::randn({8});
   BatchNormParams bn = RandomBatchNorm(8, affine, at::kFloat);
   auto fused = FoldBatchNormIntoPreceding(w, b, bn);
-  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_OK(fused);
   EXPECT_EQ(fused->weight.scalar_type(), at::kFloat);
   ASSERT_TRUE(fused->bias.has_value());
   EXPECT_EQ(fused->bias->scalar_type(), at::kFloat);
@@ -73,7 +74,7 @@ TEST(FoldBatchNormTest, BiasIsShiftedBeforeScaling) {
   bn.bias = at::full({1}, 0.5);
   bn.eps = 0;
   auto fused = FoldBatchNormIntoPreceding(w, b, bn);
-  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_OK(fused);
   EXPECT_DOUBLE_EQ(fused->weight.item<double>(), 2.0);
   EXPECT_DOUBLE_EQ(fused->bias->item<double>(), (3.0 - 1.0) * 2.0 + 0.5);
   EXPECT_NE(fused->bias->item<double>(), 3.0 - 1.0 * 2.0 + 0.5);
@@ -87,7 +88,7 @@ TEST(FoldBatchNormTest, NonAffineUsesZeroBeta) {
   bn.running_var = at::ones({1});
   bn.eps = 0;
   auto fused = FoldBatchNormIntoPreceding(w, std::nullopt, bn);
-  ASSERT_TRUE(fused.ok());
+  ASSERT_OK(fused);
   EXPECT_EQ(fused->bias->item<float>(), 0.0f);
   EXPECT_EQ(fused->weight.item<float>(), 1.0f);
 }
@@ -101,7 +102,7 @@ TEST(FoldBatchNormTest, KeepsReducedPrecisionDtypes) {
     at::Tensor b = at::randn({4}).to(dtype);
     BatchNormParams bn = RandomBatchNorm(4, true, dtype);
     auto fused = FoldBatchNormIntoPreceding(w, b, bn);
-    ASSERT_TRUE(fused.ok()) << fused.status();
+    ASSERT_OK(fused);
     EXPECT_EQ(fused->weight.scalar_type(), dtype);
     EXPECT_EQ(fused->bias->scalar_type(), dtype);
     at::Tensor x = at::randn({5, 6}).to(dtype);
@@ -144,7 +145,7 @@ TEST(FoldBatchNormTest, FollowingLinearMatches) {
       if (linear_bias) b = at::randn({7});
       BatchNormParams bn = RandomBatchNorm(5, affine, at::kFloat);
       auto fused = FoldBatchNormIntoFollowingLinear(w, b, bn);
-      ASSERT_TRUE(fused.ok()) << fused.status();
+      ASSERT_OK(fused);
       at::Tensor x = at::randn({9, 5});
       at::Tensor expected = at::linear(
           RefBatchNorm(x, bn), w.to(at::kDouble),
@@ -163,7 +164,7 @@ TEST(ConcatLinearsTest, MergesAnyOutFeaturesAndZeroFillsMissingBias) {
       {at::randn({2, 4}), at::randn({2})},
   };
   auto merged = ConcatLinears(parts);
-  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_OK(merged);
   EXPECT_EQ(merged->weight.sizes(), (std::vector<int64_t>{10, 4}));
   ASSERT_TRUE(merged->bias.has_value());
   EXPECT_TRUE(at::equal(merged->bias->narrow(0, 3, 5), at::zeros({5})));
@@ -183,7 +184,7 @@ TEST(ConcatLinearsTest, NoBiasWhenNoneHasOne) {
   std::vector<WeightAndBias> parts = {{at::ones({3, 4}), std::nullopt},
                                       {at::ones({3, 4}), std::nullopt}};
   auto merged = ConcatLinears(parts);
-  ASSERT_TRUE(merged.ok());
+  ASSERT_OK(merged);
   EXPECT_FALSE(merged->bias.has_value());
 }
 
@@ -192,7 +193,7 @@ TEST(ConcatLinearsTest, KeepsDtypeAndConv1DLayout) {
       {at::randn({4, 3}).to(at::kBFloat16), std::nullopt},
       {at::randn({4, 2}).to(at::kBFloat16), at::randn({2}).to(at::kBFloat16)}};
   auto merged = ConcatLinears(parts, /*out_dim=*/1);
-  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_OK(merged);
   EXPECT_EQ(merged->weight.sizes(), (std::vector<int64_t>{4, 5}));
   EXPECT_EQ(merged->weight.scalar_type(), at::kBFloat16);
   EXPECT_EQ(merged->bias->scalar_type(), at::kBFloat16);
@@ -213,14 +214,14 @@ TEST(BiasColumnTest, RoundTripsExactly) {
   at::Tensor w = at::randn({6, 5});
   at::Tensor b = at::randn({6});
   auto fused = AppendBiasColumn(w, b);
-  ASSERT_TRUE(fused.ok());
+  ASSERT_OK(fused);
   EXPECT_EQ(fused->sizes(), (std::vector<int64_t>{6, 6}));
   at::Tensor x = at::randn({3, 5});
   at::Tensor x1 = at::cat({x, at::ones({3, 1})}, 1);
   EXPECT_TRUE(
       at::allclose(at::linear(x1, *fused), at::linear(x, w, b), 1e-5, 1e-6));
   auto split = SplitBiasColumn(*fused);
-  ASSERT_TRUE(split.ok());
+  ASSERT_OK(split);
   EXPECT_TRUE(BitwiseEqual(split->weight, w));
   EXPECT_TRUE(BitwiseEqual(*split->bias, b));
   EXPECT_FALSE(AppendBiasColumn(w, at::ones({5})).ok());

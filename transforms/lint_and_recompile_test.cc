@@ -3,6 +3,7 @@
 #include "gtest/gtest.h"
 #include "transforms/fusion_math.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -22,13 +23,13 @@ def forward(self, x: Tensor) -> Tensor:
 })");
   auto before = gm.graph().Clone();
   auto result = LintAndRecompile().Run(gm);
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   EXPECT_FALSE(*result);
   EXPECT_TRUE(ir::StructurallyEqual(gm.graph(), *before));
   torch::Tensor x = testing::Rand({2, 3}, 5);
   torch::Tensor y = gm.module().forward({x}).toTensor();
   auto expected = testing::RunGraph(gm, {x});
-  ASSERT_TRUE(expected.ok());
+  ASSERT_OK(expected);
   EXPECT_TRUE(fusion_math::BitwiseEqual(y, (*expected)[0]));
   // The old module still runs its own forward (identity).
   EXPECT_TRUE(at::equal(root.forward({x}).toTensor(), x));

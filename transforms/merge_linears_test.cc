@@ -9,6 +9,7 @@
 #include "transforms/module_util.h"
 #include "transforms/pipeline.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -53,7 +54,7 @@ TEST(MergeLinearsTest, MergesParallelLinearsOfAnySize) {
   Pipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto merged = pipeline.Apply(original);
-  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_OK(merged);
   ASSERT_EQ(pipeline.records().size(), 1u);
   EXPECT_TRUE(pipeline.records()[0].changed);
 
@@ -95,14 +96,14 @@ TEST(MergeLinearsTest, SameNumbersOnRandomInputs) {
   runtime::GraphModule original = MakeQkv();
   MergeLinears pass;
   auto copy = original.Clone();
-  ASSERT_TRUE(copy.ok());
+  ASSERT_OK(copy);
   ASSERT_TRUE(pass.Run(*copy).value());
   for (uint64_t seed : {11, 12, 13}) {
     std::vector<c10::IValue> in = {Rand({2, 5, 8}, seed)};
     auto before = RunGraph(original, in);
     auto after = RunGraph(*copy, in);
-    ASSERT_TRUE(before.ok()) << before.status();
-    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_OK(before);
+    ASSERT_OK(after);
     // Stated tolerance: 1e-5 relative to the largest output (fp32).
     EXPECT_LT(MaxRelError(*after, *before), 1e-5);
   }
@@ -113,9 +114,9 @@ TEST(MergeLinearsTest, ReverseRestoresBitForBit) {
   Pipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto merged = pipeline.Apply(original);
-  ASSERT_TRUE(merged.ok()) << merged.status();
+  ASSERT_OK(merged);
   auto reversed = pipeline.Reverse(*merged);
-  ASSERT_TRUE(reversed.ok()) << reversed.status();
+  ASSERT_OK(reversed);
   EXPECT_TRUE(*reversed);
   EXPECT_EQ(DiffGraphModules(*merged, original), "");
   // Nothing left to undo.
@@ -153,7 +154,7 @@ TEST(MergeLinearsTest, NoBiasWhenNoLayerHasOne) {
   auto copy = gm.Clone();
   ASSERT_TRUE(MergeLinears().Run(*copy).value());
   auto merged = copy->GetSubmodule("a_b_merged");
-  ASSERT_TRUE(merged.ok());
+  ASSERT_OK(merged);
   EXPECT_TRUE(merged->attr("bias").isNone());
   std::vector<c10::IValue> in = {Rand({3, 4}, 7)};
   EXPECT_LT(MaxRelError(RunGraph(*copy, in).value(), RunGraph(gm, in).value()),
@@ -173,7 +174,7 @@ TEST(MergeLinearsTest, MergesHuggingFaceConv1D) {
   auto copy = gm.Clone();
   ASSERT_TRUE(MergeLinears().Run(*copy).value());
   auto merged = copy->GetSubmodule("c_q_c_kv_merged");
-  ASSERT_TRUE(merged.ok());
+  ASSERT_OK(merged);
   EXPECT_EQ(ModuleType(*merged), "transformers.pytorch_utils.Conv1D");
   EXPECT_EQ(merged->attr("weight").toTensor().sizes(),
             (std::vector<int64_t>{6, 18}));
@@ -206,7 +207,7 @@ TEST(MergeLinearsTest, DoesNotFireWithoutParallelSingleUseLayers) {
 })");
   auto copy = gm.Clone();
   auto changed = MergeLinears().Run(*copy);
-  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_OK(changed);
   EXPECT_FALSE(*changed);
   EXPECT_EQ(DiffGraphModules(*copy, gm), "");
 }

@@ -6,6 +6,7 @@
 #include "ir/text.h"
 #include "transforms/pair_fusion.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -35,15 +36,15 @@ TEST(ModuleUtilTest, ClassifiesLeaves) {
 TEST(ModuleUtilTest, ReadsLinear) {
   torch::jit::Module root = MakeRoot();
   auto with_bias = ReadLinear(MakeLinear(root, 2, 3, true, 1));
-  ASSERT_TRUE(with_bias.ok()) << with_bias.status();
+  ASSERT_OK(with_bias);
   EXPECT_EQ(with_bias->in_features, 2);
   EXPECT_EQ(with_bias->out_features, 3);
   EXPECT_TRUE(with_bias->bias.has_value());
   auto without = ReadLinear(MakeLinear(root, 2, 3, false, 1));
-  ASSERT_TRUE(without.ok());
+  ASSERT_OK(without);
   EXPECT_FALSE(without->bias.has_value());
   auto conv1d = ReadLinear(testing::MakeConv1D(root, 2, 5, 1));
-  ASSERT_TRUE(conv1d.ok());
+  ASSERT_OK(conv1d);
   EXPECT_TRUE(conv1d->conv1d);
   EXPECT_EQ(conv1d->in_features, 2);
   EXPECT_EQ(conv1d->out_features, 5);
@@ -52,7 +53,7 @@ TEST(ModuleUtilTest, ReadsLinear) {
 TEST(ModuleUtilTest, ReadsConv2dFromForwardGraph) {
   torch::jit::Module root = MakeRoot();
   auto conv = ReadConv2d(MakeConv2d(root, 3, 4, 3, false, 1, 1));
-  ASSERT_TRUE(conv.ok()) << conv.status();
+  ASSERT_OK(conv);
   EXPECT_EQ(conv->padding, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(conv->stride, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(conv->groups, 1);
@@ -72,7 +73,7 @@ def forward(self, x: Tensor) -> Tensor:
     return torch._convolution(x, self.weight, None, [2, 2], [0, 1], [1, 1], False, [0, 0], 2, False, False, True, True)
 )");
   auto conv = ReadConv2d(m);
-  ASSERT_TRUE(conv.ok()) << conv.status();
+  ASSERT_OK(conv);
   EXPECT_EQ(conv->stride, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(conv->padding, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(conv->groups, 2);
@@ -82,11 +83,11 @@ def forward(self, x: Tensor) -> Tensor:
 TEST(ModuleUtilTest, ReadsBatchNorm) {
   torch::jit::Module root = MakeRoot();
   auto affine = ReadBatchNorm(MakeBatchNorm(root, 3, true, true, 1));
-  ASSERT_TRUE(affine.ok()) << affine.status();
+  ASSERT_OK(affine);
   EXPECT_TRUE(affine->weight.has_value());
   EXPECT_DOUBLE_EQ(affine->eps, 1e-5);
   auto plain = ReadBatchNorm(MakeBatchNorm(root, 3, false, false, 1));
-  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_OK(plain);
   EXPECT_FALSE(plain->weight.has_value());
   EXPECT_FALSE(plain->bias.has_value());
 }
@@ -97,7 +98,7 @@ TEST(ModuleUtilTest, ReadsScriptedBatchNormConstants) {
   torch::jit::Module bn = MakeBatchNorm(root, 3, true, true, 1);
   bn.type()->addConstant("eps", 0.5);
   auto params = ReadBatchNorm(bn);
-  ASSERT_TRUE(params.ok()) << params.status();
+  ASSERT_OK(params);
   EXPECT_DOUBLE_EQ(params->eps, 0.5);
   bn.setattr("training", true);
   EXPECT_EQ(ReadBatchNorm(bn).status().code(),
@@ -127,21 +128,21 @@ TEST(ModuleUtilTest, AddsAndRemovesSubmodulesUnderSharedTypes) {
   ASSERT_EQ(gm.GetSubmodule("b0")->type(), gm.GetSubmodule("b1")->type());
   auto path =
       AddSubmodule(gm, "b0", "fc-merged", MakeLinear(root, 2, 4, true, 3));
-  ASSERT_TRUE(path.ok()) << path.status();
+  ASSERT_OK(path);
   EXPECT_EQ(*path, "b0.fc_merged");
   // b0 got a private type; b1 is unaffected.
   EXPECT_NE(gm.GetSubmodule("b0")->type(), gm.GetSubmodule("b1")->type());
   EXPECT_FALSE(gm.GetSubmodule("b1")->hasattr("fc_merged"));
-  EXPECT_TRUE(gm.GetSubmodule("b0.fc_merged").ok());
+  EXPECT_OK(gm.GetSubmodule("b0.fc_merged"));
   // A second one gets a fresh name.
   auto again =
       AddSubmodule(gm, "b0", "fc_merged", MakeLinear(root, 2, 4, true, 3));
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(*again, "b0.fc_merged_1");
-  ASSERT_TRUE(RemoveAttribute(gm, "b0.fc_merged").ok());
+  ASSERT_OK(RemoveAttribute(gm, "b0.fc_merged"));
   EXPECT_FALSE(gm.GetSubmodule("b0.fc_merged").ok());
-  EXPECT_TRUE(gm.GetSubmodule("b0.fc_merged_1").ok());
-  EXPECT_TRUE(gm.GetSubmodule("b0.fc").ok());
+  EXPECT_OK(gm.GetSubmodule("b0.fc_merged_1"));
+  EXPECT_OK(gm.GetSubmodule("b0.fc"));
   EXPECT_FALSE(RemoveAttribute(gm, "b0.nothing").ok());
 }
 

@@ -4,13 +4,14 @@
 
 #include "gtest/gtest.h"
 #include "ir/text.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
 
 std::unique_ptr<ir::Graph> Parse(absl::string_view text) {
   auto g = ir::ParseGraph(text);
-  EXPECT_TRUE(g.ok()) << g.status();
+  EXPECT_OK(g);
   return std::move(g).value();
 }
 
@@ -29,12 +30,12 @@ TEST(NodeSnapshotTest, ReplaceRestoresTheNodeExactly) {
   const std::string snapshot = SnapshotNode(*add);
   EXPECT_EQ(SnapshotName(snapshot).value(), "add");
   // Rewrite it in place, as a pass would.
-  ASSERT_TRUE(add->SetArgs({ir::Argument::Ref(g->FindNode("x"))}).ok());
+  ASSERT_OK(add->SetArgs({ir::Argument::Ref(g->FindNode("x"))}));
   add->set_target("aten::neg");
   add->set_scope(ir::Scope());
   add->meta() = ir::NodeMeta();
   auto restored = ReplaceWithSnapshot(*g, add, snapshot);
-  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_OK(restored);
   EXPECT_EQ((*restored)->name(), "add");
   EXPECT_TRUE(ir::StructurallyEqual(*g, *original)) << ir::PrintGraph(*g);
 }
@@ -45,11 +46,11 @@ TEST(NodeSnapshotTest, RestoresAnErasedNodeBeforeAGivenNode) {
   ir::Node* add = g->FindNode("add");
   ir::Node* relu = g->FindNode("relu");
   const std::string snapshot = SnapshotNode(*add);
-  ASSERT_TRUE(relu->SetArgs({ir::Argument::Ref(g->FindNode("x"))}).ok());
-  ASSERT_TRUE(g->Erase(add).ok());
+  ASSERT_OK(relu->SetArgs({ir::Argument::Ref(g->FindNode("x"))}));
+  ASSERT_OK(g->Erase(add));
   auto node = RestoreNode(*g, snapshot, relu);
-  ASSERT_TRUE(node.ok()) << node.status();
-  ASSERT_TRUE(relu->SetArgs({ir::Argument::Ref(*node)}).ok());
+  ASSERT_OK(node);
+  ASSERT_OK(relu->SetArgs({ir::Argument::Ref(*node)}));
   EXPECT_TRUE(ir::StructurallyEqual(*g, *original)) << ir::PrintGraph(*g);
 }
 
@@ -57,7 +58,7 @@ TEST(NodeSnapshotTest, FailsWhenAnOperandIsGone) {
   std::unique_ptr<ir::Graph> g = Parse(kGraph);
   const std::string snapshot = SnapshotNode(*g->FindNode("add"));
   ir::Graph other;
-  ASSERT_TRUE(other.Placeholder("x").ok());
+  ASSERT_OK(other.Placeholder("x"));
   auto node = RestoreNode(other, snapshot, nullptr);
   ASSERT_FALSE(node.ok());
   EXPECT_NE(node.status().message().find("%w"), std::string::npos)

@@ -5,87 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transforms/instrumentation.h"
 #include "transforms/per_subgraph_internal.h"
 #include "util/status_macros.h"
 
 namespace tracecut::transforms {
-namespace internal {
-
-partition::Partition ClonePartition(const partition::Partition& p) {
-  partition::Partition copy;
-  for (const partition::Subgraph& s : p.subgraphs) {
-    partition::Subgraph c;
-    c.index = s.index;
-    c.graph = s.graph->Clone();
-    c.module_paths = s.module_paths;
-    c.input_names = s.input_names;
-    c.output_names = s.output_names;
-    c.last_use = s.last_use;
-    c.param_targets = s.param_targets;
-    c.leaf_modules = s.leaf_modules;
-    c.param_bytes = s.param_bytes;
-    c.node_count = s.node_count;
-    c.warnings = s.warnings;
-    copy.subgraphs.push_back(std::move(c));
-  }
-  copy.targets_used = p.targets_used;
-  copy.model_inputs = p.model_inputs;
-  copy.model_outputs = p.model_outputs;
-  copy.output_graph = p.output_graph->Clone();
-  copy.home = p.home;
-  copy.warnings = p.warnings;
-  return copy;
-}
-
-std::string SubgraphLabel(const partition::Subgraph& s) {
-  std::string label = absl::StrCat("subgraph ", s.index);
-  if (!s.module_paths.empty()) {
-    absl::StrAppend(&label, " (", absl::StrJoin(s.module_paths, ", "), ")");
-  }
-  return label;
-}
-
-std::vector<std::string> TouchedNodes(const ir::Graph& graph,
-                                      absl::string_view pass, int64_t app) {
-  std::vector<std::string> names;
-  for (const ir::Node* n : GetTransformedNodes(graph, pass, app)) {
-    names.push_back(n->name());
-  }
-  return names;
-}
-
-ObserverScope::ObserverScope(Pipeline& pipeline, PassObserver observer)
-    : pipeline_(pipeline), saved_(pipeline.options().after_pass) {
-  PassObserver user = saved_;
-  pipeline_.mutable_options().after_pass =
-      [observer = std::move(observer), user](
-          const PassRecord& r, const runtime::GraphModule& gm) -> absl::Status {
-    RETURN_IF_ERROR(observer(r, gm));
-    return user ? user(r, gm) : absl::OkStatus();
-  };
-}
-
-ObserverScope::~ObserverScope() {
-  pipeline_.mutable_options().after_pass = saved_;
-}
-
-absl::StatusOr<bool> RunOnSubgraph(Pipeline& pipeline,
-                                   const runtime::GraphModule& owner,
-                                   partition::Subgraph& s, int64_t base) {
-  runtime::GraphModule sub(owner.module(), std::move(s.graph));
-  PinApplicationId(sub.graph(), base);
-  absl::StatusOr<bool> changed = pipeline.Run(sub);
-  PinApplicationId(sub.graph(), std::nullopt);
-  s.graph = sub.graph().Clone();
-  if (!changed.ok()) {
-    return absl::Status(
-        changed.status().code(),
-        absl::StrCat(SubgraphLabel(s), ": ", changed.status().message()));
-  }
-  return *changed;
-}
-
-}  // namespace internal
 
 std::string JsonQuote(absl::string_view s) {
   std::string out = "\"";
@@ -133,18 +57,22 @@ absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
     report.index = s.index;
     report.module_paths = s.module_paths;
     report.node_count = s.node_count;
-    internal::ObserverScope scope(
-        pipeline, [&](const PassRecord& r, const runtime::GraphModule& sub) {
-          SubgraphPassReport p;
-          p.pass = r.name;
-          p.changed = r.changed;
-          p.time_ms = absl::ToDoubleMilliseconds(r.time);
-          p.touched_nodes = internal::TouchedNodes(sub.graph(), r.name, r.app);
-          report.passes.push_back(std::move(p));
-          return absl::OkStatus();
-        });
-    ASSIGN_OR_RETURN(bool changed,
-                     internal::RunOnSubgraph(pipeline, work, s, base));
+    PassChangeRecorder recorder;
+    bool changed = false;
+    {
+      ScopedInstrumentation scope(pipeline, recorder);
+      ASSIGN_OR_RETURN(changed,
+                       internal::RunOnSubgraph(pipeline, work, s, base));
+    }
+    // One record per recorder entry, in the same order.
+    const std::vector<PassRecord>& records = pipeline.records();
+    for (size_t i = 0; i < recorder.entries().size(); ++i) {
+      const PassChangeRecorder::Entry& e = recorder.entries()[i];
+      report.passes.push_back(
+          {e.pass, e.changed,
+           i < records.size() ? absl::ToDoubleMilliseconds(records[i].time) : 0,
+           e.touched_nodes});
+    }
     report.changed = changed;
     any |= changed;
     reports.push_back(std::move(report));

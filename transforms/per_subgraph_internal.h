@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "partition/subgraph.h"
 #include "runtime/graph_module.h"
 #include "transforms/pipeline.h"
@@ -20,24 +19,6 @@ partition::Partition ClonePartition(const partition::Partition& p);
 
 // "subgraph 3 (model.layers.2)".
 std::string SubgraphLabel(const partition::Subgraph& s);
-
-// Names of the nodes carrying `pass`'s mark from application `app`.
-std::vector<std::string> TouchedNodes(const ir::Graph& graph,
-                                      absl::string_view pass, int64_t app);
-
-// Installs `observer` as the pipeline's after_pass hook (calling the one
-// already there after it) for the scope's lifetime.
-class ObserverScope {
- public:
-  ObserverScope(Pipeline& pipeline, PassObserver observer);
-  ~ObserverScope();
-  ObserverScope(const ObserverScope&) = delete;
-  ObserverScope& operator=(const ObserverScope&) = delete;
-
- private:
-  Pipeline& pipeline_;
-  PassObserver saved_;
-};
 
 // Runs `pipeline` on subgraph `s` as a GraphModule over owner.module(),
 // with application ids starting at `base`; `s.graph` is replaced by the

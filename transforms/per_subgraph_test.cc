@@ -11,6 +11,7 @@
 #include "transforms/fusion_math.h"
 #include "transforms/merge_linears.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -71,7 +72,7 @@ TEST(PerSubgraphTest, TransformsEachSubgraphAndReassembles) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<MergeLinears>();
   auto result = RunPerSubgraph(original, pipeline, Blocks());
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   EXPECT_TRUE(result->changed);
   ASSERT_EQ(result->subgraphs.size(), 2u);
   for (int i = 0; i < 2; ++i) {
@@ -88,7 +89,7 @@ TEST(PerSubgraphTest, TransformsEachSubgraphAndReassembles) {
   const ir::Graph& g = result->module.graph();
   EXPECT_NE(g.FindNode("q_k_v_merged"), nullptr) << ir::PrintGraph(g);
   EXPECT_NE(g.FindNode("q_k_v_merged_1"), nullptr);
-  EXPECT_TRUE(result->module.GetSubmodule("layers.1.q_k_v_merged").ok());
+  EXPECT_OK(result->module.GetSubmodule("layers.1.q_k_v_merged"));
   // The input is untouched.
   EXPECT_FALSE(original.GetSubmodule("layers.1.q_k_v_merged").ok());
 
@@ -106,9 +107,9 @@ TEST(PerSubgraphTest, TransformsEachSubgraphAndReassembles) {
   // reassembled untransformed partition, parameters bit for bit.
   ASSERT_TRUE(pipeline.Reverse(result->module).value());
   auto p = partition::PartitionGraph(original.graph(), Blocks());
-  ASSERT_TRUE(p.ok());
+  ASSERT_OK(p);
   auto plain = partition::Reassemble(*p);
-  ASSERT_TRUE(plain.ok());
+  ASSERT_OK(plain);
   runtime::GraphModule expected(original.module(), std::move(plain).value());
   EXPECT_EQ(testing::DiffGraphModules(result->module, expected), "");
   auto undone = RunGraph(result->module, in);
@@ -146,7 +147,7 @@ TEST(PerSubgraphTest, NothingToDo) {
   %output = output[output](%relu)
 })");
   auto result = RunPerSubgraph(gm, pipeline, Blocks());
-  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_OK(result);
   EXPECT_FALSE(result->changed);
   EXPECT_EQ(result->subgraphs.size(), 1u);
 }

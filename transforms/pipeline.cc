@@ -1,97 +1,32 @@
 #include "transforms/pipeline.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <iostream>
-#include <regex>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "ir/text.h"
-#include "ir/verifier.h"
+#include "absl/time/clock.h"
 #include "runtime/torch_status.h"
+#include "util/status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::transforms {
-namespace {
-
-bool GlobMatch(absl::string_view pattern, absl::string_view s) {
-  // Iterative glob with backtracking over the last '*'.
-  size_t p = 0, i = 0, star = absl::string_view::npos, mark = 0;
-  while (i < s.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == s[i])) {
-      ++p;
-      ++i;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = i;
-    } else if (star != absl::string_view::npos) {
-      p = star + 1;
-      i = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
-absl::Status Annotate(const absl::Status& s, absl::string_view prefix) {
-  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
-}
-
-}  // namespace
-
-bool PassNameMatches(absl::string_view pattern, absl::string_view name) {
-  if (pattern.empty()) return false;
-  if (absl::StartsWith(pattern, "re:")) {
-    try {
-      return std::regex_match(std::string(name),
-                              std::regex(std::string(pattern.substr(3))));
-    } catch (const std::regex_error&) {
-      return false;
-    }
-  }
-  return GlobMatch(pattern, name);
-}
-
-absl::Status VerifyGraph(const runtime::GraphModule& gm) {
-  return ir::Verify(gm.graph());
-}
-
-absl::Status CheckModuleReferences(const runtime::GraphModule& gm) {
-  for (const ir::Node* n : gm.graph().nodes()) {
-    if (n->op() == ir::OpKind::kGetAttr) {
-      const std::string& target = n->target();
-      const size_t dot = target.rfind('.');
-      const std::string parent =
-          dot == std::string::npos ? "" : target.substr(0, dot);
-      const std::string attr =
-          dot == std::string::npos ? target : target.substr(dot + 1);
-      auto m = gm.GetSubmodule(parent);
-      if (!m.ok() || !m->hasattr(attr)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            n->Describe(), ": the module has no attribute '", target, "'"));
-      }
-    } else if (n->op() == ir::OpKind::kCallModule) {
-      auto m = gm.GetSubmodule(n->target());
-      if (!m.ok()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(n->Describe(), ": no submodule '", n->target(), "'"));
-      }
-      if (!m->find_method("forward")) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            n->Describe(), ": submodule '", n->target(), "' has no forward"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
 
 Pipeline::Pipeline(std::string name, PipelineOptions options)
     : name_(std::move(name)), options_(std::move(options)) {
   if (options_.checkers.empty()) {
     options_.checkers = {VerifyGraph, CheckModuleReferences};
   }
+}
+
+ScopedInstrumentation::ScopedInstrumentation(Pipeline& pipeline,
+                                             Instrumentation& instrumentation)
+    : pipeline_(pipeline), instrumentation_(&instrumentation) {
+  pipeline_.instrumentations_.push_back(instrumentation_);
+}
+
+ScopedInstrumentation::~ScopedInstrumentation() {
+  auto& list = pipeline_.instrumentations_;
+  list.erase(std::find(list.begin(), list.end(), instrumentation_));
 }
 
 bool Pipeline::preserves_computation() const {
@@ -119,36 +54,67 @@ Transformation& Pipeline::AddPass(std::unique_ptr<Transformation> pass) {
   return *passes_.back();
 }
 
-absl::Status Pipeline::Check(const runtime::GraphModule& gm,
-                             absl::string_view after) const {
-  if (!options_.verify) return absl::OkStatus();
-  for (const ModuleChecker& check : options_.checkers) {
-    absl::Status s = check(gm);
-    if (!s.ok()) {
-      return Annotate(s, after.empty()
-                             ? std::string("invalid input: ")
-                             : absl::StrCat("failed after ", after, ": "));
-    }
-  }
-  return absl::OkStatus();
+Instrumentation& Pipeline::AddInstrumentation(
+    std::unique_ptr<Instrumentation> instrumentation) {
+  instrumentations_.push_back(instrumentation.get());
+  owned_instrumentations_.push_back(std::move(instrumentation));
+  return *owned_instrumentations_.back();
 }
 
-void Pipeline::MaybeDump(const runtime::GraphModule& gm, absl::string_view pass,
-                         bool changed) const {
-  if (options_.dump_after.empty()) return;
-  if (options_.dump_only_if_changed && !changed) return;
-  if (!PassNameMatches(options_.dump_after, pass)) return;
-  const std::string text = ir::PrintGraph(gm.graph());
-  if (options_.dump_sink) {
-    options_.dump_sink(pass, text);
-  } else {
-    std::cerr << "// IR after " << pass << "\n" << text << std::flush;
+Pipeline::Active Pipeline::Instrument() const {
+  Active active;
+  if (options_.verify) {
+    active.builtin.push_back(
+        std::make_unique<VerifierInstrumentation>(options_.checkers));
   }
+  if (!options_.dump_after.empty()) {
+    active.builtin.push_back(std::make_unique<IrDumpInstrumentation>(
+        options_.dump_after, options_.dump_only_if_changed,
+        options_.dump_sink));
+  }
+  if (!options_.reproducer_dir.empty()) {
+    active.builtin.push_back(
+        std::make_unique<ReproducerInstrumentation>(options_.reproducer_dir));
+  }
+  for (const auto& i : active.builtin) active.all.push_back(i.get());
+  active.all.insert(active.all.end(), instrumentations_.begin(),
+                    instrumentations_.end());
+  return active;
+}
+
+absl::StatusOr<bool> Pipeline::RunPass(
+    const Active& active, const PassRun& run, runtime::GraphModule& gm,
+    absl::FunctionRef<absl::StatusOr<bool>()> body) {
+  for (Instrumentation* i : active.all) {
+    RETURN_IF_ERROR(i->RunBeforePass(run, gm));
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bool> changed = body();
+  const absl::Duration took = absl::Now() - start;
+  absl::Status error;
+  if (!changed.ok()) {
+    error = util::Annotate(changed.status(), absl::StrCat(run.name, " failed"));
+  } else {
+    records_.push_back({run.name, *changed, took, run.app,
+                        run.reverse || run.pass->preserves_computation()});
+    for (Instrumentation* i : active.all) {
+      error = i->RunAfterPass(run, gm, *changed);
+      if (!error.ok()) break;
+    }
+  }
+  if (error.ok()) return *changed;
+  for (Instrumentation* i : active.all) {
+    error = i->RunAfterPassFailed(run, gm, std::move(error));
+  }
+  return error;
 }
 
 absl::StatusOr<bool> Pipeline::Run(runtime::GraphModule& gm) {
   records_.clear();
-  RETURN_IF_ERROR(Check(gm, ""));
+  const Active active = Instrument();
+  for (Instrumentation* i : active.all) {
+    RETURN_IF_ERROR(i->RunBeforePipeline(gm));
+  }
   // Restored on every return: the pin is only there while a pass runs.
   const std::optional<int64_t> outer_pin = PinnedApplicationId(gm.graph());
   struct Unpin {
@@ -159,28 +125,19 @@ absl::StatusOr<bool> Pipeline::Run(runtime::GraphModule& gm) {
   int64_t app = NextApplicationId(gm.graph());
   bool any = false;
   for (const auto& pass : passes_) {
+    const PassRun run{pass.get(), std::string(pass->name()), app, false};
+    // Pinned for the pass and its before-pass hooks (a reproducer's input
+    // carries the id, so rerunning the pass uses the same one).
     PinApplicationId(gm.graph(), app);
-    const absl::Time start = absl::Now();
-    absl::StatusOr<bool> changed = runtime::TorchCall(
-        absl::StrCat(pass->name()), [&] { return pass->Run(gm); });
-    const absl::Duration took = absl::Now() - start;
-    PinApplicationId(gm.graph(), outer_pin);
-    if (!changed.ok()) {
-      return Annotate(changed.status(),
-                      absl::StrCat(pass->name(), " failed: "));
-    }
-    records_.push_back({std::string(pass->name()), *changed, took, app,
-                        pass->preserves_computation()});
+    absl::StatusOr<bool> changed = RunPass(active, run, gm, [&] {
+      absl::StatusOr<bool> r =
+          runtime::TorchCall(run.name, [&] { return pass->Run(gm); });
+      PinApplicationId(gm.graph(), outer_pin);
+      return r;
+    });
+    if (!changed.ok()) return changed.status();
     app += pass->application_count();
-    if (*changed) {
-      any = true;
-      RETURN_IF_ERROR(Check(gm, pass->name()));
-    }
-    MaybeDump(gm, pass->name(), *changed);
-    if (options_.after_pass) {
-      absl::Status s = options_.after_pass(records_.back(), gm);
-      if (!s.ok()) return s;
-    }
+    any |= *changed;
   }
   return any;
 }
@@ -201,7 +158,10 @@ absl::StatusOr<bool> Pipeline::Reverse(runtime::GraphModule& gm) {
     }
   }
   records_.clear();
-  RETURN_IF_ERROR(Check(gm, ""));
+  const Active active = Instrument();
+  for (Instrumentation* i : active.all) {
+    RETURN_IF_ERROR(i->RunBeforePipeline(gm));
+  }
   bool any = false;
   for (auto it = passes_.rbegin(); it != passes_.rend(); ++it) {
     auto* pass = dynamic_cast<ReversibleTransformation*>(it->get());
@@ -210,20 +170,12 @@ absl::StatusOr<bool> Pipeline::Reverse(runtime::GraphModule& gm) {
           (*it)->name(),
           " claims to be reversible but is not a ReversibleTransformation"));
     }
-    const std::string label = absl::StrCat(pass->name(), " (reverse)");
-    const absl::Time start = absl::Now();
-    absl::StatusOr<bool> changed =
-        runtime::TorchCall(label, [&] { return pass->Reverse(gm); });
-    const absl::Duration took = absl::Now() - start;
-    if (!changed.ok()) {
-      return Annotate(changed.status(), absl::StrCat(label, " failed: "));
-    }
-    records_.push_back({label, *changed, took, 0, true});
-    if (*changed) {
-      any = true;
-      RETURN_IF_ERROR(Check(gm, label));
-    }
-    MaybeDump(gm, label, *changed);
+    const PassRun run{pass, absl::StrCat(pass->name(), " (reverse)"), 0, true};
+    ASSIGN_OR_RETURN(bool changed, RunPass(active, run, gm, [&] {
+                       return runtime::TorchCall(
+                           run.name, [&] { return pass->Reverse(gm); });
+                     }));
+    any |= changed;
   }
   return any;
 }

@@ -3,7 +3,9 @@
 
 // A pipeline of passes (Optimum's compose, XLA's HloPassPipeline, MLIR's
 // PassManager): runs passes in order with invariant checks, optional IR
-// dumps and per-pass timing, and undoes reversible pipelines.
+// dumps, reproducers of failing passes and per-pass timing, calls its
+// instrumentations (instrumentation.h) around every pass, and undoes
+// reversible pipelines.
 //
 //   Pipeline pipeline("optimize");
 //   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
@@ -20,6 +22,10 @@
 //   "failed after <pass>: <what the checker said>"
 // (and "invalid input: ..." before the first pass), so a broken pass is named.
 // A failing pass's own error is reported as "<pass> failed: <error>".
+// The checks, dumps (PipelineOptions::dump_after) and reproducers
+// (reproducer_dir) are instrumentations the pipeline builds from its options
+// at each Run/Reverse; they run before the ones added with
+// AddInstrumentation, in that order.
 //
 // A Pipeline is itself a ReversibleTransformation, so pipelines nest.
 
@@ -29,30 +35,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "runtime/graph_module.h"
+#include "transforms/instrumentation.h"
 #include "transforms/transformation.h"
 
 namespace tracecut::transforms {
-
-// An invariant check run on the whole GraphModule.
-using ModuleChecker =
-    std::function<absl::Status(const runtime::GraphModule& gm)>;
-
-// The IR verifier as a ModuleChecker.
-absl::Status VerifyGraph(const runtime::GraphModule& gm);
-
-// Every get_attr target names a tensor (or other attribute) of the module
-// and every call_module target a submodule with a forward method; the error
-// names the node.
-absl::Status CheckModuleReferences(const runtime::GraphModule& gm);
-
-// Receives an IR dump: the pass it follows and the graph's text form.
-using DumpSink =
-    std::function<void(absl::string_view pass, absl::string_view ir_text)>;
 
 // What one pass did in the last Run/Reverse.
 struct PassRecord {
@@ -64,11 +56,6 @@ struct PassRecord {
   bool preserves_computation = true;
 };
 
-// Called after each pass of a Run (after the checks), with what it did and
-// the module as it left it. An error stops the pipeline and is returned.
-using PassObserver = std::function<absl::Status(
-    const PassRecord& record, const runtime::GraphModule& gm)>;
-
 struct PipelineOptions {
   // Run the checkers at the start and after every pass that changed the
   // module. Turning this off is for benchmarks only.
@@ -76,17 +63,17 @@ struct PipelineOptions {
   // Checkers; empty means {VerifyGraph, CheckModuleReferences}.
   std::vector<ModuleChecker> checkers;
 
-  // Dump the IR after each pass whose name matches this pattern: a glob
-  // ("fuse-*", "*", '?' for one character) or, with a "re:" prefix, an
-  // ECMAScript regex matched against the whole name. Empty: no dumps.
+  // Dump the IR after each pass whose name matches this pattern
+  // (PassNameMatches: a glob, or a regex after "re:"). Empty: no dumps.
   std::string dump_after;
   // Dump only after passes that changed the module.
   bool dump_only_if_changed = true;
   // Where dumps go; unset means stderr, headed "// IR after <pass>".
   DumpSink dump_sink;
 
-  // Observes every pass of Run (the layer-by-layer debugger uses it).
-  PassObserver after_pass;
+  // When set, a failing pass leaves a reproducer in this directory and its
+  // error names the file (Note [Reproducers]).
+  std::string reproducer_dir;
 };
 
 class Pipeline : public ReversibleTransformation {
@@ -115,6 +102,24 @@ class Pipeline : public ReversibleTransformation {
     return passes_;
   }
 
+  // Adds an instrumentation the pipeline owns, called around every pass of
+  // every later Run and Reverse; returns it.
+  template <typename T, typename... Args>
+  T& AddInstrumentation(Args&&... args) {
+    auto instrumentation = std::make_unique<T>(std::forward<Args>(args)...);
+    T& ref = *instrumentation;
+    AddInstrumentation(std::move(instrumentation));
+    return ref;
+  }
+  Instrumentation& AddInstrumentation(
+      std::unique_ptr<Instrumentation> instrumentation);
+
+  // The added instrumentations (owned or scoped), in call order; the
+  // built-in ones from the options are not listed.
+  const std::vector<Instrumentation*>& instrumentations() const {
+    return instrumentations_;
+  }
+
   // Runs every pass in order on `gm`, in place (the checks and dumps above).
   // Pass i uses application id base + (ids used by passes before it), base
   // being NextApplicationId(gm.graph()) at the start.
@@ -135,25 +140,56 @@ class Pipeline : public ReversibleTransformation {
   const PipelineOptions& options() const { return options_; }
   PipelineOptions& mutable_options() { return options_; }
 
-  // Per-pass records of the last Run or Reverse, in execution order.
+  // Per-pass records of the last Run or Reverse, in execution order (up to
+  // and including a pass whose checks failed).
   const std::vector<PassRecord>& records() const { return records_; }
   // "merge-linears: changed, 1.2 ms" lines.
   std::string TimingReport() const;
 
  private:
-  absl::Status Check(const runtime::GraphModule& gm,
-                     absl::string_view after) const;
-  void MaybeDump(const runtime::GraphModule& gm, absl::string_view pass,
-                 bool changed) const;
+  friend class ScopedInstrumentation;
+
+  // The built-in instrumentations for this run, then the added ones.
+  struct Active {
+    std::vector<std::unique_ptr<Instrumentation>> builtin;
+    std::vector<Instrumentation*> all;
+  };
+  Active Instrument() const;
+  // Runs `body` (the pass, forward or reverse) between the
+  // instrumentations' hooks; the pass's record goes to records_ when it
+  // succeeds.
+  absl::StatusOr<bool> RunPass(const Active& active, const PassRun& run,
+                               runtime::GraphModule& gm,
+                               absl::FunctionRef<absl::StatusOr<bool>()> body);
 
   std::string name_;
   PipelineOptions options_;
   std::vector<std::unique_ptr<Transformation>> passes_;
+  std::vector<std::unique_ptr<Instrumentation>> owned_instrumentations_;
+  std::vector<Instrumentation*> instrumentations_;
   std::vector<PassRecord> records_;
 };
 
-// Whether `name` matches a dump pattern (PipelineOptions::dump_after).
-bool PassNameMatches(absl::string_view pattern, absl::string_view name);
+// Adds `instrumentation` (not owned; it must outlive the scope) to
+// `pipeline` for the scope's lifetime, e.g. to observe one run of a
+// pipeline the caller owns:
+//
+//   PassChangeRecorder recorder;
+//   {
+//     ScopedInstrumentation scope(pipeline, recorder);
+//     RETURN_IF_ERROR(pipeline.Run(gm).status());
+//   }
+class ScopedInstrumentation {
+ public:
+  ScopedInstrumentation(Pipeline& pipeline, Instrumentation& instrumentation);
+  ~ScopedInstrumentation();
+  ScopedInstrumentation(const ScopedInstrumentation&) = delete;
+  ScopedInstrumentation& operator=(const ScopedInstrumentation&) = delete;
+
+ private:
+  Pipeline& pipeline_;
+  Instrumentation* instrumentation_;
+};
 
 }  // namespace tracecut::transforms
 

@@ -14,6 +14,7 @@
 #include "transforms/gelu_tanh_approx.h"
 #include "transforms/merge_linears.h"
 #include "transforms/test_util.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -145,7 +146,7 @@ TEST(PipelineTest, DumpsAfterMatchingPassesAndTimesEach) {
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();  // Nothing to do here.
   auto out = pipeline.Apply(MakeModel());
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(dumped, std::vector<std::string>{"merge-linears"});
   ASSERT_EQ(pipeline.records().size(), 3u);
   EXPECT_TRUE(pipeline.records()[0].changed);
@@ -179,7 +180,7 @@ TEST(PipelineTest, ReverseUndoesInReverseOrderBitForBit) {
   EXPECT_TRUE(pipeline.is_reversible());
   EXPECT_FALSE(pipeline.preserves_computation());
   auto out = pipeline.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   ir::Node* merged = out->graph().FindNode("q_k_v_merged");
   ASSERT_NE(merged, nullptr);
   // fuse-bias-in-linear replaced the merged call: merge-linears' mark now
@@ -196,7 +197,7 @@ TEST(PipelineTest, ReverseUndoesInReverseOrderBitForBit) {
       << early.status();
 
   auto undone = pipeline.Reverse(*out);
-  ASSERT_TRUE(undone.ok()) << undone.status();
+  ASSERT_OK(undone);
   EXPECT_TRUE(*undone);
   EXPECT_EQ(DiffGraphModules(*out, original), "");
   ASSERT_EQ(pipeline.records().size(), 4u);
@@ -211,8 +212,8 @@ TEST(PipelineTest, SamePassTwiceUndoesTheLatestApplicationFirst) {
   pipeline.AddPass<MergeLinears>();      // Nothing left to merge.
   pipeline.AddPass<FuseBiasInLinear>();  // Nothing with a bias left.
   auto out = pipeline.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE(pipeline.Reverse(*out).ok());
+  ASSERT_OK(out);
+  ASSERT_OK(pipeline.Reverse(*out));
   EXPECT_EQ(DiffGraphModules(*out, original), "");
 }
 
@@ -230,11 +231,11 @@ TEST(PipelineTest, MarksSurviveTheTextFormForReverse) {
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   pipeline.AddPass<MergeLinears>();
   auto out = pipeline.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   // Through text and back, with the same module.
   const std::string text = ir::PrintGraph(out->graph());
   auto parsed = ir::ParseGraph(text);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_OK(parsed);
   runtime::GraphModule reloaded(out->module(), std::move(parsed).value());
   EXPECT_EQ(
       GetTransformedNodes(reloaded.graph(), FuseBatchNorm2dInConv2d::kName)
@@ -250,11 +251,11 @@ TEST(PipelineTest, MarksSurviveTheProtobufFormForReverse) {
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   auto out = pipeline.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   auto bytes = ir::SerializeGraph(out->graph());
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  ASSERT_OK(bytes);
   auto back = ir::DeserializeGraph(*bytes);
-  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_OK(back);
   runtime::GraphModule reloaded(out->module(), std::move(back).value());
   ASSERT_TRUE(pipeline.Reverse(reloaded).value());
   EXPECT_EQ(DiffGraphModules(reloaded, original), "");
@@ -266,7 +267,7 @@ TEST(PipelineTest, ReverseRefusesNonReversiblePasses) {
   pipeline.AddPass<EliminateDeadCode>();
   EXPECT_FALSE(pipeline.is_reversible());
   auto out = pipeline.Apply(MakeModel());
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   auto undone = pipeline.Reverse(*out);
   ASSERT_FALSE(undone.ok());
   EXPECT_EQ(undone.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -282,7 +283,7 @@ TEST(PipelineTest, PipelinesNest) {
   outer.AddPass(std::move(inner));
   outer.AddPass<ChangeTrueDivToMulByInverse>();
   auto out = outer.Apply(original);
-  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_OK(out);
   EXPECT_EQ(outer.records()[0].name, "inner");
   EXPECT_TRUE(outer.records()[0].changed);
   ASSERT_TRUE(outer.Reverse(*out).value());
@@ -311,7 +312,7 @@ TEST(TransformMarksTest, ApplicationIdsAndQueries) {
   EXPECT_TRUE(
       CheckLastMark(*g.FindNode("k"), *FindMark(*g.FindNode("k"), "b")).ok());
   EXPECT_EQ(RemoveMarks(g.FindNode("k"), "b", 2), 1);
-  EXPECT_TRUE(CheckLastMark(*g.FindNode("k"), *ka).ok());
+  EXPECT_OK(CheckLastMark(*g.FindNode("k"), *ka));
   // Marks are meta: the clone has them.
   auto clone = g.Clone();
   EXPECT_EQ(GetTransformedNodes(*clone, "a").size(), 3u);

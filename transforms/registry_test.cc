@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
@@ -11,7 +12,7 @@ TEST(RegistryTest, EveryNameMakesItsPass) {
   EXPECT_EQ(names.size(), 11u);
   for (const std::string& name : names) {
     auto pass = MakePass(name);
-    ASSERT_TRUE(pass.ok()) << name;
+    ASSERT_OK(pass);
     if (absl::EndsWith(name, "-inexact")) {
       EXPECT_EQ((*pass)->name(), "change-truediv-to-mul-by-inverse");
       EXPECT_FALSE((*pass)->preserves_computation());
@@ -23,7 +24,7 @@ TEST(RegistryTest, EveryNameMakesItsPass) {
 
 TEST(RegistryTest, Pipelines) {
   auto p = MakePipeline("merge-linears, fuse-batchnorm2d-in-conv2d");
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   ASSERT_EQ((*p)->passes().size(), 2u);
   EXPECT_EQ((*p)->passes()[1]->name(), "fuse-batchnorm2d-in-conv2d");
   EXPECT_TRUE((*p)->is_reversible());

@@ -7,6 +7,7 @@
 #include "ir/text.h"
 #include "runtime/interpreter.h"
 #include "transforms/fusion_math.h"
+#include "transforms/instrumentation.h"
 #include "transforms/module_util.h"
 
 namespace tracecut::transforms::testing {
@@ -160,6 +161,107 @@ std::string DiffGraphModules(const runtime::GraphModule& a,
     if (!ta.count(path)) return absl::StrCat("only the second has ", path);
   }
   return "";
+}
+
+std::string PrintWithoutMarks(const ir::Graph& graph) {
+  std::unique_ptr<ir::Graph> copy = graph.Clone();
+  for (ir::Node* n : copy->nodes()) n->meta().transforms.clear();
+  return ir::PrintGraph(*copy);
+}
+
+namespace {
+
+// `ir` over a deep copy of `root`.
+absl::StatusOr<runtime::GraphModule> Load(const torch::jit::Module& root,
+                                          absl::string_view ir) {
+  absl::StatusOr<std::unique_ptr<ir::Graph>> graph = ir::ParseGraph(ir);
+  if (!graph.ok()) return graph.status();
+  return runtime::GraphModule(root, *std::move(graph)).Clone();
+}
+
+}  // namespace
+
+::testing::AssertionResult ExpectRewrite(
+    const torch::jit::Module& root, absl::string_view before_ir,
+    Transformation& pass, absl::string_view expected_ir,
+    std::optional<runtime::GraphModule>* rewritten) {
+  absl::StatusOr<runtime::GraphModule> gm = Load(root, before_ir);
+  if (!gm.ok()) {
+    return ::testing::AssertionFailure()
+           << "the input IR does not load: " << gm.status();
+  }
+  absl::StatusOr<std::unique_ptr<ir::Graph>> expected =
+      ir::ParseGraph(expected_ir);
+  if (!expected.ok()) {
+    return ::testing::AssertionFailure()
+           << "the expected IR does not parse: " << expected.status();
+  }
+  absl::StatusOr<bool> changed = pass.Run(*gm);
+  if (!changed.ok()) {
+    return ::testing::AssertionFailure()
+           << pass.name() << " failed: " << changed.status();
+  }
+  if (!*changed) {
+    return ::testing::AssertionFailure() << pass.name() << " did not fire on\n"
+                                         << ir::PrintGraph(gm->graph());
+  }
+  for (absl::Status s : {VerifyGraph(*gm), CheckModuleReferences(*gm)}) {
+    if (!s.ok()) {
+      return ::testing::AssertionFailure() << "the IR after " << pass.name()
+                                           << " does not verify: " << s << "\n"
+                                           << ir::PrintGraph(gm->graph());
+    }
+  }
+  const std::string actual_text = PrintWithoutMarks(gm->graph());
+  const std::string expected_text = PrintWithoutMarks(**expected);
+  if (actual_text != expected_text) {
+    return ::testing::AssertionFailure() << "after " << pass.name() << ":\n"
+                                         << actual_text << "--- expected ---\n"
+                                         << expected_text;
+  }
+  if (rewritten != nullptr) rewritten->emplace(*std::move(gm));
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult ExpectRewrite(
+    const torch::jit::Module& root, absl::string_view before_ir,
+    Transformation&& pass, absl::string_view expected_ir,
+    std::optional<runtime::GraphModule>* rewritten) {
+  return ExpectRewrite(root, before_ir, pass, expected_ir, rewritten);
+}
+
+::testing::AssertionResult ExpectNoRewrite(const torch::jit::Module& root,
+                                           absl::string_view ir,
+                                           Transformation& pass) {
+  absl::StatusOr<runtime::GraphModule> gm = Load(root, ir);
+  if (!gm.ok()) {
+    return ::testing::AssertionFailure()
+           << "the input IR does not load: " << gm.status();
+  }
+  absl::StatusOr<runtime::GraphModule> copy = gm->Clone();
+  if (!copy.ok()) return ::testing::AssertionFailure() << copy.status();
+  absl::StatusOr<bool> changed = pass.Run(*copy);
+  if (!changed.ok()) {
+    return ::testing::AssertionFailure()
+           << pass.name() << " failed: " << changed.status();
+  }
+  if (*changed) {
+    return ::testing::AssertionFailure()
+           << pass.name() << " fired (returned true):\n"
+           << ir::PrintGraph(copy->graph());
+  }
+  const std::string diff = DiffGraphModules(*copy, *gm);
+  if (!diff.empty()) {
+    return ::testing::AssertionFailure()
+           << pass.name() << " returned false but changed the module: " << diff;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult ExpectNoRewrite(const torch::jit::Module& root,
+                                           absl::string_view ir,
+                                           Transformation&& pass) {
+  return ExpectNoRewrite(root, ir, pass);
 }
 
 }  // namespace tracecut::transforms::testing

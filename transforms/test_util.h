@@ -17,12 +17,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gtest/gtest.h"
 #include "runtime/graph_module.h"
+#include "transforms/transformation.h"
 
 namespace tracecut::transforms::testing {
 
@@ -73,6 +76,45 @@ std::map<std::string, torch::Tensor> NamedTensors(
 // attribute paths with bitwise equal tensors; otherwise what differs.
 std::string DiffGraphModules(const runtime::GraphModule& a,
                              const runtime::GraphModule& b);
+
+// Pass tests from IR text (XLA's RunAndFilecheckHloRewrite, MLIR's
+// one-case-per-input tests):
+//
+//   std::optional<runtime::GraphModule> out;
+//   ASSERT_TRUE(ExpectRewrite(root, R"(graph { ...before... })",
+//                             EliminateDeadCode(), R"(graph { ...after... })",
+//                             &out));
+//   ... numeric checks on *out ...
+//   EXPECT_TRUE(ExpectNoRewrite(root, R"(graph { ... })",
+//   EliminateDeadCode()));
+//
+// ExpectRewrite parses `before_ir` over a copy of `root` (never modified),
+// runs `pass`, which must return true, checks the result with the pipeline's
+// checkers (VerifyGraph, CheckModuleReferences) and compares its canonical
+// text form with that of `expected_ir`, showing both on a mismatch.
+// Transform marks are left out of the comparison: their data holds
+// snapshots of erased nodes, checked by the passes' Reverse tests instead.
+// `rewritten`, when given, receives the rewritten module.
+::testing::AssertionResult ExpectRewrite(
+    const torch::jit::Module& root, absl::string_view before_ir,
+    Transformation&& pass, absl::string_view expected_ir,
+    std::optional<runtime::GraphModule>* rewritten = nullptr);
+::testing::AssertionResult ExpectRewrite(
+    const torch::jit::Module& root, absl::string_view before_ir,
+    Transformation& pass, absl::string_view expected_ir,
+    std::optional<runtime::GraphModule>* rewritten = nullptr);
+
+// `pass` must not fire on `ir`: it returns false and leaves the graph and
+// every tensor of the module as they were.
+::testing::AssertionResult ExpectNoRewrite(const torch::jit::Module& root,
+                                           absl::string_view ir,
+                                           Transformation&& pass);
+::testing::AssertionResult ExpectNoRewrite(const torch::jit::Module& root,
+                                           absl::string_view ir,
+                                           Transformation& pass);
+
+// The canonical text form of `graph` without transform marks.
+std::string PrintWithoutMarks(const ir::Graph& graph);
 
 }  // namespace tracecut::transforms::testing
 

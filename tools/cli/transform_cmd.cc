@@ -29,8 +29,8 @@
 #include "tracer/load.h"
 #include "tracer/tracer.h"
 #include "transforms/debugger.h"
+#include "transforms/instrumentation.h"
 #include "transforms/per_subgraph.h"
-#include "transforms/per_subgraph_internal.h"
 #include "transforms/pipeline.h"
 #include "transforms/registry.h"
 #include "util/json.h"
@@ -66,7 +66,11 @@ absl::StatusOr<std::unique_ptr<transforms::Pipeline>> PipelineFromFlag(
         absl::StrCat("--passes=NAME,... is required; known passes: ",
                      absl::StrJoin(transforms::RegisteredPassNames(), ", ")));
   }
-  auto pipeline = std::make_unique<transforms::Pipeline>("transform");
+  transforms::PipelineOptions options;
+  // A failing pass leaves its input IR there (Note [Reproducers]).
+  options.reproducer_dir = args.Get("reproducer-dir").value_or("");
+  auto pipeline =
+      std::make_unique<transforms::Pipeline>("transform", std::move(options));
   for (const std::string& name : names) {
     absl::StatusOr<std::unique_ptr<transforms::Transformation>> pass =
         transforms::MakePass(name);
@@ -151,19 +155,14 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
     result.emplace(std::move(r.module));
   } else {
     ASSIGN_OR_RETURN(runtime::GraphModule work, gm.Clone());
+    transforms::PassChangeRecorder recorder;
     {
-      transforms::internal::ObserverScope scope(
-          *pipeline,
-          [&](const transforms::PassRecord& r,
-              const runtime::GraphModule& m) -> absl::Status {
-            passes.push_back(
-                {r.name, r.changed,
-                 static_cast<int64_t>(transforms::internal::TouchedNodes(
-                                          m.graph(), r.name, r.app)
-                                          .size())});
-            return absl::OkStatus();
-          });
+      transforms::ScopedInstrumentation scope(*pipeline, recorder);
       RETURN_IF_ERROR(pipeline->Run(work).status());
+    }
+    for (const transforms::PassChangeRecorder::Entry& e : recorder.entries()) {
+      passes.push_back(
+          {e.pass, e.changed, static_cast<int64_t>(e.touched_nodes.size())});
     }
     result.emplace(std::move(work));
   }
@@ -333,6 +332,8 @@ std::vector<FlagSpec> TraceFlags() {
                       "per subgraph)")
           .Repeated(),
       FlagSpec::Bool("json", "print a JSON summary on stdout"),
+      FlagSpec::Value("reproducer-dir", "DIR",
+                      "when a pass fails, write its input IR and name there"),
   };
   for (FlagSpec& f : ModelFlags()) flags.push_back(std::move(f));
   return flags;
@@ -344,7 +345,8 @@ Subcommand TransformCommand() {
   c.synopsis =
       "MODEL.pt --passes=NAME,... [--targets=TYPE,...] "
       "[--leaf=TYPE_OR_PATH]... "
-      "[--check [--rtol=X] [--atol=X]] [--json] -o OUT.pt";
+      "[--check [--rtol=X] [--atol=X]] [--reproducer-dir=DIR] [--json] "
+      "-o OUT.pt";
   c.summary = "Run named transform passes on a traced model and save it.";
   c.description =
       "Traces MODEL.pt as `tracecut trace` does, runs the passes named by "
@@ -374,7 +376,7 @@ Subcommand DebugCommand() {
   c.name = "debug";
   c.synopsis =
       "MODEL.pt --passes=NAME,... [--targets=TYPE,...] [--rtol=X] "
-      "[--atol=X] [--json]";
+      "[--atol=X] [--reproducer-dir=DIR] [--json]";
   c.summary = "Find which pass breaks which layer, layer by layer.";
   c.description =
       "Partitions the traced model at --targets (default: from the HF "

@@ -222,5 +222,20 @@ TEST(TransformCmdTest, DebugFlagsGeluTanhApproxOnBert) {
   EXPECT_THAT(both.err, HasSubstr("--tolerance is an alias of --rtol"));
 }
 
+// --reproducer-dir is only written to when a pass fails
+// (transforms/instrumentation_test.cc covers the failing case).
+TEST(TransformCmdTest, ReproducerDirIsUntouchedWhenPassesSucceed) {
+  const std::string out = TempDir("reproducer_dir") + "/out.pt";
+  const std::string dir = TempDir("reproducer_dir") + "/repro";
+  Result r = RunTracecut({"transform", Fixture("cnn"),
+                          "--passes=fuse-batchnorm2d-in-conv2d",
+                          "--reproducer-dir=" + dir, "-o", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(Exists(out));
+  EXPECT_FALSE(Exists(dir));
+  Result help = RunTracecut({"transform", "--help"});
+  EXPECT_THAT(help.out, HasSubstr("--reproducer-dir=DIR"));
+}
+
 }  // namespace
 }  // namespace tracecut::cli

@@ -1,180 +1,33 @@
-#include "ir/text.h"
+// Parsing the IR text form (ir/text.h): a grammar over the scanner in
+// text_scanner.cc, then a builder that resolves references and verifies.
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "ir/graph.h"
 #include "ir/names.h"
+#include "ir/text.h"
+#include "ir/text_internal.h"
 #include "ir/verifier.h"
 #include "util/status_macros.h"
 
 namespace tracecut::ir {
 namespace {
 
-// The NaNs that print as plain "nan" / "-nan": the quiet NaN that
-// std::nan("") gives, and the negative one x86 produces for 0.0 / 0.0.
-constexpr uint64_t kPositiveNan = 0x7ff8000000000000;
-constexpr uint64_t kNegativeNan = 0xfff8000000000000;
-
-uint64_t DoubleBits(double v) {
-  uint64_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return bits;
-}
-
-double BitsToDouble(uint64_t bits) {
-  double v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-
-bool IsIdentChar(char c) {
-  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_';
-}
-bool IsIdentStart(char c) {
-  return absl::ascii_isalpha(static_cast<unsigned char>(c)) || c == '_';
-}
-// Characters a target may use unquoted: "aten::add.Tensor", "model.fc".
-bool IsBareTargetChar(char c) { return IsIdentChar(c) || c == '.' || c == ':'; }
-// Characters a scope path may use unquoted: "model.layers.0".
-bool IsBarePathChar(char c) { return IsIdentChar(c) || c == '.'; }
-
-bool AllOf(absl::string_view s, bool (*pred)(char)) {
-  for (char c : s) {
-    if (!pred(c)) return false;
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------- printing
-
-// An identifier as is, anything else quoted (names of kwargs, meta keys,
-// dtypes).
-std::string KeyOrQuoted(absl::string_view s) {
-  return IsIdentifier(s) ? std::string(s) : QuoteString(s);
-}
-
-void AppendArgument(const Argument& arg, std::string* out) {
-  switch (arg.kind()) {
-    case Argument::Kind::kNone:
-      out->append("None");
-      return;
-    case Argument::Kind::kBool:
-      out->append(arg.as_bool() ? "True" : "False");
-      return;
-    case Argument::Kind::kInt:
-      absl::StrAppend(out, arg.as_int());
-      return;
-    case Argument::Kind::kDouble:
-      out->append(FormatDouble(arg.as_double()));
-      return;
-    case Argument::Kind::kString:
-      out->append(QuoteString(arg.as_string()));
-      return;
-    case Argument::Kind::kDType:
-      absl::StrAppend(out, "dtype(", KeyOrQuoted(arg.as_string()), ")");
-      return;
-    case Argument::Kind::kDevice:
-      absl::StrAppend(out, "device(", QuoteString(arg.as_string()), ")");
-      return;
-    case Argument::Kind::kNode:
-      // A null reference only exists in a corrupted graph; print something
-      // that cannot parse rather than crash.
-      absl::StrAppend(out, "%",
-                      arg.node() == nullptr ? "<null>" : arg.node()->name());
-      return;
-    case Argument::Kind::kList:
-    case Argument::Kind::kTuple: {
-      bool list = arg.kind() == Argument::Kind::kList;
-      out->push_back(list ? '[' : '(');
-      const std::vector<Argument>& elements = arg.elements();
-      for (size_t i = 0; i < elements.size(); ++i) {
-        if (i > 0) out->append(", ");
-        AppendArgument(elements[i], out);
-      }
-      if (!list && elements.size() == 1) out->push_back(',');
-      out->push_back(list ? ']' : ')');
-      return;
-    }
-  }
-}
-
-void AppendScope(const Scope& scope, std::string* out) {
-  out->append(" scope[");
-  bool first = true;
-  for (const ScopeEntry& e : scope.stack()) {
-    if (!first) out->append(", ");
-    first = false;
-    if (e.path.empty() || AllOf(e.path, IsBarePathChar)) {
-      out->append(e.path);
-    } else {
-      out->append(QuoteString(e.path));
-    }
-    absl::StrAppend(out, ":", QuoteString(e.type));
-  }
-  out->push_back(']');
-}
-
-void AppendMeta(const NodeMeta& meta, std::string* out) {
-  std::vector<std::string> fields;
-  if (!meta.outputs.empty()) {
-    std::vector<std::string> tensors;
-    for (const TensorMeta& t : meta.outputs) {
-      tensors.push_back(absl::StrCat("tensor([", absl::StrJoin(t.shape, ", "),
-                                     "], ", KeyOrQuoted(t.dtype), ", ",
-                                     QuoteString(t.device), ")"));
-    }
-    fields.push_back(absl::StrCat("out=[", absl::StrJoin(tensors, ", "), "]"));
-  }
-  if (meta.source.has_value()) {
-    fields.push_back(absl::StrCat("src=", QuoteString(meta.source->file), ":",
-                                  meta.source->line, ":",
-                                  QuoteString(meta.source->text)));
-  }
-  if (!meta.transforms.empty()) {
-    std::vector<std::string> marks;
-    for (const TransformMark& m : meta.transforms) {
-      std::string s = absl::StrCat("mark(", QuoteString(m.pass));
-      if (!m.data.empty()) {
-        std::vector<std::string> entries;
-        for (const auto& [k, v] : m.data) {
-          entries.push_back(absl::StrCat(QuoteString(k), ": ", QuoteString(v)));
-        }
-        absl::StrAppend(&s, ", {", absl::StrJoin(entries, ", "), "}");
-      }
-      s.push_back(')');
-      marks.push_back(std::move(s));
-    }
-    fields.push_back(
-        absl::StrCat("transform=[", absl::StrJoin(marks, ", "), "]"));
-  }
-  if (!meta.extra.empty()) {
-    std::vector<std::string> entries;
-    for (const auto& [k, v] : meta.extra) {
-      entries.push_back(absl::StrCat(KeyOrQuoted(k), ": ", PrintArgument(v)));
-    }
-    fields.push_back(
-        absl::StrCat("extra={", absl::StrJoin(entries, ", "), "}"));
-  }
-  if (fields.empty()) return;
-  absl::StrAppend(out, " meta{", absl::StrJoin(fields, ", "), "}");
-}
-
-// ----------------------------------------------------------------- parsing
+using text_internal::IsBarePathChar;
+using text_internal::IsBareTargetChar;
+using text_internal::IsIdentStart;
+using text_internal::KeyOrQuoted;
 
 // A parsed operand before node references are resolved.
 struct ParsedValue {
@@ -204,11 +57,12 @@ struct ParsedGraph {
   size_t close_pos = 0;  // Offset of the closing '}'.
 };
 
-// A recursive-descent parser over bytes. Every method that can fail returns
-// a Status built by Error(), which carries line, column and the line itself.
-class Parser {
+// The grammar of the text form, a recursive descent over the scanner's
+// bytes. Every method that can fail returns a Status built by Error(), which
+// carries line, column and the line itself.
+class Parser : public text_internal::TextScanner {
  public:
-  explicit Parser(absl::string_view text) : text_(text) {}
+  explicit Parser(absl::string_view text) : TextScanner(text) {}
 
   absl::StatusOr<ParsedGraph> ParseFile() {
     ParsedGraph graph;
@@ -252,342 +106,7 @@ class Parser {
     return graph;
   }
 
-  // "line L, column C: what" plus the line and a caret under the column.
-  absl::Status Error(size_t at, absl::string_view what) const {
-    at = std::min(at, text_.size());
-    size_t line_start = 0;
-    if (at > 0) {
-      size_t newline = text_.rfind('\n', at - 1);
-      if (newline != absl::string_view::npos) line_start = newline + 1;
-    }
-    size_t line_end = text_.find('\n', line_start);
-    if (line_end == absl::string_view::npos) line_end = text_.size();
-    // Show at most kWindow bytes either side of the column, escaped so
-    // binary input cannot garble the message.
-    constexpr size_t kWindow = 60;
-    size_t from = at - line_start > kWindow ? at - kWindow : line_start;
-    size_t to = std::min(line_end, at + kWindow);
-    std::string shown = from > line_start ? "..." : "";
-    size_t caret = 0;
-    for (size_t i = from; i < to; ++i) {
-      if (i == at) caret = shown.size();
-      unsigned char c = static_cast<unsigned char>(text_[i]);
-      if (c == '\t') {
-        shown.push_back(' ');
-      } else if (c == '\r' && i + 1 == line_end) {
-        // A CRLF line end is not part of the line.
-      } else if (c < 0x20 || c >= 0x7f) {
-        absl::StrAppend(&shown, "\\x", absl::Hex(c, absl::kZeroPad2));
-      } else {
-        shown.push_back(static_cast<char>(c));
-      }
-    }
-    if (at >= to) caret = shown.size();
-    if (to < line_end) shown.append("...");
-    return absl::InvalidArgumentError(
-        absl::StrCat(LineOf(at), ", column ", at - line_start + 1, ": ", what,
-                     "\n  ", shown, "\n  ", std::string(caret, ' '), "^"));
-  }
-
-  // "line L" for an offset.
-  std::string LineOf(size_t at) const {
-    size_t line = 1;
-    for (size_t i = 0; i < at && i < text_.size(); ++i) {
-      line += text_[i] == '\n';
-    }
-    return absl::StrCat("line ", line);
-  }
-
  private:
-  bool AtEnd() const { return pos_ >= text_.size(); }
-
-  // Whitespace and '#' comments up to the end of the line.
-  void SkipSpace() {
-    while (!AtEnd()) {
-      char c = text_[pos_];
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-        ++pos_;
-      } else if (c == '#') {
-        while (!AtEnd() && text_[pos_] != '\n') ++pos_;
-      } else {
-        break;
-      }
-    }
-  }
-
-  // What stands at the current position, for "expected X, found Y".
-  std::string Found() const {
-    if (AtEnd()) return "end of input";
-    unsigned char c = static_cast<unsigned char>(text_[pos_]);
-    if (c == '\n' || c == '\r') return "end of line";
-    if (c >= 0x20 && c < 0x7f) {
-      if (IsIdentStart(static_cast<char>(c))) {
-        size_t end = pos_;
-        while (end < text_.size() && IsIdentChar(text_[end]) &&
-               end - pos_ < 40) {
-          ++end;
-        }
-        return absl::StrCat("'", text_.substr(pos_, end - pos_), "'");
-      }
-      return absl::StrCat("'", std::string(1, static_cast<char>(c)), "'");
-    }
-    return absl::StrCat("byte 0x", absl::Hex(c, absl::kZeroPad2));
-  }
-
-  absl::Status Expected(absl::string_view what) const {
-    return Error(pos_, absl::StrCat("expected ", what, ", found ", Found()));
-  }
-
-  bool TryConsume(char c) {
-    SkipSpace();
-    if (!AtEnd() && text_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-
-  absl::Status Expect(char c, absl::string_view what) {
-    if (TryConsume(c)) return absl::OkStatus();
-    return Expected(what);
-  }
-
-  // Consumes `word` when it stands next as a whole word.
-  bool TryWord(absl::string_view word) {
-    SkipSpace();
-    if (text_.substr(pos_, word.size()) != word) return false;
-    size_t end = pos_ + word.size();
-    if (end < text_.size() && IsIdentChar(text_[end])) return false;
-    pos_ = end;
-    return true;
-  }
-
-  // [A-Za-z0-9_]* from the current position (no space skipping).
-  absl::string_view ReadWord() {
-    size_t start = pos_;
-    while (!AtEnd() && IsIdentChar(text_[pos_])) ++pos_;
-    return text_.substr(start, pos_ - start);
-  }
-
-  absl::StatusOr<std::string> ParseIdentifier(absl::string_view what) {
-    SkipSpace();
-    if (AtEnd() || !IsIdentStart(text_[pos_])) return Expected(what);
-    return std::string(ReadWord());
-  }
-
-  int HexValue(char c) const {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  }
-
-  // A double-quoted string with C escapes; \xNN takes exactly two digits.
-  absl::StatusOr<std::string> ParseString(absl::string_view what) {
-    SkipSpace();
-    if (AtEnd() || text_[pos_] != '"') return Expected(what);
-    size_t start = pos_++;
-    std::string out;
-    while (true) {
-      if (AtEnd() || text_[pos_] == '\n') {
-        return Error(start,
-                     "unterminated string (strings end on the same "
-                     "line; write a newline as \\n)");
-      }
-      char c = text_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c != '\\') {
-        out.push_back(c);
-        ++pos_;
-        continue;
-      }
-      size_t escape = pos_++;
-      char e = AtEnd() ? '\0' : text_[pos_++];
-      switch (e) {
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case '0':
-          out.push_back('\0');
-          break;
-        case 'a':
-          out.push_back('\a');
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'v':
-          out.push_back('\v');
-          break;
-        case '\\':
-          out.push_back('\\');
-          break;
-        case '"':
-          out.push_back('"');
-          break;
-        case '\'':
-          out.push_back('\'');
-          break;
-        case 'x': {
-          int hi = pos_ < text_.size() ? HexValue(text_[pos_]) : -1;
-          int lo = pos_ + 1 < text_.size() ? HexValue(text_[pos_ + 1]) : -1;
-          if (hi < 0 || lo < 0) {
-            return Error(escape, "\\x takes exactly two hex digits (\\xNN)");
-          }
-          out.push_back(static_cast<char>(hi * 16 + lo));
-          pos_ += 2;
-          break;
-        }
-        default:
-          return Error(escape,
-                       "unknown escape; use \\n \\t \\r \\0 \\a \\b \\f \\v "
-                       "\\\\ \\\" \\' or \\xNN");
-      }
-    }
-  }
-
-  // An identifier or a quoted string: kwarg names, meta keys, dtypes.
-  absl::StatusOr<std::string> ParseKey(absl::string_view what) {
-    SkipSpace();
-    if (!AtEnd() && text_[pos_] == '"') return ParseString(what);
-    return ParseIdentifier(what);
-  }
-
-  // A number: an int64, or a double when it has '.' or an exponent, or
-  // inf / nan / nan(0xBITS), each optionally negative.
-  absl::StatusOr<Argument> ParseNumber() {
-    size_t start = pos_;
-    bool negative = !AtEnd() && text_[pos_] == '-';
-    if (negative) ++pos_;
-    if (!AtEnd() && IsIdentStart(text_[pos_])) {
-      size_t word_pos = pos_;
-      absl::string_view word = ReadWord();
-      if (word == "inf") {
-        return Argument::Double(negative ? -HUGE_VAL : HUGE_VAL);
-      }
-      if (word == "nan") {
-        if (AtEnd() || text_[pos_] != '(') {
-          return Argument::Double(
-              BitsToDouble(negative ? kNegativeNan : kPositiveNan));
-        }
-        if (negative) {
-          return Error(start,
-                       "nan(0x...) gives all 64 bits; write it "
-                       "without '-'");
-        }
-        return ParseNanBits(start);
-      }
-      pos_ = word_pos;
-      return Expected("a number after '-'");
-    }
-    size_t digits = pos_;
-    while (!AtEnd() && absl::ascii_isdigit(text_[pos_])) ++pos_;
-    if (pos_ == digits) return Expected("a digit");
-    bool is_double = false;
-    if (!AtEnd() && text_[pos_] == '.') {
-      is_double = true;
-      size_t frac = ++pos_;
-      while (!AtEnd() && absl::ascii_isdigit(text_[pos_])) ++pos_;
-      if (pos_ == frac) return Expected("a digit after '.'");
-    }
-    if (!AtEnd() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
-      is_double = true;
-      ++pos_;
-      if (!AtEnd() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
-      size_t exp = pos_;
-      while (!AtEnd() && absl::ascii_isdigit(text_[pos_])) ++pos_;
-      if (pos_ == exp) return Expected("exponent digits");
-    }
-    if (!AtEnd() && (IsIdentChar(text_[pos_]) || text_[pos_] == '.')) {
-      return Error(start, "malformed number");
-    }
-    absl::string_view token = text_.substr(start, pos_ - start);
-    if (is_double) {
-      double v = 0;
-      auto [end, ec] =
-          std::from_chars(token.data(), token.data() + token.size(), v);
-      if (ec == std::errc::result_out_of_range) {
-        return Error(start, "number out of range for a double");
-      }
-      if (ec != std::errc() || end != token.data() + token.size()) {
-        return Error(start, "malformed number");
-      }
-      return Argument::Double(v);
-    }
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(token, &v)) {
-      return Error(start,
-                   "integer out of range for int64 (write a double "
-                   "with '.0' if that is what you mean)");
-    }
-    return Argument::Int(v);
-  }
-
-  // After "nan": "(0x" and 1 to 16 hex digits ")", a NaN's bit pattern.
-  absl::StatusOr<Argument> ParseNanBits(size_t start) {
-    ++pos_;  // '('
-    if (text_.substr(pos_, 2) != "0x") return Expected("'0x' in nan(0x...)");
-    pos_ += 2;
-    uint64_t bits = 0;
-    size_t digits = 0;
-    while (!AtEnd() && HexValue(text_[pos_]) >= 0) {
-      if (++digits > 16)
-        return Error(start,
-                     "nan(0x...) takes at most 16 "
-                     "hex digits");
-      bits = bits * 16 + HexValue(text_[pos_++]);
-    }
-    if (digits == 0) return Expected("hex digits in nan(0x...)");
-    if (AtEnd() || text_[pos_] != ')') return Expected("')' closing nan(0x...");
-    ++pos_;
-    if (!std::isnan(BitsToDouble(bits))) {
-      return Error(start, "nan(0x...) bits are not a NaN");
-    }
-    return Argument::Double(BitsToDouble(bits));
-  }
-
-  absl::StatusOr<int64_t> ParseInt(absl::string_view what) {
-    SkipSpace();
-    if (AtEnd() || !(absl::ascii_isdigit(text_[pos_]) || text_[pos_] == '-')) {
-      return Expected(what);
-    }
-    size_t start = pos_;
-    ASSIGN_OR_RETURN(Argument a, ParseNumber());
-    if (a.kind() != Argument::Kind::kInt) {
-      return Error(start, absl::StrCat("expected ", what, ", found a double"));
-    }
-    return a.as_int();
-  }
-
-  // Comma-separated items up to `close`, a trailing comma allowed.
-  template <typename ParseItem>
-  absl::Status ParseSequence(char close, absl::string_view what,
-                             ParseItem parse_item) {
-    if (TryConsume(close)) return absl::OkStatus();
-    while (true) {
-      RETURN_IF_ERROR(parse_item());
-      if (TryConsume(',')) {
-        if (TryConsume(close)) return absl::OkStatus();
-        continue;
-      }
-      if (TryConsume(close)) return absl::OkStatus();
-      return Expected(
-          absl::StrCat("',' or '", std::string(1, close), "' after ", what));
-    }
-  }
-
   absl::StatusOr<ParsedValue> ParseValue(int depth, bool allow_refs) {
     SkipSpace();
     ParsedValue v;
@@ -935,9 +454,6 @@ class Parser {
     RETURN_IF_ERROR(Expect(')', "')' closing mark(...)"));
     return m;
   }
-
-  absl::string_view text_;
-  size_t pos_ = 0;
 };
 
 // Turns a parsed graph into a Graph: resolves references, adds nodes with
@@ -1053,102 +569,6 @@ class Builder {
 };
 
 }  // namespace
-
-std::string FormatDouble(double value) {
-  if (std::isnan(value)) {
-    uint64_t bits = DoubleBits(value);
-    if (bits == kPositiveNan) return "nan";
-    if (bits == kNegativeNan) return "-nan";
-    return absl::StrCat("nan(0x", absl::Hex(bits, absl::kZeroPad16), ")");
-  }
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
-  std::string s(buf, end);
-  if (s.find_first_of(".e") == std::string::npos) s.append(".0");
-  return s;
-}
-
-std::string QuoteString(absl::string_view bytes) {
-  std::string out = "\"";
-  for (char ch : bytes) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out.append("\\\"");
-        break;
-      case '\\':
-        out.append("\\\\");
-        break;
-      case '\n':
-        out.append("\\n");
-        break;
-      case '\t':
-        out.append("\\t");
-        break;
-      case '\r':
-        out.append("\\r");
-        break;
-      default:
-        if (c >= 0x20 && c < 0x7f) {
-          out.push_back(ch);
-        } else {
-          absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-        }
-    }
-  }
-  out.push_back('"');
-  return out;
-}
-
-std::string PrintArgument(const Argument& arg) {
-  std::string out;
-  AppendArgument(arg, &out);
-  return out;
-}
-
-std::string PrintNode(const Node& node) {
-  std::string out =
-      absl::StrCat("%", node.name(), " = ", OpKindName(node.op()), "[");
-  if (!node.target().empty() && AllOf(node.target(), IsBareTargetChar)) {
-    out.append(node.target());
-  } else {
-    out.append(QuoteString(node.target()));
-  }
-  out.append("](");
-  bool first = true;
-  for (const Argument& a : node.args()) {
-    if (!first) out.append(", ");
-    first = false;
-    AppendArgument(a, &out);
-  }
-  for (const auto& [key, value] : node.kwargs()) {
-    if (!first) out.append(", ");
-    first = false;
-    absl::StrAppend(&out, KeyOrQuoted(key), "=");
-    AppendArgument(value, &out);
-  }
-  out.push_back(')');
-  if (!node.scope().empty()) AppendScope(node.scope(), &out);
-  AppendMeta(node.meta(), &out);
-  return out;
-}
-
-std::string PrintGraph(const Graph& graph) {
-  std::string out = "graph {\n";
-  for (const std::string& a : graph.meta().assumptions) {
-    absl::StrAppend(&out, "  assume ", QuoteString(a), "\n");
-  }
-  for (const auto& [key, value] : graph.meta().extra) {
-    absl::StrAppend(&out, "  extra ", KeyOrQuoted(key), " = ",
-                    PrintArgument(value), "\n");
-  }
-  for (const Node* n : graph.nodes()) {
-    absl::StrAppend(&out, "  ", PrintNode(*n), "\n");
-  }
-  out.append("}\n");
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<Graph>> ParseGraph(absl::string_view text,
                                                   const ParseOptions& options) {

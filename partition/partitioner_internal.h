@@ -1,0 +1,158 @@
+#ifndef TRACECUT_PARTITION_PARTITIONER_INTERNAL_H_
+#define TRACECUT_PARTITION_PARTITIONER_INTERNAL_H_
+
+// What PartitionGraph's phases share: the graph as they see it (nodes by
+// index, adjacency lists), the modules of a node, target instances, and the
+// phases that live in their own files (finding target instances, building
+// the subgraphs). Not API; partition/partitioner.h is.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "ir/graph.h"
+#include "ir/module_pattern.h"
+#include "partition/partitioner.h"
+#include "partition/subgraph.h"
+
+namespace tracecut::partition::partitioner_internal {
+
+// Inputs, users and operand references of every node as indices in graph
+// order, computed once: after this, nothing looks a node up by pointer.
+struct Adjacency {
+  std::vector<int> in_begin, in;
+  std::vector<int> use_begin, use;
+  // Every node reference in the operands, with repeats, in
+  // Argument::ForEachNode order (args, then kwargs): CopyArgument consumes
+  // them in the same order.
+  std::vector<int> ref_begin, ref;
+
+  absl::Span<const int> Inputs(int i) const {
+    return absl::MakeConstSpan(in).subspan(in_begin[i],
+                                           in_begin[i + 1] - in_begin[i]);
+  }
+  // Sorted by index. Callers only take minima, maxima and sets over users,
+  // so the IR's use-list order does not matter.
+  absl::Span<const int> Users(int i) const {
+    return absl::MakeConstSpan(use).subspan(use_begin[i],
+                                            use_begin[i + 1] - use_begin[i]);
+  }
+  const int* Refs(int i) const { return ref.data() + ref_begin[i]; }
+};
+
+// A graph's nodes numbered in order, with their adjacency.
+struct IndexedGraph {
+  std::vector<const ir::Node*> nodes;
+  Adjacency adj;
+  const ir::Node* output = nullptr;
+  int out = 0;  // The output node's index.
+
+  int size() const { return static_cast<int>(nodes.size()); }
+  ir::OpKind op(int i) const { return nodes[i]->op(); }
+};
+
+// Numbers the nodes of `graph` (which has an output node) and builds their
+// adjacency. Fails when an operand is not an earlier node of the graph.
+absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph);
+
+// A module the scope stack of some node mentions.
+struct ModuleRef {
+  absl::string_view path;
+  absl::string_view type;
+};
+
+// Calls fn(ModuleRef) for every module of `node`'s stack, outermost first,
+// plus the called leaf of a call_module node when its scope does not end
+// with it already.
+template <typename Fn>
+void ForEachModule(const ir::Node* node, Fn&& fn) {
+  const auto& stack = node->scope().stack();
+  for (const ir::ScopeEntry& e : stack) {
+    if (!fn(ModuleRef{e.path, e.type})) return;
+  }
+  if (node->op() == ir::OpKind::kCallModule &&
+      (stack.empty() || stack.back().path != node->target())) {
+    fn(ModuleRef{node->target(), ""});
+  }
+}
+
+// A target instance: a module that matched a target pattern.
+struct Instance {
+  std::string path;
+  std::string type;
+  int pattern = -1;  // Index of the first target pattern it matched.
+};
+
+// call_function, call_method or call_module.
+inline bool IsCompute(const ir::Node* n) {
+  return n->op() == ir::OpKind::kCallFunction ||
+         n->op() == ir::OpKind::kCallMethod ||
+         n->op() == ir::OpKind::kCallModule;
+}
+
+// Which target instance each compute node belongs to: the outermost (with
+// Nesting::kInnermost the innermost) module of its stack that matches a
+// target pattern and is not inside an ignored module.
+struct TargetInstances {
+  std::vector<int> inst;            // Instance of node i, or -1.
+  std::vector<Instance> instances;  // In graph order of their first node.
+};
+
+// The target and ignore patterns of PartitionOptions, compiled.
+struct ModulePatterns {
+  std::vector<ir::ModulePattern> targets;
+  std::vector<ir::ModulePattern> ignore;
+};
+
+// Fails on an empty pattern or an invalid regex, naming it.
+absl::StatusOr<ModulePatterns> CompileModulePatterns(
+    const PartitionOptions& options);
+
+// Phase 1: matches each distinct module path once.
+TargetInstances FindTargetInstances(const IndexedGraph& g,
+                                    const ModulePatterns& patterns,
+                                    Nesting nesting);
+
+// NotFoundError for targets that match no module, listing the module types
+// with several instances (the likely layers).
+absl::Status NoTargetError(const ir::Graph& graph,
+                           const PartitionOptions& options);
+
+// Parameter and leaf-module reads: each distinct get_attr / call_module
+// target is one parameter id.
+struct ParamReads {
+  std::vector<std::optional<int64_t>> size;  // By id; nullopt if unknown.
+  std::vector<int> node_param;               // Id read by node i, or -1.
+  std::vector<std::vector<int>> by_slot;     // Ids each slot reads.
+  int unknown_sizes = 0;
+
+  int64_t KnownBytes(int id) const { return size[id].value_or(0); }
+};
+
+// Where each node runs and who reads it.
+struct Homes {
+  std::vector<int> home;         // Subgraph of node i.
+  std::vector<int> last_reader;  // Last subgraph reading node i, or -1.
+  std::vector<char> read_by_output;
+  // Nodes each subgraph computes or reads (get_attr copies), in order;
+  // placeholders and the output are nobody's members.
+  std::vector<std::vector<int>> members;
+};
+
+// Builds partition->subgraphs (graphs, inputs, outputs, last uses,
+// parameter reads and sizes) from the placement.
+absl::Status BuildSubgraphs(const IndexedGraph& g, const ParamReads& params,
+                            const Homes& homes, Partition* partition);
+
+// Sets partition->model_inputs, model_outputs and output_graph: the graph
+// that reads the model's outputs from the subgraphs' results.
+absl::Status BuildOutputGraph(const ir::Graph& graph, Partition* partition);
+
+}  // namespace tracecut::partition::partitioner_internal
+
+#endif  // TRACECUT_PARTITION_PARTITIONER_INTERNAL_H_
