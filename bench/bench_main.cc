@@ -9,9 +9,9 @@
 #include <torch/script.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "bench/bench_util.h"
 #include "partition/partitioner.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -30,40 +31,7 @@
 namespace tracecut::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-template <typename T>
-T OrDie(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "bench_main: %s: %s\n", what,
-                 v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return *std::move(v);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median seconds of `runs` calls of `fn`, after two warm-up calls.
-template <typename Fn>
-double TimeMedian(int runs, Fn fn) {
-  fn();
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    Clock::time_point s = Clock::now();
-    fn();
-    t.push_back(SecondsSince(s));
-  }
-  return Median(t);
-}
+constexpr char kTool[] = "bench_main";
 
 int Main(int argc, char** argv) {
   if (argc < 2) {
@@ -95,20 +63,20 @@ int Main(int argc, char** argv) {
   torch::NoGradGuard no_grad;
 
   Clock::time_point s = Clock::now();
-  tracer::LoadedModel model = OrDie(tracer::LoadModel(path), "load");
+  tracer::LoadedModel model = OrDie(tracer::LoadModel(path), kTool, "load");
   double load_s = SecondsSince(s);
 
   tracer::TraceOptions base;
   if (!leaf.empty()) base.leaf_policy.AddTypeOrPath(leaf);
   tracer::TraceOptions options =
-      OrDie(tracer::WithModelFiles(model, base), "model files");
+      OrDie(tracer::WithModelFiles(model, base), kTool, "model files");
   // Trace time: median of --trace_reps (each trace clones the module and
   // walks it); bench/profile.sh raises it so that tracing dominates a profile.
   std::vector<double> trace_times;
   std::optional<runtime::GraphModule> gm;
   for (int i = 0; i < std::max(1, trace_reps); ++i) {
     s = Clock::now();
-    gm.emplace(OrDie(tracer::Trace(model.module, options), "trace"));
+    gm.emplace(OrDie(tracer::Trace(model.module, options), kTool, "trace"));
     trace_times.push_back(SecondsSince(s));
   }
   double trace_s = Median(trace_times);
@@ -133,8 +101,8 @@ int Main(int argc, char** argv) {
   size_t subgraphs = 0;
   for (int i = 0; i < partition_reps; ++i) {
     s = Clock::now();
-    partition::Partition p =
-        OrDie(partition::PartitionGraph(gm->graph(), popts), "partition");
+    partition::Partition p = OrDie(
+        partition::PartitionGraph(gm->graph(), popts), kTool, "partition");
     ptimes.push_back(SecondsSince(s));
     subgraphs = p.subgraphs.size();
   }
@@ -147,21 +115,24 @@ int Main(int argc, char** argv) {
       ", \"subgraphs\": ", subgraphs);
 
   if (!skip_runtime) {
-    tracer::ExampleInputs inputs =
-        OrDie(tracer::ResolveExampleInputs(model.module, options), "inputs");
+    tracer::ExampleInputs inputs = OrDie(
+        tracer::ResolveExampleInputs(model.module, options), kTool, "inputs");
     runtime::Interpreter interp =
-        OrDie(runtime::Interpreter::Create(*gm), "interpreter");
+        OrDie(runtime::Interpreter::Create(*gm), kTool, "interpreter");
     torch::jit::Module lowered =
-        OrDie(runtime::LowerToTorchScript(*gm), "lower");
+        OrDie(runtime::LowerToTorchScript(*gm), kTool, "lower");
     torch::jit::Module original = model.module;
     original.eval();
     std::vector<c10::IValue> in = inputs.values;
-    double orig_s = TimeMedian(runs, [&] { original.forward(in); });
-    double interp_s = TimeMedian(runs, [&] { (void)interp.Run(in); });
-    double lowered_s = TimeMedian(runs, [&] { lowered.forward(in); });
+    double orig_s =
+        TimeMedian(runs, /*warmup=*/2, [&] { original.forward(in); });
+    double interp_s =
+        TimeMedian(runs, /*warmup=*/2, [&] { (void)interp.Run(in); });
+    double lowered_s =
+        TimeMedian(runs, /*warmup=*/2, [&] { lowered.forward(in); });
     // The three must agree, or the timings compare different work.
     at::Tensor a = original.forward(in).toTuple()->elements()[0].toTensor();
-    c10::IValue iv = OrDie(interp.Run(in), "interpreter run");
+    c10::IValue iv = OrDie(interp.Run(in), kTool, "interpreter run");
     at::Tensor b = (iv.isTuple() ? iv.toTuple()->elements()[0] : iv).toTensor();
     c10::IValue lv = lowered.forward(in);
     at::Tensor c = (lv.isTuple() ? lv.toTuple()->elements()[0] : lv).toTensor();

@@ -49,3 +49,9 @@ check "gptq_ref" "$out" \
 out="$("$R/bench/gptq_bench" logits "$FIX/llama.pt" --samples=8 --seq=8 --eval=2)"
 check "gptq_bench logits" "$out" \
   'all(math.isfinite(d[k]) and d[k] > 0 for k in ("gptq_rel_err", "rtn_rel_err"))'
+
+# Google Benchmark's JSON: every micro-benchmark ran (GPTQ at the small size).
+out="$("$R/bench/micro_bench" "$FIX/llama.pt" --benchmark_min_time=0.01 \
+  --benchmark_format=json --benchmark_filter='^BM_([A-Za-z]+|GptqQuantize/256)$')"
+check "micro_bench" "$out" \
+  'sorted(b["name"] for b in d["benchmarks"]) == ["BM_GptqQuantize/256", "BM_InterpreterRun", "BM_LoweredForward", "BM_ParseJson", "BM_PartitionGraph", "BM_PlanToJson", "BM_Trace"] and all(b["real_time"] > 0 for b in d["benchmarks"])'

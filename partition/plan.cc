@@ -7,11 +7,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
 #include "ir/dot.h"
 #include "ir/graph.h"
@@ -19,13 +19,13 @@
 #include "partition/plan.pb.h"
 #include "partition/subgraph.h"
 #include "util/format.h"
+#include "util/json.h"
 
 namespace tracecut::partition {
 namespace {
 
+using ::google::protobuf::Descriptor;
 using ::google::protobuf::FieldDescriptor;
-using ::google::protobuf::Message;
-using ::google::protobuf::Reflection;
 
 // ----- Text -----------------------------------------------------------------
 
@@ -54,133 +54,37 @@ std::string Modules(const SubgraphPlan& s) {
 
 // ----- JSON -----------------------------------------------------------------
 
-void AppendJsonString(absl::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (c < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0xf]);
-        } else {
-          out->push_back(ch);  // UTF-8 passes through.
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-void AppendMessage(const Message& m, int indent, std::string* out);
-
-// One scalar or message element of field `f` (index < 0: singular).
-void AppendValue(const Message& m, const FieldDescriptor* f, int index,
-                 int indent, std::string* out) {
-  const Reflection* r = m.GetReflection();
-  const bool rep = index >= 0;
-  switch (f->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_INT32:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_INT64:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_UINT32:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_UINT64:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_DOUBLE:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_FLOAT:
-      absl::StrAppend(
-          out, rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
-      break;
-    case FieldDescriptor::CPPTYPE_BOOL:
-      out->append((rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f))
-                      ? "true"
-                      : "false");
-      break;
-    case FieldDescriptor::CPPTYPE_ENUM:
-      AppendJsonString(
-          (rep ? r->GetRepeatedEnum(m, f, index) : r->GetEnum(m, f))->name(),
-          out);
-      break;
-    case FieldDescriptor::CPPTYPE_STRING:
-      AppendJsonString(
-          rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f), out);
-      break;
-    case FieldDescriptor::CPPTYPE_MESSAGE:
-      AppendMessage(
-          rep ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f),
-          indent, out);
-      break;
-  }
-}
-
-// Objects one field a line; lists of scalars on one line, lists of messages
-// one element a line.
-void AppendMessage(const Message& m, int indent, std::string* out) {
-  const auto* d = m.GetDescriptor();
-  const Reflection* r = m.GetReflection();
-  const std::string pad(indent + 2, ' ');
-  out->append("{");
-  for (int i = 0; i < d->field_count(); ++i) {
-    const FieldDescriptor* f = d->field(i);
-    out->append(i == 0 ? "\n" : ",\n");
-    out->append(pad);
-    AppendJsonString(f->name(), out);
-    out->append(": ");
-    if (!f->is_repeated()) {
-      AppendValue(m, f, -1, indent + 2, out);
-      continue;
-    }
-    const int n = r->FieldSize(m, f);
-    if (n == 0) {
-      out->append("[]");
-    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      out->append("[");
-      for (int k = 0; k < n; ++k) {
-        out->append(k == 0 ? "\n" : ",\n");
-        out->append(pad + "  ");
-        AppendValue(m, f, k, indent + 4, out);
+// Protobuf's JSON printer writes 64-bit integers as strings (the proto3 JSON
+// mapping, for JavaScript); ours are counts and byte sizes that scripts
+// compare as numbers, and PlanFromJson reads either form.
+void Int64sAsNumbers(const Descriptor& d, util::Json& json) {
+  for (int i = 0; i < d.field_count(); ++i) {
+    const FieldDescriptor* f = d.field(i);
+    auto it = json.find(f->name());
+    if (it == json.end()) continue;
+    auto convert = [f](util::Json& v) {
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        Int64sAsNumbers(*f->message_type(), v);
+        return;
       }
-      out->append("\n" + pad + "]");
+      if (!v.is_string()) return;
+      const std::string& text = v.get_ref<const std::string&>();
+      int64_t n;
+      uint64_t u;
+      if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64 &&
+          absl::SimpleAtoi(text, &n)) {
+        v = n;
+      } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT64 &&
+                 absl::SimpleAtoi(text, &u)) {
+        v = u;
+      }
+    };
+    if (f->is_repeated()) {
+      for (util::Json& e : *it) convert(e);
     } else {
-      out->append("[");
-      for (int k = 0; k < n; ++k) {
-        if (k > 0) out->append(", ");
-        AppendValue(m, f, k, indent + 2, out);
-      }
-      out->append("]");
+      convert(*it);
     }
   }
-  out->append(d->field_count() == 0 ? "}"
-                                    : "\n" + std::string(indent, ' ') + "}");
 }
 
 }  // namespace
@@ -256,10 +160,34 @@ std::string PlanToText(const PartitionPlan& plan) {
 }
 
 std::string PlanToJson(const PartitionPlan& plan) {
-  std::string out;
-  AppendMessage(plan, 0, &out);
-  out.push_back('\n');
-  return out;
+  // Protobuf prints every scalar and list field with this option, but not an
+  // unset message field: give `options` its defaults, as BuildPlan does.
+  PartitionPlan with_options;
+  const PartitionPlan* to_print = &plan;
+  if (!plan.has_options()) {
+    with_options = plan;
+    with_options.mutable_options();
+    to_print = &with_options;
+  }
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  print.preserve_proto_field_names = true;
+  std::string compact;
+  auto printed =
+      google::protobuf::util::MessageToJsonString(*to_print, &compact, print);
+  // Printing fails only for Any or map fields, which a plan has none of.
+  absl::StatusOr<util::Json> json =
+      printed.ok() ? util::ParseJson(compact, "PartitionPlan")
+                   : absl::InternalError(printed.ToString());
+  if (!json.ok()) {
+    return util::DumpJson(
+               util::Json::object(
+                   {{"error", std::string(json.status().message())}}),
+               2) +
+           "\n";
+  }
+  Int64sAsNumbers(*PartitionPlan::descriptor(), *json);
+  return util::DumpJson(*json, 2) + "\n";
 }
 
 absl::StatusOr<PartitionPlan> PlanFromJson(absl::string_view json) {

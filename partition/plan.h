@@ -36,10 +36,10 @@ PartitionPlan BuildPlan(const Partition& partition,
 //   1     24  64.0 KiB  model.layers.0  embed, causal_mask, ... l0_out
 std::string PlanToText(const PartitionPlan& plan);
 
-// JSON with every field present (empty lists and zeros included), fields in
-// proto order under their proto names, 64-bit integers as numbers, two
-// spaces of indentation and a final newline. The same plan always gives the
-// same bytes.
+// JSON from protobuf's JSON printer with every field present (empty lists
+// and zeros included), fields in proto order under their proto names, 64-bit
+// integers as numbers (not proto3 JSON's strings), two spaces of indentation
+// and a final newline. The same plan always gives the same bytes.
 std::string PlanToJson(const PartitionPlan& plan);
 
 // Reads PlanToJson's output (or any proto3 JSON form of a PartitionPlan).

@@ -132,26 +132,45 @@ TEST(PlanTest, JsonGolden) {
     {
       "index": 0,
       "node_count": 4,
-      "module_paths": ["blocks.0"],
-      "input_names": ["x"],
-      "output_names": ["y"],
-      "last_use": ["x"],
+      "module_paths": [
+        "blocks.0"
+      ],
+      "input_names": [
+        "x"
+      ],
+      "output_names": [
+        "y"
+      ],
+      "last_use": [
+        "x"
+      ],
       "param_bytes": 16,
-      "param_targets": ["blocks.0.w"],
+      "param_targets": [
+        "blocks.0.w"
+      ],
       "leaf_modules": [],
       "warnings": []
     }
   ],
-  "targets_used": ["Block"],
+  "targets_used": [
+    "Block"
+  ],
   "options": {
-    "targets": ["Block", "a\"b\\c"],
+    "targets": [
+      "Block",
+      "a\"b\\c"
+    ],
     "ignore": [],
     "targets_per_subgraph": 0,
     "max_param_bytes": 0,
     "nesting": "outermost"
   },
-  "model_inputs": ["x"],
-  "model_outputs": ["y"],
+  "model_inputs": [
+    "x"
+  ],
+  "model_outputs": [
+    "y"
+  ],
   "node_count": 4,
   "warnings": []
 }
@@ -172,6 +191,9 @@ TEST(PlanTest, JsonIsDeterministicAndRoundTrips) {
   EXPECT_EQ(back->SerializeAsString(), PlanOf(*a.graph, o).SerializeAsString());
   EXPECT_EQ(PlanToJson(*back), ja);
   EXPECT_FALSE(PlanFromJson("{\"subgraphs\": 3}").ok());
+  // Every field, even of a plan that lacks its options.
+  EXPECT_THAT(PlanToJson(PartitionPlan()),
+              HasSubstr("\"options\": {\n    \"targets\": [],"));
 }
 
 TEST(PlanTest, DotHasOneColouredClusterPerSubgraph) {

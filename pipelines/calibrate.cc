@@ -538,8 +538,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   std::string report_tmp;
   if (!options.report_path.empty()) {
     report_tmp = absl::StrCat(options.report_path, ".tmp.", getpid());
-    RETURN_IF_ERROR(
-        util::WriteFileAtomically(report_tmp, outcome.report.Dump(2) + "\n"));
+    RETURN_IF_ERROR(util::WriteFileAtomically(
+        report_tmp, util::DumpJson(outcome.report, 2) + "\n"));
   }
   absl::Status saved;
   if (options.output_format ==

@@ -36,7 +36,7 @@
 #include "pipelines/recipe.pb.h"
 #include "runtime/graph_module.h"
 #include "tracer/hf/inputs.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 
 namespace tracecut::pipelines {
 
@@ -124,7 +124,7 @@ struct CalibrateOutcome {
   CalibrationResults results;
   std::vector<std::string> targets;  // Sequential targets used.
   int64_t num_batches = 0;
-  tracer::hf::Json report;
+  util::Json report;
   // The calibrated model (buffers added), kept for callers that evaluate it.
   std::optional<runtime::GraphModule> model;
 };

@@ -73,11 +73,12 @@ TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
   QuantScheme scheme;
   scheme.bits = 4;
   scheme.group_size = 16;
-  const tracer::hf::Json* summary = out->report.Find("summary");
+  const util::Json* summary = util::FindMember(out->report, "summary");
   ASSERT_NE(summary, nullptr);
-  const tracer::hf::Json* uncalibrated = summary->Find("uncalibrated_modules");
+  const util::Json* uncalibrated =
+      util::FindMember(*summary, "uncalibrated_modules");
   ASSERT_NE(uncalibrated, nullptr);
-  EXPECT_EQ(uncalibrated->elements().size(), 6u);  // 3 Linears x 2 layers.
+  EXPECT_EQ(uncalibrated->size(), 6u);  // 3 Linears x 2 layers.
   for (int layer = 0; layer < 2; ++layer) {
     for (const char* linear : {"w1", "w2", "w3"}) {
       const std::string prefix =
@@ -156,10 +157,7 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsFeedsEveryExpertEveryToken) {
       }
     }
   }
-  EXPECT_TRUE(out->report.Find("summary")
-                  ->Find("uncalibrated_modules")
-                  ->elements()
-                  .empty());
+  EXPECT_TRUE(out->report.at("summary").at("uncalibrated_modules").empty());
 }
 
 // The option changes what the experts' modifiers see, not what the model

@@ -141,13 +141,13 @@ TEST(CalibrateTest, WritesModelAndReport) {
   EXPECT_LE(std::get<0>(at::_unique(w[0].narrow(0, 0, 128))).numel(), 16);
 
   std::string report = ReadFile(o.report_path);
-  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(report);
+  absl::StatusOr<util::Json> json = util::ParseJson(report);
   ASSERT_OK(json);
-  EXPECT_EQ(json->Find("pipeline")->as_string(), "sequential");
-  EXPECT_EQ(json->Find("modules")->elements().size(), 15u);
-  EXPECT_EQ(json->Find("summary")->Find("weights_quantized")->as_int(), 14);
-  ASSERT_NE(json->Find("run"), nullptr);
-  EXPECT_EQ(json->Find("run")->Find("timings")->elements().size(), 3u);
+  EXPECT_EQ(json->at("pipeline").get<std::string>(), "sequential");
+  EXPECT_EQ(json->at("modules").size(), 15u);
+  EXPECT_EQ(json->at("summary").at("weights_quantized").get<int64_t>(), 14);
+  ASSERT_NE(util::FindMember(*json, "run"), nullptr);
+  EXPECT_EQ(json->at("run").at("timings").size(), 3u);
   EXPECT_TRUE(absl::StrContains(report, "\"rtn_output_error\""));
 }
 
@@ -443,13 +443,13 @@ TEST(CalibrateTest, CnnFromImageTensors) {
     absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
     ASSERT_OK(out);
     EXPECT_EQ(out->num_batches, 2);
-    const tracer::hf::Json* data = out->report.Find("data");
+    const util::Json* data = util::FindMember(out->report, "data");
     ASSERT_NE(data, nullptr);
-    EXPECT_EQ(data->Find("samples")->as_int(), 6);
-    EXPECT_EQ(data->Find("inputs")->elements()[0].as_string(),
+    EXPECT_EQ(data->at("samples").get<int64_t>(), 6);
+    EXPECT_EQ(data->at("inputs").at(0).get<std::string>(),
               "pixel_values: float32[6, 3, 16, 16]");
-    const tracer::hf::Json* summary = out->report.Find("summary");
-    EXPECT_EQ(summary->Find("weights_quantized")->as_int(), 1);
+    const util::Json* summary = util::FindMember(out->report, "summary");
+    EXPECT_EQ(summary->at("weights_quantized").get<int64_t>(), 1);
     // The calibrated model loads and runs.
     torch::jit::Module m = torch::jit::load(o.output_path);
     at::Tensor y = m.forward({at::randn({2, 3, 16, 16})})

@@ -24,41 +24,42 @@
 #include "pipelines/calibration_data_internal.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
-#include "tracer/hf/json.h"
 #include "tracer/input_files.h"
 #include "util/hash.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 namespace {
 
-using tracer::hf::Json;
+using util::Json;
 
 // One sample from a JSON line: an int array or {"input_ids": [...]}.
 absl::StatusOr<std::vector<int64_t>> SampleFromJson(const Json& v,
                                                     absl::string_view where) {
   const Json* ids = &v;
   if (v.is_object()) {
-    ids = v.Find("input_ids");
+    ids = util::FindMember(v, "input_ids");
     if (ids == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": an object without \"input_ids\""));
     }
   }
   if (!ids->is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected an array of token ids, got ", ids->type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": expected an array of token ids, got ",
+                     util::JsonTypeName(*ids)));
   }
   std::vector<int64_t> out;
-  out.reserve(ids->elements().size());
-  for (size_t i = 0; i < ids->elements().size(); ++i) {
-    const Json& e = ids->elements()[i];
-    if (!e.is_int()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": token ", i,
-                                                     " is a ", e.type_name(),
-                                                     ", expected an integer"));
+  out.reserve(ids->size());
+  for (size_t i = 0; i < ids->size(); ++i) {
+    const Json& e = (*ids)[i];
+    if (!e.is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": token ", i, " is a ", util::JsonTypeName(e),
+                       ", expected an integer"));
     }
-    out.push_back(e.as_int());
+    out.push_back(e.get<int64_t>());
   }
   return out;
 }
@@ -167,7 +168,7 @@ absl::StatusOr<at::Tensor> ParseJsonLines(const std::string& text,
     ++line_no;
     if (absl::StripAsciiWhitespace(line).empty()) continue;
     std::string loc = absl::StrCat(path, ":", line_no);
-    ASSIGN_OR_RETURN(Json v, Json::Parse(line, loc));
+    ASSIGN_OR_RETURN(Json v, util::ParseJson(line, loc));
     ASSIGN_OR_RETURN(std::vector<int64_t> s, SampleFromJson(v, loc));
     samples.push_back(std::move(s));
     where.push_back(std::move(loc));

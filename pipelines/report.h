@@ -6,8 +6,8 @@
 //   ReportInfo info;
 //   info.model = "llama.pt";
 //   ...
-//   tracer::hf::Json report = BuildReport(info, results, &pipeline_result);
-//   std::string text = report.Dump(2) + "\n";
+//   util::Json report = BuildReport(info, results, &pipeline_result);
+//   std::string text = util::DumpJson(report, 2) + "\n";
 //
 //   {"format": "tracecut-calibration-report", "version": 1,
 //    "model": "llama.pt", "recipe": "w4.textproto", "pipeline": "sequential",
@@ -57,7 +57,7 @@
 
 #include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 
 namespace tracecut::pipelines {
 
@@ -76,14 +76,14 @@ struct ReportInfo {
   bool include_run_section = true;
 };
 
-tracer::hf::Json BuildReport(const ReportInfo& info,
-                             const CalibrationResults& results,
-                             const PipelineResult* pipeline);
+util::Json BuildReport(const ReportInfo& info,
+                       const CalibrationResults& results,
+                       const PipelineResult* pipeline);
 
 // Summary statistics of a tensor for the report: {"shape", "min", "max",
 // "mean"} (floating) or {"shape", "min", "max"} (integer); null when
 // undefined.
-tracer::hf::Json TensorSummary(const at::Tensor& t);
+util::Json TensorSummary(const at::Tensor& t);
 
 }  // namespace tracecut::pipelines
 

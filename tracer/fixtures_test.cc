@@ -25,8 +25,8 @@
 #include "ir/verifier.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
-#include "tracer/hf/json.h"
 #include "tracer/tracer.h"
+#include "util/json.h"
 #include "util/testing/runfiles.h"
 
 namespace tracecut::tracer {
@@ -214,15 +214,17 @@ TEST_P(FixtureTest, ExportedModelRunsAndMatches) {
 TEST_P(FixtureTest, CallModuleTargetsMatchTorchFx) {
   const std::string json_path =
       Runfile(absl::StrCat("tests/fixtures/", GetParam(), ".fx_targets.json"));
-  absl::StatusOr<hf::Json> fx = hf::Json::Parse(ReadFile(json_path), json_path);
+  absl::StatusOr<util::Json> fx =
+      util::ParseJson(ReadFile(json_path), json_path);
   ASSERT_TRUE(fx.ok()) << fx.status();
   // fx's own targets where it could trace, else the leaves a real forward
   // calls (equal wherever fx succeeds).
-  const hf::Json* targets = fx->Find("call_module_targets");
-  if (targets == nullptr) targets = fx->Find("leaf_modules_called");
+  const util::Json* targets = util::FindMember(*fx, "call_module_targets");
+  if (targets == nullptr)
+    targets = util::FindMember(*fx, "leaf_modules_called");
   ASSERT_NE(targets, nullptr);
   std::set<std::string> want;
-  for (const hf::Json& t : targets->elements()) want.insert(t.as_string());
+  for (const util::Json& t : *targets) want.insert(t.get<std::string>());
 
   TraceOptions options;
   options.leaf_policy = LeafPolicy::TorchNn();  // fx's default leaves.

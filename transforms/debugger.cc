@@ -1,7 +1,5 @@
 #include "transforms/debugger.h"
 
-#include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -9,13 +7,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "runtime/compare.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 #include "transforms/instrumentation.h"
-#include "transforms/per_subgraph.h"
 #include "transforms/per_subgraph_internal.h"
+#include "util/json.h"
 #include "util/status.h"
 #include "util/status_macros.h"
 
@@ -75,20 +72,6 @@ Comparison Compare(const std::vector<c10::IValue>& actual,
     c.result.max_rel_error = kInf;
   }
   return c;
-}
-
-std::string Number(double v) {
-  if (std::isnan(v)) return "null";
-  if (std::isinf(v)) return v > 0 ? "1e999" : "-1e999";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
-  return buf;
-}
-
-std::string Names(const std::vector<std::string>& names) {
-  std::vector<std::string> quoted;
-  for (const std::string& n : names) quoted.push_back(JsonQuote(n));
-  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 
 }  // namespace
@@ -188,49 +171,61 @@ absl::StatusOr<DebugReport> DebugPipeline(
 }
 
 std::string DebugReport::ToJson() const {
-  std::string first = "null";
+  // Doubles as util::DumpJson writes them: shortest round-trip form, and
+  // null where not finite (an infinite error where outputs could not be
+  // compared; `mismatch` says why).
+  util::Json first = nullptr;
   if (first_exceeding >= 0) {
     const DebugStep& s = steps[first_exceeding];
     std::vector<std::string> paths;
     for (const DebugSubgraph& g : subgraphs) {
       if (g.index == s.subgraph) paths = g.module_paths;
     }
-    first = absl::StrCat(
-        "{\"subgraph\": ", s.subgraph, ", \"pass\": ", JsonQuote(s.pass),
-        ", \"module_paths\": ", Names(paths),
-        ", \"max_abs\": ", Number(s.max_abs),
-        ", \"max_rel\": ", Number(s.max_rel),
-        ", \"violations\": ", s.violations, ", \"elements\": ", s.elements,
-        ", \"worst\": ",
-        s.worst.has_value() ? JsonQuote(s.worst->ToString()) : "null",
-        ", \"mismatch\": ", s.mismatch.empty() ? "null" : JsonQuote(s.mismatch),
-        "}");
+    first = util::Json::object();
+    first["subgraph"] = s.subgraph;
+    first["pass"] = s.pass;
+    first["module_paths"] = paths;
+    first["max_abs"] = s.max_abs;
+    first["max_rel"] = s.max_rel;
+    first["violations"] = s.violations;
+    first["elements"] = s.elements;
+    first["worst"] = s.worst.has_value() ? util::Json(s.worst->ToString())
+                                         : util::Json(nullptr);
+    first["mismatch"] =
+        s.mismatch.empty() ? util::Json(nullptr) : util::Json(s.mismatch);
   }
-  std::vector<std::string> subs;
+  util::Json subs = util::Json::array();
   for (const DebugSubgraph& g : subgraphs) {
-    subs.push_back(absl::StrCat(
-        "{\"index\": ", g.index, ", \"module_paths\": ", Names(g.module_paths),
-        ", \"input_names\": ", Names(g.input_names),
-        ", \"output_names\": ", Names(g.output_names), "}"));
+    util::Json sub = util::Json::object();
+    sub["index"] = g.index;
+    sub["module_paths"] = g.module_paths;
+    sub["input_names"] = g.input_names;
+    sub["output_names"] = g.output_names;
+    subs.push_back(std::move(sub));
   }
-  std::vector<std::string> rows;
+  util::Json rows = util::Json::array();
   for (const DebugStep& s : steps) {
-    rows.push_back(absl::StrCat(
-        "{\"subgraph\": ", s.subgraph, ", \"pass\": ", JsonQuote(s.pass),
-        ", \"changed\": ", s.changed ? "true" : "false",
-        ", \"preserves_computation\": ",
-        s.preserves_computation ? "true" : "false", ", \"max_abs\": ",
-        Number(s.max_abs), ", \"max_rel\": ", Number(s.max_rel),
-        ", \"violations\": ", s.violations,
-        ", \"cumulative_max_abs\": ", Number(s.cumulative_max_abs),
-        ", \"cumulative_max_rel\": ", Number(s.cumulative_max_rel),
-        ", \"exceeds\": ", s.exceeds ? "true" : "false",
-        ", \"touched_nodes\": ", Names(s.touched_nodes), "}"));
+    util::Json row = util::Json::object();
+    row["subgraph"] = s.subgraph;
+    row["pass"] = s.pass;
+    row["changed"] = s.changed;
+    row["preserves_computation"] = s.preserves_computation;
+    row["max_abs"] = s.max_abs;
+    row["max_rel"] = s.max_rel;
+    row["violations"] = s.violations;
+    row["cumulative_max_abs"] = s.cumulative_max_abs;
+    row["cumulative_max_rel"] = s.cumulative_max_rel;
+    row["exceeds"] = s.exceeds;
+    row["touched_nodes"] = s.touched_nodes;
+    rows.push_back(std::move(row));
   }
-  return absl::StrCat("{\"rtol\": ", Number(rtol), ", \"atol\": ", Number(atol),
-                      ", \"first_exceeding\": ", first, ",\n \"subgraphs\": [",
-                      absl::StrJoin(subs, ",\n  "), "],\n \"steps\": [",
-                      absl::StrJoin(rows, ",\n  "), "]}\n");
+  util::Json report = util::Json::object();
+  report["rtol"] = rtol;
+  report["atol"] = atol;
+  report["first_exceeding"] = std::move(first);
+  report["subgraphs"] = std::move(subs);
+  report["steps"] = std::move(rows);
+  return util::DumpJson(report, 2) + "\n";
 }
 
 }  // namespace tracecut::transforms

@@ -97,6 +97,9 @@ struct DebugReport {
   //  "preserves_computation", "max_abs", "max_rel", "violations",
   //  "cumulative_max_abs", "cumulative_max_rel", "exceeds",
   //  "touched_nodes"}]}
+  // Written by util::DumpJson (indent 2, then a newline): doubles in their
+  // shortest round-trip form, non-finite ones (the infinite errors of
+  // outputs that cannot be compared) as null.
   std::string ToJson() const;
 };
 

@@ -1,7 +1,9 @@
 #include "transforms/debugger.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -10,10 +12,18 @@
 #include "transforms/gelu_tanh_approx.h"
 #include "transforms/merge_linears.h"
 #include "transforms/test_util.h"
+#include "util/json.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
+
+// An object's member names, in order.
+std::vector<std::string> Keys(const util::Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
 
 using testing::MakeGraphModule;
 using testing::MakeLinear;
@@ -89,16 +99,70 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
   EXPECT_EQ(bad.touched_nodes, std::vector<std::string>{"gelu_1"});
   EXPECT_GE(bad.cumulative_max_abs, bad.max_abs * 0.5);
 
-  const std::string json = report->ToJson();
-  EXPECT_TRUE(absl::StrContains(
-      json,
-      "\"first_exceeding\": {\"subgraph\": 2, \"pass\": "
-      "\"gelu-tanh-approx\", \"module_paths\": [\"layers.1\"]"))
-      << json;
-  EXPECT_TRUE(absl::StrContains(json, "\"touched_nodes\": [\"gelu_1\"]"));
-  EXPECT_TRUE(absl::StrContains(json, "{\"rtol\": 0.0001, \"atol\": 1e-05"))
-      << json;
-  EXPECT_TRUE(absl::StrContains(json, "\"worst\": \"%gelu_1 element ")) << json;
+  const std::string text = report->ToJson();
+  EXPECT_EQ(text, report->ToJson());  // Deterministic.
+  EXPECT_EQ(text.back(), '\n');
+  auto json = util::ParseJson(text, "report");
+  ASSERT_OK(json);
+  EXPECT_EQ(Keys(*json),
+            (std::vector<std::string>{"rtol", "atol", "first_exceeding",
+                                      "subgraphs", "steps"}));
+  EXPECT_EQ((*json).at("rtol"), 1e-4);
+  EXPECT_EQ((*json).at("atol"), 1e-5);
+  const util::Json& first = (*json).at("first_exceeding");
+  EXPECT_EQ(Keys(first),
+            (std::vector<std::string>{"subgraph", "pass", "module_paths",
+                                      "max_abs", "max_rel", "violations",
+                                      "elements", "worst", "mismatch"}));
+  EXPECT_EQ(first.at("subgraph"), 2);
+  EXPECT_EQ(first.at("pass"), "gelu-tanh-approx");
+  EXPECT_EQ(first.at("module_paths"), util::Json::array({"layers.1"}));
+  EXPECT_EQ(first.at("max_abs"), bad.max_abs);  // Round-trips exactly.
+  EXPECT_EQ(first.at("max_rel"), bad.max_rel);
+  EXPECT_EQ(first.at("violations"), bad.violations);
+  EXPECT_EQ(first.at("elements"), bad.elements);
+  EXPECT_EQ(first.at("worst"), bad.worst->ToString());
+  EXPECT_TRUE(absl::StartsWith(first.at("worst").get<std::string>(),
+                               "%gelu_1 element "))
+      << first;
+  EXPECT_TRUE(first.at("mismatch").is_null());
+
+  const util::Json& subgraphs = (*json).at("subgraphs");
+  ASSERT_EQ(subgraphs.size(), report->subgraphs.size());
+  for (size_t i = 0; i < subgraphs.size(); ++i) {
+    const DebugSubgraph& g = report->subgraphs[i];
+    EXPECT_EQ(Keys(subgraphs.at(i)),
+              (std::vector<std::string>{"index", "module_paths", "input_names",
+                                        "output_names"}));
+    EXPECT_EQ(subgraphs.at(i).at("index"), g.index);
+    EXPECT_EQ(subgraphs.at(i).at("module_paths"), util::Json(g.module_paths));
+    EXPECT_EQ(subgraphs.at(i).at("input_names"), util::Json(g.input_names));
+    EXPECT_EQ(subgraphs.at(i).at("output_names"), util::Json(g.output_names));
+  }
+  const util::Json& steps = (*json).at("steps");
+  ASSERT_EQ(steps.size(), report->steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const DebugStep& s = report->steps[i];
+    const util::Json& j = steps[i];
+    EXPECT_EQ(Keys(j),
+              (std::vector<std::string>{
+                  "subgraph", "pass", "changed", "preserves_computation",
+                  "max_abs", "max_rel", "violations", "cumulative_max_abs",
+                  "cumulative_max_rel", "exceeds", "touched_nodes"}));
+    EXPECT_EQ(j.at("subgraph"), s.subgraph);
+    EXPECT_EQ(j.at("pass"), s.pass);
+    EXPECT_EQ(j.at("changed"), s.changed);
+    EXPECT_EQ(j.at("preserves_computation"), s.preserves_computation);
+    EXPECT_EQ(j.at("max_abs"), s.max_abs);
+    EXPECT_EQ(j.at("max_rel"), s.max_rel);
+    EXPECT_EQ(j.at("violations"), s.violations);
+    EXPECT_EQ(j.at("cumulative_max_abs"), s.cumulative_max_abs);
+    EXPECT_EQ(j.at("cumulative_max_rel"), s.cumulative_max_rel);
+    EXPECT_EQ(j.at("exceeds"), s.exceeds);
+    EXPECT_EQ(j.at("touched_nodes"), util::Json(s.touched_nodes));
+  }
+  EXPECT_EQ(steps.at(report->first_exceeding).at("touched_nodes"),
+            util::Json::array({"gelu_1"}));
   // The input is untouched; the pipeline has no instrumentation left.
   EXPECT_FALSE(gm.GetSubmodule("layers.0.q_k_merged").ok());
   EXPECT_TRUE(pipeline.instrumentations().empty());
@@ -113,7 +177,10 @@ TEST(DebuggerTest, NothingExceedsForPreservingPasses) {
       DebugPipeline(MakeModel(), pipeline, {Rand({4, 8}, 4)}, options);
   ASSERT_OK(report);
   EXPECT_EQ(report->first_exceeding, -1);
-  EXPECT_TRUE(absl::StrContains(report->ToJson(), "\"first_exceeding\": null"));
+  auto json = util::ParseJson(report->ToJson(), "report");
+  ASSERT_OK(json);
+  ASSERT_TRUE(json->contains("first_exceeding")) << *json;
+  EXPECT_TRUE((*json).at("first_exceeding").is_null());
 }
 
 // Loose tolerances let even the GELU approximation pass; bad ones are
@@ -133,6 +200,42 @@ TEST(DebuggerTest, TolerancesDecideWhatIsFlagged) {
   options.compare = {-1, 0};
   auto bad = DebugPipeline(MakeModel(), pipeline, {Rand({4, 8}, 3)}, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Outputs that cannot be compared have infinite errors: JSON has no
+// infinity, so they are null (as NaN is), and `mismatch` says why.
+TEST(DebuggerTest, ReportWritesNonFiniteErrorsAsNull) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  DebugReport report;
+  report.rtol = 1e-4;
+  report.atol = 1e-5;
+  report.subgraphs.push_back({0, {"layers.0"}, {"x"}, {"add_0"}});
+  DebugStep step;
+  step.pass = "breaks \"shape\"";
+  step.changed = true;
+  step.max_abs = kInf;
+  step.max_rel = std::nan("");
+  step.mismatch = "%add_0: shape [4, 8] vs [4, 16]";
+  step.cumulative_max_abs = kInf;
+  step.cumulative_max_rel = -kInf;
+  step.exceeds = true;
+  report.steps.push_back(step);
+  report.first_exceeding = 0;
+  auto json = util::ParseJson(report.ToJson(), "report");
+  ASSERT_OK(json);
+  const util::Json& first = (*json).at("first_exceeding");
+  EXPECT_EQ(first.at("pass"), "breaks \"shape\"");
+  EXPECT_EQ(first.at("module_paths"), util::Json::array({"layers.0"}));
+  EXPECT_TRUE(first.at("max_abs").is_null());
+  EXPECT_TRUE(first.at("max_rel").is_null());
+  EXPECT_TRUE(first.at("worst").is_null());
+  EXPECT_EQ(first.at("mismatch"), "%add_0: shape [4, 8] vs [4, 16]");
+  const util::Json& s = (*json).at("steps").at(0);
+  EXPECT_TRUE(s.at("max_abs").is_null());
+  EXPECT_TRUE(s.at("max_rel").is_null());
+  EXPECT_TRUE(s.at("cumulative_max_abs").is_null());
+  EXPECT_TRUE(s.at("cumulative_max_rel").is_null());
+  EXPECT_EQ(s.at("exceeds"), true);
 }
 
 TEST(DebuggerTest, RejectsWrongInputCount) {

@@ -1,48 +1,17 @@
 #include "transforms/per_subgraph.h"
 
-#include <cstdio>
+#include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "transforms/instrumentation.h"
 #include "transforms/per_subgraph_internal.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::transforms {
-
-std::string JsonQuote(absl::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  out.push_back('"');
-  return out;
-}
 
 absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
     const runtime::GraphModule& gm, const partition::Partition& partition,
@@ -94,30 +63,30 @@ absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
 }
 
 std::string PerSubgraphReportJson(const PerSubgraphResult& result) {
-  std::vector<std::string> subgraphs;
+  util::Json subgraphs = util::Json::array();
   for (const SubgraphRunReport& s : result.subgraphs) {
-    std::vector<std::string> paths, passes;
-    for (const std::string& p : s.module_paths) paths.push_back(JsonQuote(p));
+    util::Json passes = util::Json::array();
     for (const SubgraphPassReport& p : s.passes) {
-      std::vector<std::string> touched;
-      for (const std::string& n : p.touched_nodes)
-        touched.push_back(JsonQuote(n));
-      char ms[32];
-      std::snprintf(ms, sizeof(ms), "%.3f", p.time_ms);
-      passes.push_back(absl::StrCat(
-          "{\"pass\": ", JsonQuote(p.pass), ", \"changed\": ",
-          p.changed ? "true" : "false", ", \"time_ms\": ", ms,
-          ", \"touched_nodes\": [", absl::StrJoin(touched, ", "), "]}"));
+      util::Json pass = util::Json::object();
+      pass["pass"] = p.pass;
+      pass["changed"] = p.changed;
+      // To the microsecond, as before.
+      pass["time_ms"] = std::round(p.time_ms * 1000) / 1000;
+      pass["touched_nodes"] = p.touched_nodes;
+      passes.push_back(std::move(pass));
     }
-    subgraphs.push_back(absl::StrCat(
-        "{\"index\": ", s.index, ", \"module_paths\": [",
-        absl::StrJoin(paths, ", "), "], \"node_count\": ", s.node_count,
-        ", \"changed\": ", s.changed ? "true" : "false", ", \"passes\": [",
-        absl::StrJoin(passes, ", "), "]}"));
+    util::Json subgraph = util::Json::object();
+    subgraph["index"] = s.index;
+    subgraph["module_paths"] = s.module_paths;
+    subgraph["node_count"] = s.node_count;
+    subgraph["changed"] = s.changed;
+    subgraph["passes"] = std::move(passes);
+    subgraphs.push_back(std::move(subgraph));
   }
-  return absl::StrCat("{\"changed\": ", result.changed ? "true" : "false",
-                      ", \"subgraphs\": [", absl::StrJoin(subgraphs, ", "),
-                      "]}\n");
+  util::Json report = util::Json::object();
+  report["changed"] = result.changed;
+  report["subgraphs"] = std::move(subgraphs);
+  return util::DumpJson(report, 2) + "\n";
 }
 
 }  // namespace tracecut::transforms

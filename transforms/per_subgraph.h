@@ -78,10 +78,8 @@ absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
 
 // {"changed": bool, "subgraphs": [{"index", "module_paths", "node_count",
 //  "changed", "passes": [{"pass", "changed", "time_ms", "touched_nodes"}]}]}
+// by util::DumpJson (indent 2, then a newline); time_ms to the microsecond.
 std::string PerSubgraphReportJson(const PerSubgraphResult& result);
-
-// JSON string quoting (shared with the debugger's report).
-std::string JsonQuote(absl::string_view s);
 
 }  // namespace tracecut::transforms
 

@@ -1,6 +1,7 @@
 #include "transforms/per_subgraph.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -11,10 +12,18 @@
 #include "transforms/fusion_math.h"
 #include "transforms/merge_linears.h"
 #include "transforms/test_util.h"
+#include "util/json.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::transforms {
 namespace {
+
+// An object's member names, in order.
+std::vector<std::string> Keys(const util::Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
 
 using testing::MakeGraphModule;
 using testing::MakeLinear;
@@ -99,9 +108,40 @@ TEST(PerSubgraphTest, TransformsEachSubgraphAndReassembles) {
   ASSERT_TRUE(before.ok() && after.ok()) << after.status();
   EXPECT_LT(MaxRelError(*after, *before), 1e-5);
 
-  const std::string json = PerSubgraphReportJson(*result);
-  EXPECT_TRUE(absl::StrContains(json, "\"pass\": \"merge-linears\""));
-  EXPECT_TRUE(absl::StrContains(json, "\"module_paths\": [\"layers.1\"]"));
+  const std::string text = PerSubgraphReportJson(*result);
+  EXPECT_EQ(text.back(), '\n');
+  auto json = util::ParseJson(text, "report");
+  ASSERT_OK(json);
+  EXPECT_EQ(Keys(*json), (std::vector<std::string>{"changed", "subgraphs"}));
+  EXPECT_EQ((*json).at("changed"), true);
+  const util::Json& subgraphs = (*json).at("subgraphs");
+  ASSERT_EQ(subgraphs.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const SubgraphRunReport& s = result->subgraphs[i];
+    const util::Json& j = subgraphs[i];
+    EXPECT_EQ(Keys(j),
+              (std::vector<std::string>{"index", "module_paths", "node_count",
+                                        "changed", "passes"}));
+    EXPECT_EQ(j.at("index"), s.index);
+    EXPECT_EQ(j.at("module_paths"),
+              util::Json::array({absl::StrCat("layers.", i)}));
+    EXPECT_EQ(j.at("node_count"), s.node_count);
+    EXPECT_EQ(j.at("changed"), true);
+    ASSERT_EQ(j.at("passes").size(), 2u);
+    for (int k = 0; k < 2; ++k) {
+      const util::Json& pass = j.at("passes").at(k);
+      EXPECT_EQ(Keys(pass),
+                (std::vector<std::string>{"pass", "changed", "time_ms",
+                                          "touched_nodes"}));
+      EXPECT_EQ(pass.at("pass"), s.passes[k].pass);
+      EXPECT_EQ(pass.at("changed"), s.passes[k].changed);
+      ASSERT_TRUE(pass.at("time_ms").is_number()) << pass;
+      EXPECT_NEAR(pass.at("time_ms").get<double>(), s.passes[k].time_ms, 5e-4);
+      EXPECT_EQ(pass.at("touched_nodes"),
+                util::Json(s.passes[k].touched_nodes));
+    }
+    EXPECT_EQ(j.at("passes").at(1).at("pass"), "merge-linears");
+  }
 
   // The reassembled module reverses like a whole-graph run: back to the
   // reassembled untransformed partition, parameters bit for bit.

@@ -23,7 +23,7 @@
 #include "pipelines/recipe.h"
 #include "tools/cli/common.h"
 #include "tools/cli/model_flags.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -31,7 +31,7 @@ namespace {
 
 using pipelines::CalibrateOptions;
 using pipelines::CalibrateOutcome;
-using tracer::hf::Json;
+using util::Json;
 
 absl::StatusOr<int64_t> IntFlag(const ParsedArgs& args, absl::string_view name,
                                 int64_t fallback, int64_t min) {
@@ -58,11 +58,11 @@ absl::StatusOr<std::optional<bool>> BoolFlag(const ParsedArgs& args,
 // "0.0841" or "-" for a missing number.
 std::string Num(const Json* v) {
   if (v == nullptr || !v->is_number()) return "-";
-  return absl::StrFormat("%.4g", v->as_double());
+  return absl::StrFormat("%.4g", v->get<double>());
 }
 
 int64_t Int(const Json* v) {
-  return v != nullptr && v->is_number() ? v->as_int() : 0;
+  return v != nullptr && v->is_number() ? v->get<int64_t>() : 0;
 }
 
 // "; per-module output error on the calibration inputs, mean over 14
@@ -70,22 +70,24 @@ int64_t Int(const Json* v) {
 // what the figures are measured on, and the round-to-nearest figure only
 // over the modules it covers.
 std::string SummaryErrors(const Json& summary) {
-  const int64_t measured = Int(summary.Find("measured_modules"));
+  const int64_t measured = Int(util::FindMember(summary, "measured_modules"));
   if (measured == 0) return "";
   std::string out = absl::StrCat(
       "; per-module output error on the calibration inputs, mean over ",
       measured, measured == 1 ? " module: " : " modules: ",
-      Num(summary.Find("mean_output_error")));
-  const int64_t compared = Int(summary.Find("rtn_compared_modules"));
+      Num(util::FindMember(summary, "mean_output_error")));
+  const int64_t compared =
+      Int(util::FindMember(summary, "rtn_compared_modules"));
   if (compared == measured) {
     absl::StrAppend(&out, ", round-to-nearest on the same modules and inputs ",
-                    Num(summary.Find("mean_rtn_output_error")));
+                    Num(util::FindMember(summary, "mean_rtn_output_error")));
   } else if (compared > 0) {
-    absl::StrAppend(&out, "; over the ", compared,
-                    " with a round-to-nearest baseline on the same inputs: ",
-                    Num(summary.Find("mean_compared_output_error")),
-                    ", round-to-nearest ",
-                    Num(summary.Find("mean_rtn_output_error")));
+    absl::StrAppend(
+        &out, "; over the ", compared,
+        " with a round-to-nearest baseline on the same inputs: ",
+        Num(util::FindMember(summary, "mean_compared_output_error")),
+        ", round-to-nearest ",
+        Num(util::FindMember(summary, "mean_rtn_output_error")));
   }
   return out;
 }
@@ -175,11 +177,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
       o.run_dir.empty() ? o.output_path + ".run" : o.run_dir;
   if (out.stopped) {
     if (args.Has("json")) {
-      Json j = Json::MakeObject();
-      j.Set("stopped", Json(true));
-      j.Set("stopped_after_subgraph", Json(static_cast<int64_t>(stop)));
-      j.Set("run_dir", Json(run_dir));
-      io.out << j.Dump(2) << "\n";
+      Json j = Json::object();
+      j["stopped"] = Json(true);
+      j["stopped_after_subgraph"] = Json(static_cast<int64_t>(stop));
+      j["run_dir"] = Json(run_dir);
+      io.out << util::DumpJson(j, 2) << "\n";
     }
     io.err << "tracecut calibrate: stopped after subgraph " << stop + 1 << "/"
            << out.pipeline.num_subgraphs << "; checkpoint in " << run_dir
@@ -187,19 +189,21 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     return absl::OkStatus();
   }
   if (args.Has("json")) {
-    io.out << out.report.Dump(2) << "\n";
+    io.out << util::DumpJson(out.report, 2) << "\n";
   }
-  const Json* summary = out.report.Find("summary");
+  const Json* summary = util::FindMember(out.report, "summary");
   io.err << "tracecut calibrate: wrote " << o.output_path;
   if (!o.report_path.empty()) io.err << " and " << o.report_path;
   if (summary != nullptr) {
-    io.err << " (" << summary->Find("weights_quantized")->as_int()
+    io.err << " ("
+           << util::FindMember(*summary, "weights_quantized")->get<int64_t>()
            << " weights quantized";
     io.err << SummaryErrors(*summary);
-    const Json* uncalibrated = summary->Find("uncalibrated_modules");
+    const Json* uncalibrated =
+        util::FindMember(*summary, "uncalibrated_modules");
     if (uncalibrated != nullptr && uncalibrated->is_array() &&
-        !uncalibrated->elements().empty()) {
-      io.err << "; " << uncalibrated->elements().size()
+        !uncalibrated->empty()) {
+      io.err << "; " << uncalibrated->size()
              << " saw no calibration tokens and were quantized "
                 "round-to-nearest, not counted in the mean";
     }

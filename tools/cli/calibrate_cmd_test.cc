@@ -11,8 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/cli/testing/cli_test_util.h"
-#include "tracer/hf/json.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
@@ -95,11 +95,11 @@ TEST(CalibrateCmdTest, WritesModelReportAndJson) {
                    "--report=" + dir + "/r.json", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(ListDir(dir), std::vector<std::string>({"m.pt", "r.json"}));
-  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  absl::StatusOr<util::Json> json = util::ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_THAT(util::ReadFile(dir + "/r.json"),
-              IsOkAndHolds(json->Dump(2) + "\n"));
-  EXPECT_EQ(json->Find("summary")->Find("weights_quantized")->as_int(), 14);
+              IsOkAndHolds(util::DumpJson(*json, 2) + "\n"));
+  EXPECT_EQ(json->at("summary").at("weights_quantized").get<int64_t>(), 14);
   EXPECT_THAT(r.err, HasSubstr("subgraph 3/3 model.layers.1"));
   EXPECT_THAT(LastLine(r.err),
               StartsWith("tracecut calibrate: wrote " + dir + "/m.pt"));
@@ -114,29 +114,29 @@ TEST(CalibrateCmdTest, SummarySaysWhatTheErrorsAreMeasuredOn) {
                           "--synthetic=8", "--batch-size=4", "-o",
                           dir + "/m.pt", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
-  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  absl::StatusOr<util::Json> json = util::ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << json.status();
-  const tracer::hf::Json& summary = *json->Find("summary");
-  EXPECT_EQ(summary.Find("output_error_measured_on")->as_string(),
+  const util::Json& summary = *util::FindMember(*json, "summary");
+  EXPECT_EQ(summary.at("output_error_measured_on").get<std::string>(),
             "per-module outputs on the calibration inputs");
-  EXPECT_EQ(summary.Find("measured_modules")->as_int(), 14);
-  EXPECT_EQ(summary.Find("rtn_compared_modules")->as_int(), 14);
+  EXPECT_EQ(summary.at("measured_modules").get<int64_t>(), 14);
+  EXPECT_EQ(summary.at("rtn_compared_modules").get<int64_t>(), 14);
   // Over the same modules, the compared GPTQ mean is the mean.
-  EXPECT_DOUBLE_EQ(summary.Find("mean_compared_output_error")->as_double(),
-                   summary.Find("mean_output_error")->as_double());
+  EXPECT_DOUBLE_EQ(summary.at("mean_compared_output_error").get<double>(),
+                   summary.at("mean_output_error").get<double>());
   // The means are those of the modules' own figures.
   double gptq = 0, rtn = 0;
   int n = 0;
-  for (const tracer::hf::Json& m : json->Find("modules")->elements()) {
-    const tracer::hf::Json* w = m.Find("weight");
-    if (w == nullptr || !w->Find("rtn_output_error")->is_number()) continue;
-    gptq += w->Find("output_error")->as_double();
-    rtn += w->Find("rtn_output_error")->as_double();
+  for (const util::Json& m : json->at("modules")) {
+    const util::Json* w = util::FindMember(m, "weight");
+    if (w == nullptr || !w->at("rtn_output_error").is_number()) continue;
+    gptq += w->at("output_error").get<double>();
+    rtn += w->at("rtn_output_error").get<double>();
     ++n;
   }
   ASSERT_EQ(n, 14);
-  EXPECT_NEAR(summary.Find("mean_output_error")->as_double(), gptq / n, 1e-12);
-  EXPECT_NEAR(summary.Find("mean_rtn_output_error")->as_double(), rtn / n,
+  EXPECT_NEAR(summary.at("mean_output_error").get<double>(), gptq / n, 1e-12);
+  EXPECT_NEAR(summary.at("mean_rtn_output_error").get<double>(), rtn / n,
               1e-12);
   EXPECT_THAT(LastLine(r.err),
               HasSubstr("14 weights quantized; per-module output error on the "
@@ -261,14 +261,14 @@ TEST(CalibrateCmdTest, DemoRunsAndWritesOutputs) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("partition: 3 subgraphs"));
   EXPECT_THAT(r.err, HasSubstr("final-logit relative error"));
-  absl::StatusOr<tracer::hf::Json> json = tracer::hf::Json::Parse(r.out);
+  absl::StatusOr<util::Json> json = util::ParseJson(r.out);
   ASSERT_TRUE(json.ok()) << json.status() << r.out;
-  const tracer::hf::Json* results = json->Find("results");
+  const util::Json* results = util::FindMember(*json, "results");
   ASSERT_NE(results, nullptr);
   double gptq =
-      results->Find("gptq")->Find("final_logit_relative_error")->as_double();
+      results->at("gptq").at("final_logit_relative_error").get<double>();
   double rtn =
-      results->Find("rtn")->Find("final_logit_relative_error")->as_double();
+      results->at("rtn").at("final_logit_relative_error").get<double>();
   EXPECT_GT(gptq, 0);
   EXPECT_GT(rtn, 0);
   EXPECT_EQ(ListDir(dir + "/out"),

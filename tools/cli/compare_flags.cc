@@ -78,19 +78,19 @@ absl::StatusOr<runtime::CompareOptions> CheckOptionsFromFlags(
   return options;
 }
 
-tracer::hf::Json WorstJson(const std::optional<runtime::ElementDiff>& worst) {
-  using tracer::hf::Json;
+util::Json WorstJson(const std::optional<runtime::ElementDiff>& worst) {
+  using util::Json;
   if (!worst.has_value()) return Json();
-  Json w = Json::MakeObject();
-  w.Set("path", Json(worst->path));
-  w.Set("flat_index", Json(worst->flat_index));
-  Json index = Json::MakeArray();
-  for (int64_t i : worst->index) index.Append(Json(i));
-  w.Set("index", std::move(index));
-  w.Set("actual", Json(worst->actual));
-  w.Set("expected", Json(worst->expected));
-  w.Set("abs_error", Json(worst->abs_error));
-  w.Set("rel_error", Json(worst->rel_error));
+  Json w = Json::object();
+  w["path"] = Json(worst->path);
+  w["flat_index"] = Json(worst->flat_index);
+  Json index = Json::array();
+  for (int64_t i : worst->index) index.push_back(Json(i));
+  w["index"] = std::move(index);
+  w["actual"] = Json(worst->actual);
+  w["expected"] = Json(worst->expected);
+  w["abs_error"] = Json(worst->abs_error);
+  w["rel_error"] = Json(worst->rel_error);
   return w;
 }
 

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/compare.h"
 #include "tools/cli/common.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 
 namespace tracecut::cli {
 
@@ -37,7 +37,7 @@ absl::StatusOr<runtime::CompareOptions> CheckOptionsFromFlags(
 
 // A check's worst element for --json: {"path", "flat_index", "index",
 // "actual", "expected", "abs_error", "rel_error"}, or null.
-tracer::hf::Json WorstJson(const std::optional<runtime::ElementDiff>& worst);
+util::Json WorstJson(const std::optional<runtime::ElementDiff>& worst);
 
 // "|actual - ref| <= atol + rtol * |ref| elementwise (defaults: rtol 0.0001,
 // atol 1e-05)", for --help texts.

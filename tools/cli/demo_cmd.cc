@@ -23,14 +23,14 @@
 #include "pipelines/recipe.h"
 #include "runtime/torch_status.h"
 #include "tools/cli/common.h"
-#include "tracer/hf/json.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {
 
-using tracer::hf::Json;
+using util::Json;
 
 constexpr char kFixture[] = "tracecut/tests/fixtures/llama.pt";
 
@@ -200,23 +200,22 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
           : std::string("GPTQ did not beat RTN on this data"));
   text << "\noutputs in " << out_dir << "/\n";
 
-  Json summary = Json::MakeObject();
-  summary.Set("model", Json(model));
-  summary.Set("output_dir", Json(out_dir));
-  summary.Set("subgraphs",
-              Json(static_cast<int64_t>(partition.subgraphs.size())));
-  summary.Set("calibration_samples", Json(samples));
-  Json errors = Json::MakeObject();
+  Json summary = Json::object();
+  summary["model"] = Json(model);
+  summary["output_dir"] = Json(out_dir);
+  summary["subgraphs"] = Json(static_cast<int64_t>(partition.subgraphs.size()));
+  summary["calibration_samples"] = Json(samples);
+  Json errors = Json::object();
   for (const Run& run : runs) {
-    Json e = Json::MakeObject();
-    e.Set("model", Json(run.model_path));
-    e.Set("report", Json(run.report_path));
-    e.Set("final_logit_relative_error", Json(run.error.relative));
-    e.Set("final_logit_max_abs_error", Json(run.error.max_abs));
-    errors.Set(run.name, std::move(e));
+    Json e = Json::object();
+    e["model"] = Json(run.model_path);
+    e["report"] = Json(run.report_path);
+    e["final_logit_relative_error"] = Json(run.error.relative);
+    e["final_logit_max_abs_error"] = Json(run.error.max_abs);
+    errors[run.name] = std::move(e);
   }
-  summary.Set("results", std::move(errors));
-  const std::string summary_text = summary.Dump(2) + "\n";
+  summary["results"] = std::move(errors);
+  const std::string summary_text = util::DumpJson(summary, 2) + "\n";
   RETURN_IF_ERROR(
       WriteOutput(absl::StrCat(out_dir, "/summary.json"), summary_text, io));
   if (json) io.out << summary_text;

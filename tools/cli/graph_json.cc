@@ -8,7 +8,7 @@
 namespace tracecut::cli {
 namespace {
 
-using tracer::hf::Json;
+using util::Json;
 
 constexpr ir::OpKind kOps[] = {
     ir::OpKind::kPlaceholder,  ir::OpKind::kGetAttr,
@@ -17,18 +17,18 @@ constexpr ir::OpKind kOps[] = {
 };
 
 Json Tagged(const char* tag, Json value) {
-  return Json::MakeObject({{tag, std::move(value)}});
+  return Json::object({{tag, std::move(value)}});
 }
 
 Json Strings(const std::vector<std::string>& v) {
-  Json out = Json::MakeArray();
-  for (const std::string& s : v) out.Append(Json(s));
+  Json out = Json::array();
+  for (const std::string& s : v) out.push_back(Json(s));
   return out;
 }
 
 Json MetaMap(const std::map<std::string, ir::Argument>& extra) {
-  Json out = Json::MakeObject();
-  for (const auto& [k, v] : extra) out.Set(k, ArgumentToJson(v));
+  Json out = Json::object();
+  for (const auto& [k, v] : extra) out[k] = ArgumentToJson(v);
   return out;
 }
 
@@ -58,9 +58,9 @@ Json ArgumentToJson(const ir::Argument& arg) {
       return Tagged("ref", Json(arg.node()->name()));
     case ir::Argument::Kind::kList:
     case ir::Argument::Kind::kTuple: {
-      Json elements = Json::MakeArray();
+      Json elements = Json::array();
       for (const ir::Argument& e : arg.elements()) {
-        elements.Append(ArgumentToJson(e));
+        elements.push_back(ArgumentToJson(e));
       }
       return arg.kind() == ir::Argument::Kind::kTuple
                  ? Tagged("tuple", std::move(elements))
@@ -71,46 +71,46 @@ Json ArgumentToJson(const ir::Argument& arg) {
 }
 
 Json GraphToJson(const ir::Graph& graph) {
-  Json nodes = Json::MakeArray();
+  Json nodes = Json::array();
   for (const ir::Node* n : graph.nodes()) {
-    Json node = Json::MakeObject();
-    node.Set("name", Json(n->name()));
-    node.Set("op", Json(std::string(ir::OpKindName(n->op()))));
-    node.Set("target", Json(n->target()));
-    Json args = Json::MakeArray();
-    for (const ir::Argument& a : n->args()) args.Append(ArgumentToJson(a));
-    node.Set("args", std::move(args));
-    Json kwargs = Json::MakeObject();
-    for (const auto& [k, v] : n->kwargs()) kwargs.Set(k, ArgumentToJson(v));
-    node.Set("kwargs", std::move(kwargs));
-    Json scope = Json::MakeArray();
+    Json node = Json::object();
+    node["name"] = Json(n->name());
+    node["op"] = Json(std::string(ir::OpKindName(n->op())));
+    node["target"] = Json(n->target());
+    Json args = Json::array();
+    for (const ir::Argument& a : n->args()) args.push_back(ArgumentToJson(a));
+    node["args"] = std::move(args);
+    Json kwargs = Json::object();
+    for (const auto& [k, v] : n->kwargs()) kwargs[k] = ArgumentToJson(v);
+    node["kwargs"] = std::move(kwargs);
+    Json scope = Json::array();
     for (const ir::ScopeEntry& e : n->scope().stack()) {
-      scope.Append(
-          Json::MakeObject({{"path", Json(e.path)}, {"type", Json(e.type)}}));
+      scope.push_back(
+          Json::object({{"path", Json(e.path)}, {"type", Json(e.type)}}));
     }
-    node.Set("scope", std::move(scope));
-    Json outputs = Json::MakeArray();
+    node["scope"] = std::move(scope);
+    Json outputs = Json::array();
     for (const ir::TensorMeta& t : n->meta().outputs) {
-      Json shape = Json::MakeArray();
-      for (int64_t d : t.shape) shape.Append(Json(d));
-      outputs.Append(Json::MakeObject({{"shape", std::move(shape)},
-                                       {"dtype", Json(t.dtype)},
-                                       {"device", Json(t.device)}}));
+      Json shape = Json::array();
+      for (int64_t d : t.shape) shape.push_back(Json(d));
+      outputs.push_back(Json::object({{"shape", std::move(shape)},
+                                      {"dtype", Json(t.dtype)},
+                                      {"device", Json(t.device)}}));
     }
-    node.Set("outputs", std::move(outputs));
+    node["outputs"] = std::move(outputs);
     if (n->meta().source.has_value()) {
       const ir::SourceLocation& s = *n->meta().source;
-      node.Set("source", Json::MakeObject({{"file", Json(s.file)},
-                                           {"line", Json(s.line)},
-                                           {"text", Json(s.text)}}));
+      node["source"] = Json::object({{"file", Json(s.file)},
+                                     {"line", Json(s.line)},
+                                     {"text", Json(s.text)}});
     }
-    if (!n->meta().extra.empty()) node.Set("meta", MetaMap(n->meta().extra));
-    nodes.Append(std::move(node));
+    if (!n->meta().extra.empty()) node["meta"] = MetaMap(n->meta().extra);
+    nodes.push_back(std::move(node));
   }
-  Json out = Json::MakeObject();
-  out.Set("nodes", std::move(nodes));
-  out.Set("assumptions", Strings(graph.meta().assumptions));
-  out.Set("meta", MetaMap(graph.meta().extra));
+  Json out = Json::object();
+  out["nodes"] = std::move(nodes);
+  out["assumptions"] = Strings(graph.meta().assumptions);
+  out["meta"] = MetaMap(graph.meta().extra);
   return out;
 }
 
@@ -124,16 +124,16 @@ Json GraphSummaryJson(const ir::Graph& graph) {
       targets.push_back(n->target());
     }
   }
-  Json op_counts = Json::MakeObject();
+  Json op_counts = Json::object();
   for (ir::OpKind op : kOps) {
-    op_counts.Set(std::string(ir::OpKindName(op)), Json(counts[op]));
+    op_counts[std::string(ir::OpKindName(op))] = Json(counts[op]);
   }
-  Json out = Json::MakeObject();
-  out.Set("nodes", Json(static_cast<int64_t>(graph.size())));
-  out.Set("op_counts", std::move(op_counts));
-  out.Set("call_module_targets", Strings(targets));
-  out.Set("assumptions", Strings(graph.meta().assumptions));
-  out.Set("meta", MetaMap(graph.meta().extra));
+  Json out = Json::object();
+  out["nodes"] = Json(static_cast<int64_t>(graph.size()));
+  out["op_counts"] = std::move(op_counts);
+  out["call_module_targets"] = Strings(targets);
+  out["assumptions"] = Strings(graph.meta().assumptions);
+  out["meta"] = MetaMap(graph.meta().extra);
   return out;
 }
 

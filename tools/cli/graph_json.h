@@ -20,13 +20,13 @@
 // assumptions and HF meta.
 
 #include "ir/graph.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 
 namespace tracecut::cli {
 
-tracer::hf::Json ArgumentToJson(const ir::Argument& arg);
-tracer::hf::Json GraphToJson(const ir::Graph& graph);
-tracer::hf::Json GraphSummaryJson(const ir::Graph& graph);
+util::Json ArgumentToJson(const ir::Argument& arg);
+util::Json GraphToJson(const ir::Graph& graph);
+util::Json GraphSummaryJson(const ir::Graph& graph);
 
 }  // namespace tracecut::cli
 

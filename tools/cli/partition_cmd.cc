@@ -23,15 +23,15 @@
 #include "tools/cli/compare_flags.h"
 #include "tools/cli/model_flags.h"
 #include "tracer/hf/config.h"
-#include "tracer/hf/json.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {
 
-using tracer::hf::Json;
+using util::Json;
 
 // Every comma-separated item of every value of a repeated flag.
 std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
@@ -85,45 +85,45 @@ absl::StatusOr<std::string> JsonSummary(
     const std::string& format, const std::optional<std::string>& output,
     const std::optional<partition::CheckResult>& result) {
   ASSIGN_OR_RETURN(Json summary,
-                   Json::Parse(partition::PlanToJson(plan), "plan"));
-  summary.Set("model", Json(model));
-  summary.Set("format", Json(format));
-  summary.Set("output", output.has_value() ? Json(*output) : Json());
+                   util::ParseJson(partition::PlanToJson(plan), "plan"));
+  summary["model"] = Json(model);
+  summary["format"] = Json(format);
+  summary["output"] = output.has_value() ? Json(*output) : Json();
   if (!result.has_value()) {
-    summary.Set("check", Json());
-    return summary.Dump(2);
+    summary["check"] = Json();
+    return util::DumpJson(summary, 2);
   }
   const runtime::CompareResult& out = result->output;
-  Json c = Json::MakeObject();
-  c.Set("passed", Json(result->passed));
-  c.Set("rtol", Json(out.rtol));
-  c.Set("atol", Json(out.atol));
-  c.Set("max_abs_error", Json(out.max_abs_error));
-  c.Set("max_rel_error", Json(out.max_rel_error));
-  c.Set("elements", Json(out.elements));
-  c.Set("violations", Json(out.violations));
-  c.Set("worst", WorstJson(out.worst));
-  Json abs_errors = Json::MakeArray();
-  Json rel_errors = Json::MakeArray();
+  Json c = Json::object();
+  c["passed"] = Json(result->passed);
+  c["rtol"] = Json(out.rtol);
+  c["atol"] = Json(out.atol);
+  c["max_abs_error"] = Json(out.max_abs_error);
+  c["max_rel_error"] = Json(out.max_rel_error);
+  c["elements"] = Json(out.elements);
+  c["violations"] = Json(out.violations);
+  c["worst"] = WorstJson(out.worst);
+  Json abs_errors = Json::array();
+  Json rel_errors = Json::array();
   for (const runtime::CompareResult& s : result->subgraphs) {
-    abs_errors.Append(Json(s.max_abs_error));
-    rel_errors.Append(Json(s.max_rel_error));
+    abs_errors.push_back(Json(s.max_abs_error));
+    rel_errors.push_back(Json(s.max_rel_error));
   }
-  c.Set("subgraph_errors", std::move(abs_errors));
-  c.Set("subgraph_rel_errors", std::move(rel_errors));
-  c.Set("first_divergent", Json(result->first_divergent));
-  c.Set("first_failing", Json(result->first_failing));
+  c["subgraph_errors"] = std::move(abs_errors);
+  c["subgraph_rel_errors"] = std::move(rel_errors);
+  c["first_divergent"] = Json(result->first_divergent);
+  c["first_failing"] = Json(result->first_failing);
   if (result->first_failing >= 0) {
     const runtime::CompareResult& s = result->subgraphs[result->first_failing];
-    Json f = Json::MakeObject();
-    f.Set("violations", Json(s.violations));
-    f.Set("elements", Json(s.elements));
-    f.Set("worst", WorstJson(s.worst));
-    c.Set("first_failing_detail", std::move(f));
+    Json f = Json::object();
+    f["violations"] = Json(s.violations);
+    f["elements"] = Json(s.elements);
+    f["worst"] = WorstJson(s.worst);
+    c["first_failing_detail"] = std::move(f);
   }
-  c.Set("peak_cached_values", Json(result->peak_cached_values));
-  summary.Set("check", std::move(c));
-  return summary.Dump(2);
+  c["peak_cached_values"] = Json(result->peak_cached_values);
+  summary["check"] = std::move(c);
+  return util::DumpJson(summary, 2);
 }
 
 absl::Status RunPartition(const ParsedArgs& args, Io& io) {

@@ -12,8 +12,8 @@
 #include "gtest/gtest.h"
 #include "tools/cli/testing/cli_test_util.h"
 #include "tracer/hf/config.h"
-#include "tracer/hf/json.h"
 #include "tracer/load.h"
+#include "util/json.h"
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::cli {
@@ -24,15 +24,12 @@ using ::tracecut::cli::testing::Fixture;
 using ::tracecut::cli::testing::Lines;
 using ::tracecut::cli::testing::Result;
 using ::tracecut::cli::testing::RunTracecut;
+using ::tracecut::util::Json;
 using ::tracecut::util::testing::ListDir;
 using ::tracecut::util::testing::TempDir;
-using tracer::hf::Json;
 
 const Json* Member(const Json& object, const std::string& key) {
-  for (const auto& [k, v] : object.members()) {
-    if (k == key) return &v;
-  }
-  return nullptr;
+  return util::FindMember(object, key);
 }
 
 int64_t NumHiddenLayers(const std::string& stem) {
@@ -56,23 +53,21 @@ TEST_P(PartitionFixtureTest, OneSubgraphPerLayerAndCheckPasses) {
   Result r = RunTracecut({"partition", Fixture(stem), "--check", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("max abs error"));
-  auto json = Json::Parse(r.out, "stdout");
+  auto json = util::ParseJson(r.out, "stdout");
   ASSERT_TRUE(json.ok()) << json.status() << "\n" << r.out;
 
   const Json* subgraphs = Member(*json, "subgraphs");
   ASSERT_NE(subgraphs, nullptr) << r.out;
-  ASSERT_EQ(static_cast<int64_t>(subgraphs->elements().size()), layers + 1)
-      << r.out;
+  ASSERT_EQ(static_cast<int64_t>(subgraphs->size()), layers + 1) << r.out;
 
   // Every target instance's module path appears in exactly one subgraph; the
   // head (index 0) has none, each later subgraph exactly one.
   std::map<std::string, int> seen;
-  for (size_t i = 0; i < subgraphs->elements().size(); ++i) {
-    const Json* paths = Member(subgraphs->elements()[i], "module_paths");
+  for (size_t i = 0; i < subgraphs->size(); ++i) {
+    const Json* paths = Member((*subgraphs)[i], "module_paths");
     ASSERT_NE(paths, nullptr);
-    EXPECT_EQ(paths->elements().size(), i == 0 ? 0u : 1u)
-        << stem << " subgraph " << i;
-    for (const Json& p : paths->elements()) ++seen[p.as_string()];
+    EXPECT_EQ(paths->size(), i == 0 ? 0u : 1u) << stem << " subgraph " << i;
+    for (const Json& p : *paths) ++seen[p.get<std::string>()];
   }
   EXPECT_EQ(static_cast<int64_t>(seen.size()), layers);
   for (const auto& [path, count] : seen) {
@@ -83,10 +78,10 @@ TEST_P(PartitionFixtureTest, OneSubgraphPerLayerAndCheckPasses) {
   ASSERT_NE(check, nullptr);
   const Json* passed = Member(*check, "passed");
   ASSERT_NE(passed, nullptr);
-  EXPECT_TRUE(passed->as_bool());
+  EXPECT_TRUE(passed->get<bool>());
   const Json* error = Member(*check, "max_abs_error");
   ASSERT_NE(error, nullptr);
-  EXPECT_LE(error->as_double(), 1e-5);
+  EXPECT_LE(error->get<double>(), 1e-5);
   // The tolerances, the relative error, the first subgraph over them.
   for (const char* key :
        {"rtol", "atol", "max_rel_error", "elements", "violations", "worst",
@@ -94,14 +89,14 @@ TEST_P(PartitionFixtureTest, OneSubgraphPerLayerAndCheckPasses) {
         "first_failing"}) {
     EXPECT_NE(Member(*check, key), nullptr) << key;
   }
-  EXPECT_EQ(Member(*check, "rtol")->as_double(), 1e-4);
-  EXPECT_EQ(Member(*check, "atol")->as_double(), 1e-5);
-  EXPECT_EQ(Member(*check, "max_rel_error")->as_double(), 0.0);
-  EXPECT_GT(Member(*check, "elements")->as_int(), 0);
-  EXPECT_EQ(Member(*check, "violations")->as_int(), 0);
+  EXPECT_EQ(Member(*check, "rtol")->get<double>(), 1e-4);
+  EXPECT_EQ(Member(*check, "atol")->get<double>(), 1e-5);
+  EXPECT_EQ(Member(*check, "max_rel_error")->get<double>(), 0.0);
+  EXPECT_GT(Member(*check, "elements")->get<int64_t>(), 0);
+  EXPECT_EQ(Member(*check, "violations")->get<int64_t>(), 0);
   EXPECT_TRUE(Member(*check, "worst")->is_null());
-  EXPECT_EQ(Member(*check, "first_failing")->as_int(), -1);
-  EXPECT_EQ(Member(*check, "subgraph_errors")->elements().size(),
+  EXPECT_EQ(Member(*check, "first_failing")->get<int64_t>(), -1);
+  EXPECT_EQ(Member(*check, "subgraph_errors")->size(),
             static_cast<size_t>(layers + 1));
   EXPECT_THAT(r.err, HasSubstr(", max rel error 0 over "));
   EXPECT_THAT(r.err, HasSubstr("(atol 1e-05, rtol 0.0001)"));
@@ -151,12 +146,12 @@ TEST(PartitionCmdTest, ToleranceFlags) {
   Result tight = RunTracecut({"partition", Fixture("llama"), "--check",
                               "--rtol=0", "--atol=0", "--json"});
   ASSERT_EQ(tight.code, 0) << tight.err;  // Subgraphs reproduce exactly.
-  auto json = Json::Parse(tight.out, "stdout");
+  auto json = util::ParseJson(tight.out, "stdout");
   ASSERT_TRUE(json.ok()) << json.status();
   const Json* check = Member(*json, "check");
   ASSERT_NE(check, nullptr);
-  EXPECT_EQ(Member(*check, "rtol")->as_double(), 0.0);
-  EXPECT_EQ(Member(*check, "atol")->as_double(), 0.0);
+  EXPECT_EQ(Member(*check, "rtol")->get<double>(), 0.0);
+  EXPECT_EQ(Member(*check, "atol")->get<double>(), 0.0);
 
   for (const char* flag : {"--rtol=-1", "--atol=abc"}) {
     Result r = RunTracecut({"partition", Fixture("llama"), "--check", flag});

@@ -17,6 +17,7 @@
 #include "tools/cli/graph_json.h"
 #include "tools/cli/model_flags.h"
 #include "tracer/tracer.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -31,7 +32,7 @@ absl::StatusOr<std::string> Render(const ir::Graph& graph,
     options.show_scope = true;
     return ir::ToDot(graph, options);
   }
-  if (format == "json") return GraphToJson(graph).Dump(2) + "\n";
+  if (format == "json") return util::DumpJson(GraphToJson(graph), 2) + "\n";
   return UsageError(absl::StrCat("unknown --format '", format,
                                  "' (text, proto, dot or json)"));
 }
@@ -77,12 +78,11 @@ absl::Status RunTrace(const ParsedArgs& args, Io& io) {
     RETURN_IF_ERROR(WriteOutput("-", rendered, io));
   }
   if (json) {
-    tracer::hf::Json summary = GraphSummaryJson(gm.graph());
-    summary.Set("model", tracer::hf::Json(model));
-    summary.Set("format", tracer::hf::Json(format));
-    summary.Set("output", output.has_value() ? tracer::hf::Json(*output)
-                                             : tracer::hf::Json());
-    io.out << summary.Dump(2) << "\n";
+    util::Json summary = GraphSummaryJson(gm.graph());
+    summary["model"] = util::Json(model);
+    summary["format"] = util::Json(format);
+    summary["output"] = output.has_value() ? util::Json(*output) : util::Json();
+    io.out << util::DumpJson(summary, 2) << "\n";
   } else if (output.has_value() && *output != "-") {
     io.err << "tracecut trace: wrote " << *output << " (" << gm.graph().size()
            << " nodes, " << gm.graph().meta().assumptions.size()

@@ -16,8 +16,8 @@
 #include "ir/text.h"
 #include "tools/cli/common.h"
 #include "tools/cli/testing/cli_test_util.h"
-#include "tracer/hf/json.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
@@ -107,9 +107,9 @@ TEST(TracecutTest, EveryFormatToAFile) {
           ir::DeserializeGraph(bytes);
       ASSERT_TRUE(g.ok()) << g.status();
     } else if (std::string(format) == "json") {
-      absl::StatusOr<tracer::hf::Json> j = tracer::hf::Json::Parse(bytes);
+      absl::StatusOr<util::Json> j = util::ParseJson(bytes);
       ASSERT_TRUE(j.ok()) << j.status();
-      EXPECT_GT(j->Find("nodes")->elements().size(), 100u);
+      EXPECT_GT(j->at("nodes").size(), 100u);
     } else if (std::string(format) == "dot") {
       EXPECT_THAT(bytes, StartsWith("digraph"));
     } else {
@@ -125,22 +125,22 @@ TEST(TracecutTest, JsonSummary) {
   Result r = RunTracecut(
       {"trace", Fixture("shape_branch"), "--json", "-o", dir + "/g.txt"});
   ASSERT_EQ(r.code, 0) << r.err;
-  absl::StatusOr<tracer::hf::Json> j = tracer::hf::Json::Parse(r.out);
+  absl::StatusOr<util::Json> j = util::ParseJson(r.out);
   ASSERT_TRUE(j.ok()) << j.status() << r.out;
-  const tracer::hf::Json* counts = j->Find("op_counts");
+  const util::Json* counts = util::FindMember(*j, "op_counts");
   ASSERT_NE(counts, nullptr);
-  EXPECT_EQ(counts->Find("placeholder")->as_int(), 1);
-  EXPECT_EQ(counts->Find("output")->as_int(), 1);
-  EXPECT_EQ(counts->Find("call_module")->as_int(), 1);
-  ASSERT_EQ(j->Find("call_module_targets")->elements().size(), 1u);
-  EXPECT_EQ(j->Find("assumptions")->elements().size(), 2u);
-  EXPECT_EQ(j->Find("output")->as_string(), dir + "/g.txt");
+  EXPECT_EQ(counts->at("placeholder").get<int64_t>(), 1);
+  EXPECT_EQ(counts->at("output").get<int64_t>(), 1);
+  EXPECT_EQ(counts->at("call_module").get<int64_t>(), 1);
+  ASSERT_EQ(j->at("call_module_targets").size(), 1u);
+  EXPECT_EQ(j->at("assumptions").size(), 2u);
+  EXPECT_EQ(j->at("output").get<std::string>(), dir + "/g.txt");
   EXPECT_THAT(util::ReadFile(dir + "/g.txt"), IsOkAndHolds(Not(IsEmpty())));
 
   // --json alone: the summary only.
   r = RunTracecut({"trace", Fixture("shape_branch"), "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(tracer::hf::Json::Parse(r.out).ok());
+  EXPECT_TRUE(util::ParseJson(r.out).ok());
 }
 
 TEST(WriteOutputTest, AtomicReplaceAndErrors) {

@@ -26,7 +26,6 @@
 #include "tools/cli/compare_flags.h"
 #include "tools/cli/model_flags.h"
 #include "tracer/hf/config.h"
-#include "tracer/hf/json.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
 #include "transforms/debugger.h"
@@ -34,12 +33,13 @@
 #include "transforms/per_subgraph.h"
 #include "transforms/pipeline.h"
 #include "transforms/registry.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
 namespace {
 
-using tracer::hf::Json;
+using util::Json;
 
 std::vector<std::string> SplitAll(const std::vector<std::string>& values) {
   std::vector<std::string> out;
@@ -190,36 +190,36 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
     compared = *std::move(r);
   }
   auto print_json = [&](bool written) {
-    Json summary = Json::MakeObject();
-    summary.Set("model", Json(model));
-    summary.Set("output", written ? Json(*output) : Json());
-    summary.Set("per_subgraph", Json(per_subgraph));
-    Json list = Json::MakeArray();
+    Json summary = Json::object();
+    summary["model"] = Json(model);
+    summary["output"] = written ? Json(*output) : Json();
+    summary["per_subgraph"] = Json(per_subgraph);
+    Json list = Json::array();
     for (const PassSummary& p : passes) {
-      Json e = Json::MakeObject();
-      e.Set("pass", Json(p.name));
-      e.Set("changed", Json(p.changed));
-      e.Set("touched_nodes", Json(p.touched));
-      list.Append(std::move(e));
+      Json e = Json::object();
+      e["pass"] = Json(p.name);
+      e["changed"] = Json(p.changed);
+      e["touched_nodes"] = Json(p.touched);
+      list.push_back(std::move(e));
     }
-    summary.Set("passes", std::move(list));
+    summary["passes"] = std::move(list);
     // The check's result; null without --check (errors null when infinite).
     auto field = [&](auto get) {
       return compared.has_value() ? get(*compared) : Json();
     };
     using R = runtime::CompareResult;
-    summary.Set("passed", field([](const R& r) { return Json(r.passed); }));
-    summary.Set("rtol", field([](const R& r) { return Json(r.rtol); }));
-    summary.Set("atol", field([](const R& r) { return Json(r.atol); }));
-    summary.Set("max_abs_error",
-                field([](const R& r) { return Json(r.max_abs_error); }));
-    summary.Set("max_rel_error",
-                field([](const R& r) { return Json(r.max_rel_error); }));
-    summary.Set("elements", field([](const R& r) { return Json(r.elements); }));
-    summary.Set("violations",
-                field([](const R& r) { return Json(r.violations); }));
-    summary.Set("worst", field([](const R& r) { return WorstJson(r.worst); }));
-    io.out << summary.Dump(2) << "\n";
+    summary["passed"] = field([](const R& r) { return Json(r.passed); });
+    summary["rtol"] = field([](const R& r) { return Json(r.rtol); });
+    summary["atol"] = field([](const R& r) { return Json(r.atol); });
+    summary["max_abs_error"] =
+        field([](const R& r) { return Json(r.max_abs_error); });
+    summary["max_rel_error"] =
+        field([](const R& r) { return Json(r.max_rel_error); });
+    summary["elements"] = field([](const R& r) { return Json(r.elements); });
+    summary["violations"] =
+        field([](const R& r) { return Json(r.violations); });
+    summary["worst"] = field([](const R& r) { return WorstJson(r.worst); });
+    io.out << util::DumpJson(summary, 2) << "\n";
   };
   if (compared.has_value() && !compared->passed) {
     // Nothing is written; with --json the summary still goes to stdout.

@@ -7,9 +7,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::hf {
+
+using util::Json;
+
 namespace {
 
 // Keys tracecut reads, with the JSON type each must have when present and
@@ -68,41 +72,42 @@ absl::string_view WantName(Want want) {
 bool Matches(const Json& v, Want want) {
   auto all = [&](auto pred) {
     if (!v.is_array()) return false;
-    for (const Json& e : v.elements()) {
+    for (const Json& e : v) {
       if (!pred(e)) return false;
     }
     return true;
   };
   switch (want) {
     case Want::kInt:
-      return v.is_int();
+      return v.is_number_integer();
     case Want::kNumber:
       return v.is_number();
     case Want::kBool:
-      return v.is_bool();
+      return v.is_boolean();
     case Want::kString:
       return v.is_string();
     case Want::kStringList:
       return all([](const Json& e) { return e.is_string(); });
     case Want::kIntOrIntList:
-      return v.is_int() || all([](const Json& e) { return e.is_int(); });
+      return v.is_number_integer() ||
+             all([](const Json& e) { return e.is_number_integer(); });
   }
   return false;
 }
 
 absl::Status TypeError(absl::string_view source, absl::string_view key,
                        absl::string_view want, const Json& got) {
-  std::string shown = got.Dump();
+  std::string shown = util::DumpJson(got);
   if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
-  return absl::InvalidArgumentError(absl::StrCat(source, ": \"", key,
-                                                 "\" must be ", want, ", got ",
-                                                 got.type_name(), " ", shown));
+  return absl::InvalidArgumentError(
+      absl::StrCat(source, ": \"", key, "\" must be ", want, ", got ",
+                   util::JsonTypeName(got), " ", shown));
 }
 
 absl::Status CheckKeys(const Json& object, absl::string_view source,
                        absl::string_view prefix) {
   for (const auto& k : kTypedKeys) {
-    const Json* v = object.Find(k.key);
+    const Json* v = util::FindMember(object, k.key);
     if (v == nullptr || v->is_null()) continue;
     if (!Matches(*v, k.want)) {
       return TypeError(source, absl::StrCat(prefix, k.key), WantName(k.want),
@@ -116,14 +121,15 @@ absl::Status CheckKeys(const Json& object, absl::string_view source,
 
 absl::StatusOr<HfConfig> HfConfig::Parse(absl::string_view text,
                                          std::string source) {
-  ASSIGN_OR_RETURN(Json json, Json::Parse(text, source));
+  ASSIGN_OR_RETURN(Json json, util::ParseJson(text, source));
   if (!json.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": a config must be a JSON object, got ", json.type_name()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": a config must be a JSON object, got ",
+                     util::JsonTypeName(json)));
   }
   RETURN_IF_ERROR(CheckKeys(json, source, ""));
   for (const char* sub : kSubConfigs) {
-    const Json* v = json.Find(sub);
+    const Json* v = util::FindMember(json, sub);
     if (v == nullptr || v->is_null()) continue;
     if (!v->is_object()) {
       return TypeError(source, sub, "an object", *v);
@@ -132,12 +138,14 @@ absl::StatusOr<HfConfig> HfConfig::Parse(absl::string_view text,
   }
   HfConfig config(std::move(json), std::move(source));
   config.text_ = std::string(text);
-  if (const Json* v = config.json_.Find("model_type"); v && v->is_string()) {
-    config.model_type_ = v->as_string();
+  if (const Json* v = util::FindMember(config.json_, "model_type");
+      v && v->is_string()) {
+    config.model_type_ = v->get<std::string>();
   }
-  if (const Json* v = config.json_.Find("architectures"); v && v->is_array()) {
-    for (const Json& e : v->elements()) {
-      config.architectures_.push_back(e.as_string());
+  if (const Json* v = util::FindMember(config.json_, "architectures");
+      v && v->is_array()) {
+    for (const Json& e : *v) {
+      config.architectures_.push_back(e.get<std::string>());
     }
   }
   return config;
@@ -156,12 +164,12 @@ absl::StatusOr<HfConfig> HfConfig::Load(const std::string& path) {
 
 absl::StatusOr<std::optional<int64_t>> HfConfig::IntIn(
     const Json& object, absl::string_view prefix, absl::string_view key) const {
-  const Json* v = object.Find(key);
+  const Json* v = util::FindMember(object, key);
   if (v == nullptr || v->is_null()) return std::optional<int64_t>();
-  if (!v->is_int()) {
+  if (!v->is_number_integer()) {
     return TypeError(source_, absl::StrCat(prefix, key), "an integer", *v);
   }
-  return std::optional<int64_t>(v->as_int());
+  return std::optional<int64_t>(v->get<int64_t>());
 }
 
 absl::StatusOr<std::optional<int64_t>> HfConfig::GetInt(
@@ -171,26 +179,26 @@ absl::StatusOr<std::optional<int64_t>> HfConfig::GetInt(
 
 absl::StatusOr<std::optional<double>> HfConfig::GetDouble(
     absl::string_view key) const {
-  const Json* v = json_.Find(key);
+  const Json* v = util::FindMember(json_, key);
   if (v == nullptr || v->is_null()) return std::optional<double>();
   if (!v->is_number()) return TypeError(source_, key, "a number", *v);
-  return std::optional<double>(v->as_double());
+  return std::optional<double>(v->get<double>());
 }
 
 absl::StatusOr<std::optional<bool>> HfConfig::GetBool(
     absl::string_view key) const {
-  const Json* v = json_.Find(key);
+  const Json* v = util::FindMember(json_, key);
   if (v == nullptr || v->is_null()) return std::optional<bool>();
-  if (!v->is_bool()) return TypeError(source_, key, "a bool", *v);
-  return std::optional<bool>(v->as_bool());
+  if (!v->is_boolean()) return TypeError(source_, key, "a bool", *v);
+  return std::optional<bool>(v->get<bool>());
 }
 
 absl::StatusOr<std::optional<std::string>> HfConfig::GetString(
     absl::string_view key) const {
-  const Json* v = json_.Find(key);
+  const Json* v = util::FindMember(json_, key);
   if (v == nullptr || v->is_null()) return std::optional<std::string>();
   if (!v->is_string()) return TypeError(source_, key, "a string", *v);
-  return std::optional<std::string>(v->as_string());
+  return std::optional<std::string>(v->get<std::string>());
 }
 
 absl::StatusOr<std::optional<int64_t>> HfConfig::FindInt(
@@ -198,7 +206,7 @@ absl::StatusOr<std::optional<int64_t>> HfConfig::FindInt(
   ASSIGN_OR_RETURN(std::optional<int64_t> top, GetInt(key));
   if (top.has_value()) return top;
   for (const char* sub : kSubConfigs) {
-    const Json* object = json_.Find(sub);
+    const Json* object = util::FindMember(json_, sub);
     if (object == nullptr || !object->is_object()) continue;
     ASSIGN_OR_RETURN(std::optional<int64_t> v,
                      IntIn(*object, absl::StrCat(sub, "."), key));

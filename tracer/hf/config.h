@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "tracer/hf/json.h"
+#include "util/json.h"
 
 namespace tracecut::tracer::hf {
 
@@ -40,7 +40,7 @@ class HfConfig {
   const std::string& source() const { return source_; }
   // The text it was parsed from.
   const std::string& text() const { return text_; }
-  const Json& json() const { return json_; }
+  const util::Json& json() const { return json_; }
 
   // "" when absent.
   const std::string& model_type() const { return model_type_; }
@@ -71,14 +71,14 @@ class HfConfig {
   }
 
  private:
-  HfConfig(Json json, std::string source)
+  HfConfig(util::Json json, std::string source)
       : json_(std::move(json)), source_(std::move(source)) {}
 
-  absl::StatusOr<std::optional<int64_t>> IntIn(const Json& object,
+  absl::StatusOr<std::optional<int64_t>> IntIn(const util::Json& object,
                                                absl::string_view prefix,
                                                absl::string_view key) const;
 
-  Json json_;
+  util::Json json_;
   std::string source_;
   std::string text_;
   std::string model_type_;

@@ -7,9 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/dtype.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::hf {
+
+using util::Json;
+
 namespace {
 
 constexpr const char* kKinds[] = {"tokens", "ones", "zeros", "normal",
@@ -24,58 +28,62 @@ absl::Status SpecError(absl::string_view source, size_t index,
 absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
                                     size_t index) {
   if (!j.is_object()) {
-    return SpecError(source, index,
-                     absl::StrCat("must be an object, got ", j.type_name()));
+    return SpecError(
+        source, index,
+        absl::StrCat("must be an object, got ", util::JsonTypeName(j)));
   }
   InputSpec spec;
-  const Json* name = j.Find("name");
-  if (name == nullptr || !name->is_string() || name->as_string().empty()) {
+  const Json* name = util::FindMember(j, "name");
+  if (name == nullptr || !name->is_string() ||
+      name->get<std::string>().empty()) {
     return SpecError(source, index, "\"name\" must be a non-empty string");
   }
-  spec.name = name->as_string();
-  const Json* shape = j.Find("shape");
+  spec.name = name->get<std::string>();
+  const Json* shape = util::FindMember(j, "shape");
   if (shape == nullptr || !shape->is_array()) {
     return SpecError(source, index,
                      absl::StrCat("\"shape\" of '", spec.name,
                                   "' must be a list of integers"));
   }
-  for (const Json& d : shape->elements()) {
-    if (!d.is_int() || d.as_int() < 0) {
+  for (const Json& d : *shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0) {
       return SpecError(source, index,
                        absl::StrCat("\"shape\" of '", spec.name,
                                     "' must be a list of integers >= 0"));
     }
-    spec.shape.push_back(d.as_int());
+    spec.shape.push_back(d.get<int64_t>());
   }
-  if (const Json* dtype = j.Find("dtype"); dtype != nullptr) {
-    if (!dtype->is_string() || !IsKnownDType(dtype->as_string())) {
+  if (const Json* dtype = util::FindMember(j, "dtype"); dtype != nullptr) {
+    if (!dtype->is_string() || !IsKnownDType(dtype->get<std::string>())) {
       return SpecError(
           source, index,
           absl::StrCat("\"dtype\" of '", spec.name, "' must be one of ",
                        absl::StrJoin(runtime::InputDTypeNames(), ", "),
-                       ", got ", dtype->Dump()));
+                       ", got ", util::DumpJson(*dtype)));
     }
-    spec.dtype = dtype->as_string();
+    spec.dtype = dtype->get<std::string>();
   }
-  if (const Json* kind = j.Find("kind"); kind != nullptr) {
-    bool known =
-        kind->is_string() && std::find(std::begin(kKinds), std::end(kKinds),
-                                       kind->as_string()) != std::end(kKinds);
+  if (const Json* kind = util::FindMember(j, "kind"); kind != nullptr) {
+    bool known = kind->is_string() &&
+                 std::find(std::begin(kKinds), std::end(kKinds),
+                           kind->get<std::string>()) != std::end(kKinds);
     if (!known) {
       return SpecError(
           source, index,
           absl::StrCat("\"kind\" of '", spec.name, "' must be one of ",
-                       absl::StrJoin(kKinds, ", "), ", got ", kind->Dump()));
+                       absl::StrJoin(kKinds, ", "), ", got ",
+                       util::DumpJson(*kind)));
     }
-    spec.kind = kind->as_string();
+    spec.kind = kind->get<std::string>();
   }
-  if (const Json* high = j.Find("high"); high != nullptr && !high->is_null()) {
-    if (!high->is_int() || high->as_int() <= 0) {
+  if (const Json* high = util::FindMember(j, "high");
+      high != nullptr && !high->is_null()) {
+    if (!high->is_number_integer() || high->get<int64_t>() <= 0) {
       return SpecError(source, index,
                        absl::StrCat("\"high\" of '", spec.name,
                                     "' must be a positive integer"));
     }
-    spec.high = high->as_int();
+    spec.high = high->get<int64_t>();
   }
   if (spec.kind == "tokens" && !spec.high.has_value()) {
     return SpecError(
@@ -93,20 +101,19 @@ bool IsKnownDType(absl::string_view dtype) {
 
 absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
                                            absl::string_view source) {
-  ASSIGN_OR_RETURN(Json j, Json::Parse(text, source));
+  ASSIGN_OR_RETURN(Json j, util::ParseJson(text, source));
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": must be a JSON object with \"inputs\""));
   }
   InputsFile file;
-  const Json* inputs = j.Find("inputs");
+  const Json* inputs = util::FindMember(j, "inputs");
   if (inputs == nullptr || !inputs->is_array()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": \"inputs\" must be a list"));
   }
-  for (size_t i = 0; i < inputs->elements().size(); ++i) {
-    ASSIGN_OR_RETURN(InputSpec spec,
-                     ParseSpec(inputs->elements()[i], source, i));
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    ASSIGN_OR_RETURN(InputSpec spec, ParseSpec((*inputs)[i], source, i));
     for (const InputSpec& other : file.inputs) {
       if (other.name == spec.name) {
         return SpecError(source, i,
@@ -115,17 +122,18 @@ absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
     }
     file.inputs.push_back(std::move(spec));
   }
-  if (const Json* outputs = j.Find("outputs"); outputs != nullptr) {
+  if (const Json* outputs = util::FindMember(j, "outputs");
+      outputs != nullptr) {
     if (!outputs->is_array()) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": \"outputs\" must be a list of strings"));
     }
-    for (const Json& o : outputs->elements()) {
+    for (const Json& o : *outputs) {
       if (!o.is_string()) {
         return absl::InvalidArgumentError(
             absl::StrCat(source, ": \"outputs\" must be a list of strings"));
       }
-      file.outputs.push_back(o.as_string());
+      file.outputs.push_back(o.get<std::string>());
     }
   }
   return file;
