@@ -8,47 +8,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::runtime {
 namespace {
-
-struct DTypeEntry {
-  absl::string_view name;
-  c10::ScalarType type;
-};
-
-// Canonical names first (DTypeName uses the first match).
-constexpr DTypeEntry kDTypes[] = {
-    {"float32", c10::ScalarType::Float},
-    {"float64", c10::ScalarType::Double},
-    {"float16", c10::ScalarType::Half},
-    {"bfloat16", c10::ScalarType::BFloat16},
-    {"int64", c10::ScalarType::Long},
-    {"int32", c10::ScalarType::Int},
-    {"int16", c10::ScalarType::Short},
-    {"int8", c10::ScalarType::Char},
-    {"uint8", c10::ScalarType::Byte},
-    {"bool", c10::ScalarType::Bool},
-    {"complex64", c10::ScalarType::ComplexFloat},
-    {"complex128", c10::ScalarType::ComplexDouble},
-    {"complex32", c10::ScalarType::ComplexHalf},
-    {"qint8", c10::ScalarType::QInt8},
-    {"quint8", c10::ScalarType::QUInt8},
-    {"qint32", c10::ScalarType::QInt32},
-    {"quint4x2", c10::ScalarType::QUInt4x2},
-    // PyTorch's aliases.
-    {"float", c10::ScalarType::Float},
-    {"double", c10::ScalarType::Double},
-    {"half", c10::ScalarType::Half},
-    {"long", c10::ScalarType::Long},
-    {"int", c10::ScalarType::Int},
-    {"short", c10::ScalarType::Short},
-    {"cfloat", c10::ScalarType::ComplexFloat},
-    {"cdouble", c10::ScalarType::ComplexDouble},
-};
 
 std::string SchemaString(const c10::FunctionSchema& schema) {
   std::ostringstream os;
@@ -177,21 +141,6 @@ absl::StatusOr<std::vector<const ir::Argument*>> BindArguments(
     }
   }
   return bound;
-}
-
-absl::StatusOr<c10::ScalarType> ParseDType(absl::string_view name) {
-  absl::string_view bare = absl::StripPrefix(name, "torch.");
-  for (const DTypeEntry& e : kDTypes) {
-    if (e.name == bare) return e.type;
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"));
-}
-
-std::string DTypeName(c10::ScalarType type) {
-  for (const DTypeEntry& e : kDTypes) {
-    if (e.type == type) return std::string(e.name);
-  }
-  return c10::toString(type);
 }
 
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view name) {

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ir/graph.h"
+#include "runtime/dtype.h"
 
 namespace tracecut::runtime {
 
@@ -48,11 +49,7 @@ absl::StatusOr<std::shared_ptr<torch::jit::Operator>> ResolveOperator(
 absl::StatusOr<std::vector<const ir::Argument*>> BindArguments(
     const ir::Node& node, const c10::FunctionSchema& schema, size_t first = 0);
 
-// "float32" -> at::kFloat, ... (the names of docs/ir_conventions.md, plus
-// "torch." prefixed forms and PyTorch's aliases "float", "half", "long", ...).
-absl::StatusOr<c10::ScalarType> ParseDType(absl::string_view name);
-// at::kFloat -> "float32"; the inverse of ParseDType's canonical names.
-std::string DTypeName(c10::ScalarType type);
+// ParseDType and DTypeName: runtime/dtype.h.
 // "cpu", "cuda:0", ...
 absl::StatusOr<c10::Device> ParseDevice(absl::string_view name);
 

@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <new>
 #include <string>
 #include <vector>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "util/format.h"
 
 namespace tracecut::runtime {
 namespace {
@@ -139,7 +139,8 @@ std::string OutOfMemorySummary(absl::string_view full,
     while (end < rest.size() && absl::ascii_isdigit(rest[end])) ++end;
     int64_t bytes = 0;
     if (absl::SimpleAtoi(rest.substr(0, end), &bytes)) {
-      return absl::StrCat("out of memory: cannot allocate ", HumanBytes(bytes));
+      return absl::StrCat("out of memory: cannot allocate ",
+                          util::HumanBytes(bytes));
     }
   }
   return absl::StrCat("out of memory (", summary, ")");
@@ -147,21 +148,7 @@ std::string OutOfMemorySummary(absl::string_view full,
 
 }  // namespace
 
-std::string HumanBytes(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  // snprintf, not absl::StrFormat: the system Abseil's str_format symbols
-  // are weak and get dropped by --as-needed links.
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f %s", v, kUnits[u]);
-  return buf;
-}
+std::string HumanBytes(int64_t bytes) { return util::HumanBytes(bytes); }
 
 bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||

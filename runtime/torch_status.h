@@ -46,7 +46,8 @@ inline constexpr absl::string_view kTorchMessagePayload =
 // the first non-empty line.
 std::string TorchErrorSummary(const std::exception& e);
 
-// "7.8 MiB": a size for messages (allocation failures).
+// "7.8 MiB": util::HumanBytes, kept for existing callers; new code calls
+// util::HumanBytes (//util:format).
 std::string HumanBytes(int64_t bytes);
 
 // True for allocation failures: std::bad_alloc, c10::OutOfMemoryError and

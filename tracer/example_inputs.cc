@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ir/graph.h"
+#include "runtime/dtype.h"
 #include "tracer/tracer.h"
+#include "util/status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer {
@@ -31,31 +33,6 @@ std::string ForwardSignature(const torch::jit::Module& module) {
   return absl::StrJoin(out, ", ");
 }
 
-constexpr struct {
-  const char* name;
-  c10::ScalarType type;
-} kDTypes[] = {
-    {"float32", c10::ScalarType::Float},
-    {"float64", c10::ScalarType::Double},
-    {"float16", c10::ScalarType::Half},
-    {"bfloat16", c10::ScalarType::BFloat16},
-    {"int64", c10::ScalarType::Long},
-    {"int32", c10::ScalarType::Int},
-    {"int16", c10::ScalarType::Short},
-    {"int8", c10::ScalarType::Char},
-    {"uint8", c10::ScalarType::Byte},
-    {"bool", c10::ScalarType::Bool},
-    {"complex64", c10::ScalarType::ComplexFloat},
-    {"complex128", c10::ScalarType::ComplexDouble},
-};
-
-std::optional<c10::ScalarType> ParseDType(absl::string_view name) {
-  for (const auto& d : kDTypes) {
-    if (name == d.name) return d.type;
-  }
-  return std::nullopt;
-}
-
 std::string Repr(const c10::IValue& v) {
   std::ostringstream out;
   out << v;
@@ -68,17 +45,11 @@ std::string ModuleTypeName(const torch::jit::Module& module) {
 
 }  // namespace
 
-std::string DTypeName(c10::ScalarType type) {
-  for (const auto& d : kDTypes) {
-    if (d.type == type) return d.name;
-  }
-  return c10::toString(type);
-}
-
 absl::StatusOr<torch::Tensor> MakeInputTensor(const hf::InputSpec& spec,
                                               at::Generator& generator) {
-  std::optional<c10::ScalarType> dtype = ParseDType(spec.dtype);
-  if (!dtype.has_value()) {
+  // Example inputs take the canonical names only, as input specs do.
+  absl::StatusOr<c10::ScalarType> dtype = runtime::ParseDType(spec.dtype);
+  if (!runtime::IsInputDType(spec.dtype) || !dtype.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "input '", spec.name, "': unknown dtype \"", spec.dtype, "\""));
   }
@@ -239,7 +210,7 @@ absl::Status TraceErrorOf(const std::string& path, const absl::Status& error) {
       absl::StartsWith(error.message(), absl::StrCat(path, ":"))) {
     return error;
   }
-  return absl::Status(error.code(), absl::StrCat(path, ": ", error.message()));
+  return util::Annotate(error, path);
 }
 
 absl::StatusOr<runtime::GraphModule> TraceFile(const std::string& path,

@@ -134,9 +134,6 @@ absl::StatusOr<ExampleInputs> ResolveExampleInputs(
 absl::StatusOr<torch::Tensor> MakeInputTensor(const hf::InputSpec& spec,
                                               at::Generator& generator);
 
-// "float32", "int64", ... (docs/ir_conventions.md names).
-std::string DTypeName(c10::ScalarType type);
-
 }  // namespace tracecut::tracer
 
 #endif  // TRACECUT_TRACER_TRACER_H_

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/dtype.h"
 #include "util/json.h"
 #include "util/status_macros.h"
 
@@ -14,11 +15,6 @@ namespace tracecut::tracer::hf {
 using util::Json;
 
 namespace {
-
-constexpr const char* kDTypes[] = {
-    "float32", "float64", "float16", "bfloat16", "int64",     "int32",
-    "int16",   "int8",    "uint8",   "bool",     "complex64", "complex128",
-};
 
 constexpr const char* kKinds[] = {"tokens", "ones", "zeros", "normal",
                                   "arange"};
@@ -62,8 +58,8 @@ absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
       return SpecError(
           source, index,
           absl::StrCat("\"dtype\" of '", spec.name, "' must be one of ",
-                       absl::StrJoin(kDTypes, ", "), ", got ",
-                       util::DumpJson(*dtype)));
+                       absl::StrJoin(runtime::InputDTypeNames(), ", "),
+                       ", got ", util::DumpJson(*dtype)));
     }
     spec.dtype = dtype->get<std::string>();
   }
@@ -100,8 +96,7 @@ absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
 }  // namespace
 
 bool IsKnownDType(absl::string_view dtype) {
-  return std::find(std::begin(kDTypes), std::end(kDTypes), dtype) !=
-         std::end(kDTypes);
+  return runtime::IsInputDType(dtype);
 }
 
 absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
