@@ -208,7 +208,7 @@ absl::StatusOr<c10::IValue> Unpickle(const std::string& bytes,
 
 absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
                                             absl::string_view source) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       absl::StrCat("calibration data '", source, "'"),
       [&]() -> absl::StatusOr<at::Tensor> {
         const std::string src(source);
@@ -280,7 +280,7 @@ absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
         ">= 1, got %d, %d, %d",
         num_samples, seq_len, vocab_size));
   }
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "synthetic data", [&]() -> absl::StatusOr<at::Tensor> {
         at::Generator gen = at::detail::createCPUGenerator(seed);
         return at::randint(0, vocab_size, {num_samples, seq_len}, gen,
@@ -290,7 +290,7 @@ absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
 
 absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
                          absl::string_view source) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       absl::StrCat("calibration data '", source, "'"), [&]() -> absl::Status {
         if (!tokens.defined() ||
             !at::isIntegralType(tokens.scalar_type(), false) ||
@@ -342,7 +342,7 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
           "decoder_input_ids, attention_mask, token_type_ids, position_ids)"));
     }
   }
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "calibration data", [&]() -> absl::StatusOr<CalibrationData> {
         CalibrationData data;
         data.input_names = input_names;

@@ -219,7 +219,7 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
         absl::StrCat("batch size must be >= 1, got ", batch_size));
   }
   const std::string file = absl::StrCat("calibration data '", source, "'");
-  return internal::GuardTorch(file, [&]() -> absl::StatusOr<CalibrationData> {
+  return runtime::TorchCall(file, [&]() -> absl::StatusOr<CalibrationData> {
     std::map<std::string, at::Tensor> given;
     std::string first;  // The input that sets N.
     for (const auto& [name, value] : values) {

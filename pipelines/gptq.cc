@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "pipelines/quantize.h"
+#include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -250,7 +251,7 @@ HessianAccumulator::HessianAccumulator(int64_t columns)
           at::kFloat)) {}
 
 absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
-  return internal::GuardTorch("HessianAccumulator::Add", [&]() -> absl::Status {
+  return runtime::TorchCall("HessianAccumulator::Add", [&]() -> absl::Status {
     if (columns_ <= 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "HessianAccumulator was built with ", columns_, " columns"));
@@ -291,14 +292,14 @@ absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
 absl::StatusOr<GptqResult> GptqQuantize(const at::Tensor& weight,
                                         const at::Tensor& hessian,
                                         const GptqOptions& options) {
-  return internal::GuardTorch("GptqQuantize", [&] {
+  return runtime::TorchCall("GptqQuantize", [&] {
     return GptqQuantizeImpl(weight, hessian, options);
   });
 }
 
 absl::StatusOr<at::Tensor> GptqRequantize(const GptqResult& result,
                                           const QuantScheme& scheme) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "GptqRequantize", [&]() -> absl::StatusOr<at::Tensor> {
         RETURN_IF_ERROR(scheme.Validate());
         RETURN_IF_ERROR(internal::CheckWeight(result.weight, "result.weight"));

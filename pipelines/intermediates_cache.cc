@@ -500,7 +500,7 @@ IntermediatesCache::~IntermediatesCache() = default;
 absl::Status IntermediatesCache::Put(int64_t batch, absl::string_view name,
                                      const c10::IValue& value) {
   absl::Status s = runtime::TorchCall("", [&] {
-    return internal::GuardTorch(
+    return runtime::TorchCall(
         absl::StrCat("IntermediatesCache::Put(batch ", batch, " '", name, "')"),
         [&] { return state_->Put(Key(batch, std::string(name)), value); });
   });
@@ -511,7 +511,7 @@ absl::Status IntermediatesCache::Put(int64_t batch, absl::string_view name,
 absl::StatusOr<c10::IValue> IntermediatesCache::Get(int64_t batch,
                                                     absl::string_view name) {
   absl::StatusOr<c10::IValue> v = runtime::TorchCall("", [&] {
-    return internal::GuardTorch(
+    return runtime::TorchCall(
         absl::StrCat("IntermediatesCache::Get(batch ", batch, " '", name, "')"),
         [&] { return state_->Get(Key(batch, std::string(name))); });
   });

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -53,7 +54,7 @@ absl::string_view ObservedTensorName(ObservedTensor tensor) {
 
 absl::StatusOr<QuantParams> RangeParams(double lo, double hi,
                                         const QuantScheme& scheme) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "activation range", [&]() -> absl::StatusOr<QuantParams> {
         at::Tensor range =
             at::tensor({static_cast<float>(lo), static_cast<float>(hi)},
@@ -153,7 +154,7 @@ absl::Status Observer::OnModuleCall(RunContext& ctx, const ModuleCall& call) {
   // the end of the run.
   if (x->numel() == 0) return absl::OkStatus();
   double lo = 0, hi = 0;
-  RETURN_IF_ERROR(internal::GuardTorch(
+  RETURN_IF_ERROR(runtime::TorchCall(
       absl::StrCat(name(), " on ", call.path), [&]() -> absl::Status {
         at::Tensor xf = x->detach().to(at::kFloat);
         lo = xf.min().item<float>();

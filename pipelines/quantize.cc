@@ -203,38 +203,11 @@ absl::Status CheckWeight(const at::Tensor& weight, absl::string_view what) {
   return absl::OkStatus();
 }
 
-absl::Status StatusFromTorchError(absl::string_view context,
-                                  const c10::Error& e) {
-  std::string message = absl::StrCat(context, ": ", e.what_without_backtrace());
-  if (dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
-      dynamic_cast<const c10::IndexError*>(&e) != nullptr ||
-      dynamic_cast<const c10::TypeError*>(&e) != nullptr) {
-    return absl::InvalidArgumentError(message);
-  }
-  if (dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr) {
-    return absl::UnimplementedError(message);
-  }
-  if (runtime::IsOutOfMemory(e)) {
-    // Called from GuardTorch's handler: the exception is the current one.
-    return runtime::StatusFromException(std::current_exception(), context);
-  }
-  return absl::InternalError(message);
-}
-
-absl::Status StatusFromException(absl::string_view context,
-                                 const std::exception& e) {
-  if (runtime::IsOutOfMemory(e)) {
-    return runtime::StatusFromException(std::current_exception(), context);
-  }
-  std::string message = absl::StrCat(context, ": ", e.what());
-  return absl::InternalError(message);
-}
-
 }  // namespace internal
 
 absl::StatusOr<QuantParams> ComputeQuantParams(const at::Tensor& weight,
                                                const QuantScheme& scheme) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "ComputeQuantParams", [&]() -> absl::StatusOr<QuantParams> {
         RETURN_IF_ERROR(scheme.Validate());
         RETURN_IF_ERROR(internal::CheckWeight(weight, "weight"));
@@ -259,7 +232,7 @@ absl::StatusOr<QuantParams> ComputeQuantParams(const at::Tensor& weight,
 absl::StatusOr<at::Tensor> Quantize(const at::Tensor& weight,
                                     const QuantParams& params,
                                     const QuantScheme& scheme) {
-  return internal::GuardTorch("Quantize", [&]() -> absl::StatusOr<at::Tensor> {
+  return runtime::TorchCall("Quantize", [&]() -> absl::StatusOr<at::Tensor> {
     RETURN_IF_ERROR(scheme.Validate());
     RETURN_IF_ERROR(internal::CheckWeight(weight, "weight"));
     const int64_t rows = weight.size(0);
@@ -279,30 +252,29 @@ absl::StatusOr<at::Tensor> Dequantize(const at::Tensor& codes,
                                       const QuantParams& params,
                                       const QuantScheme& scheme,
                                       at::ScalarType dtype) {
-  return internal::GuardTorch(
-      "Dequantize", [&]() -> absl::StatusOr<at::Tensor> {
-        RETURN_IF_ERROR(scheme.Validate());
-        if (!codes.defined() || codes.dim() != 2 ||
-            at::isFloatingType(codes.scalar_type())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("codes must be a 2-D integer tensor, got ",
-                           internal::DescribeTensor(codes)));
-        }
-        const int64_t rows = codes.size(0);
-        const int64_t columns = codes.size(1);
-        RETURN_IF_ERROR(CheckParams(params, scheme, rows, columns));
-        at::Tensor scale = internal::ExpandToColumns(
-            params.scale.to(at::kFloat), scheme, rows, columns);
-        at::Tensor zp = internal::ExpandToColumns(
-            params.zero_point.to(at::kFloat), scheme, rows, columns);
-        return ((codes.to(at::kFloat) - zp) * scale).to(dtype);
-      });
+  return runtime::TorchCall("Dequantize", [&]() -> absl::StatusOr<at::Tensor> {
+    RETURN_IF_ERROR(scheme.Validate());
+    if (!codes.defined() || codes.dim() != 2 ||
+        at::isFloatingType(codes.scalar_type())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("codes must be a 2-D integer tensor, got ",
+                       internal::DescribeTensor(codes)));
+    }
+    const int64_t rows = codes.size(0);
+    const int64_t columns = codes.size(1);
+    RETURN_IF_ERROR(CheckParams(params, scheme, rows, columns));
+    at::Tensor scale = internal::ExpandToColumns(params.scale.to(at::kFloat),
+                                                 scheme, rows, columns);
+    at::Tensor zp = internal::ExpandToColumns(params.zero_point.to(at::kFloat),
+                                              scheme, rows, columns);
+    return ((codes.to(at::kFloat) - zp) * scale).to(dtype);
+  });
 }
 
 absl::StatusOr<at::Tensor> FakeQuantize(const at::Tensor& weight,
                                         const QuantParams& params,
                                         const QuantScheme& scheme) {
-  return internal::GuardTorch(
+  return runtime::TorchCall(
       "FakeQuantize", [&]() -> absl::StatusOr<at::Tensor> {
         RETURN_IF_ERROR(scheme.Validate());
         RETURN_IF_ERROR(internal::CheckWeight(weight, "weight"));

@@ -41,7 +41,6 @@
 // catch themselves).
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <exception>
@@ -135,29 +134,6 @@ absl::Status CheckWeight(const at::Tensor& weight, absl::string_view what);
 
 // "float32[4, 8]"-style description for error messages.
 std::string DescribeTensor(const at::Tensor& t);
-
-// LibTorch exceptions as absl::Status, prefixed with `context`: ValueError,
-// IndexError and TypeError become InvalidArgument, NotImplementedError
-// Unimplemented, anything else Internal; an allocation failure becomes
-// ResourceExhausted through runtime::StatusFromException ("<context>: out of
-// memory: cannot allocate 7.8 MiB"). Called from an exception handler only.
-absl::Status StatusFromTorchError(absl::string_view context,
-                                  const c10::Error& e);
-absl::Status StatusFromException(absl::string_view context,
-                                 const std::exception& e);
-
-// Runs `fn` (returning absl::Status or absl::StatusOr<T>) and converts any
-// exception it throws; the boundary every pipelines entry point goes through.
-template <typename Fn>
-auto GuardTorch(absl::string_view context, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return StatusFromTorchError(context, e);
-  } catch (const std::exception& e) {
-    return StatusFromException(context, e);
-  }
-}
 
 }  // namespace internal
 

@@ -232,35 +232,5 @@ TEST(QuantizeTest, BadInputsAreStatusesNotExceptions) {
       absl::StatusCode::kInvalidArgument);
 }
 
-TEST(GuardTorchTest, ConvertsLibTorchExceptions) {
-  absl::StatusOr<at::Tensor> r =
-      internal::GuardTorch("matmul", []() -> absl::StatusOr<at::Tensor> {
-        return at::matmul(at::ones({2, 3}), at::ones({4, 5}));
-      });
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message().substr(0, 8), "matmul: ");
-  // No backtrace in the message.
-  EXPECT_EQ(r.status().message().find("frame #"), std::string::npos)
-      << r.status();
-  absl::Status s = internal::GuardTorch(
-      "plain", []() -> absl::Status { throw std::runtime_error("boom"); });
-  EXPECT_EQ(s, absl::InternalError("plain: boom"));
-}
-
-TEST(GuardTorchTest, AllocationFailureIsResourceExhausted) {
-  absl::Status s = internal::GuardTorch(
-      "Hessian", []() -> absl::Status { throw std::bad_alloc(); });
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(s.message(), "Hessian: out of memory (std::bad_alloc)");
-  absl::StatusOr<at::Tensor> t =
-      internal::GuardTorch("weights", []() -> absl::StatusOr<at::Tensor> {
-        TORCH_CHECK_WITH(OutOfMemoryError, false,
-                         "you tried to allocate 2097152 bytes");
-      });
-  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(t.status().message(),
-            "weights: out of memory: cannot allocate 2.0 MiB");
-}
-
 }  // namespace
 }  // namespace tracecut::pipelines

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "runtime/torch_status.h"
 #include "util/format.h"
 #include "util/status.h"
 #include "util/status_macros.h"
@@ -50,7 +51,7 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
 absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
                                            const at::Tensor& quantized,
                                            const at::Tensor& hessian) {
-  return internal::GuardTorch("output error", [&]() -> absl::StatusOr<double> {
+  return runtime::TorchCall("output error", [&]() -> absl::StatusOr<double> {
     at::Tensor w = weight.detach().to(at::kFloat);
     at::Tensor h = hessian.detach().to(at::kFloat);
     at::Tensor dw = w - quantized.detach().to(at::kFloat);
@@ -144,7 +145,7 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
     if (p.hessian == nullptr) {
       ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
       const int64_t columns = w.size(transposed_.count(path) > 0 ? 0 : 1);
-      absl::Status made = internal::GuardTorch("", [&]() -> absl::Status {
+      absl::Status made = runtime::TorchCall("", [&]() -> absl::Status {
         p.hessian = std::make_unique<HessianAccumulator>(columns);
         return absl::OkStatus();
       });

@@ -148,8 +148,6 @@ std::string OutOfMemorySummary(absl::string_view full,
 
 }  // namespace
 
-std::string HumanBytes(int64_t bytes) { return util::HumanBytes(bytes); }
-
 bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
       dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {

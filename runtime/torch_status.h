@@ -46,10 +46,6 @@ inline constexpr absl::string_view kTorchMessagePayload =
 // the first non-empty line.
 std::string TorchErrorSummary(const std::exception& e);
 
-// "7.8 MiB": util::HumanBytes, kept for existing callers; new code calls
-// util::HumanBytes (//util:format).
-std::string HumanBytes(int64_t bytes);
-
 // True for allocation failures: std::bad_alloc, c10::OutOfMemoryError and
 // the CPU allocator's "can't allocate memory" c10::Error.
 bool IsOutOfMemory(const std::exception& e);

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/torch_status.h"
 
 namespace tracecut::transforms::fusion_math {
 namespace {
@@ -93,22 +94,12 @@ std::vector<int64_t> BroadcastShape(int64_t rank, int64_t dim, int64_t n) {
   return shape;
 }
 
-template <typename Fn>
-auto Guarded(absl::string_view what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat(what, ": LibTorch error: ", e.what_without_backtrace()));
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<WeightAndBias> FoldBatchNormIntoPreceding(
     const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const BatchNormParams& bn, int64_t out_dim) {
-  return Guarded(
+  return runtime::TorchCall(
       "FoldBatchNormIntoPreceding", [&]() -> absl::StatusOr<WeightAndBias> {
         if (absl::Status s = CheckFloating(weight, "weight"); !s.ok()) {
           return s;
@@ -146,7 +137,7 @@ absl::StatusOr<WeightAndBias> FoldBatchNormIntoPreceding(
 absl::StatusOr<WeightAndBias> FoldBatchNormIntoFollowingLinear(
     const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     const BatchNormParams& bn) {
-  return Guarded(
+  return runtime::TorchCall(
       "FoldBatchNormIntoFollowingLinear",
       [&]() -> absl::StatusOr<WeightAndBias> {
         if (absl::Status s = CheckFloating(weight, "weight"); !s.ok()) return s;
@@ -185,96 +176,100 @@ std::vector<int64_t> OutFeatures(absl::Span<const WeightAndBias> parts,
 
 absl::StatusOr<WeightAndBias> ConcatLinears(
     absl::Span<const WeightAndBias> parts, int64_t out_dim) {
-  return Guarded("ConcatLinears", [&]() -> absl::StatusOr<WeightAndBias> {
-    if (parts.size() < 2) {
-      return absl::InvalidArgumentError("ConcatLinears needs >= 2 parts");
-    }
-    if (out_dim != 0 && out_dim != 1) {
-      return absl::InvalidArgumentError("out_dim must be 0 or 1");
-    }
-    const at::Tensor& first = parts[0].weight;
-    const int64_t in_dim = 1 - out_dim;
-    bool any_bias = false;
-    std::vector<at::Tensor> weights;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const at::Tensor& w = parts[i].weight;
-      if (absl::Status s = CheckFloating(w, "weight"); !s.ok()) return s;
-      if (w.dim() != 2 || w.size(in_dim) != first.size(in_dim) ||
-          w.scalar_type() != first.scalar_type() ||
-          w.device() != first.device()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "part ", i, " (", ShapeString(w), " ",
-            c10::toString(w.scalar_type()), " on ", w.device().str(),
-            ") does not match part 0 (", ShapeString(first), " ",
-            c10::toString(first.scalar_type()), " on ", first.device().str(),
-            ")"));
-      }
-      if (parts[i].bias) {
-        if (absl::Status s =
-                CheckVector(*parts[i].bias, w.size(out_dim), "bias");
-            !s.ok()) {
-          return s;
+  return runtime::TorchCall(
+      "ConcatLinears", [&]() -> absl::StatusOr<WeightAndBias> {
+        if (parts.size() < 2) {
+          return absl::InvalidArgumentError("ConcatLinears needs >= 2 parts");
         }
-        if (parts[i].bias->scalar_type() != w.scalar_type() ||
-            parts[i].bias->device() != w.device()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("part ", i,
-                           ": bias dtype/device differ from "
-                           "its weight's"));
+        if (out_dim != 0 && out_dim != 1) {
+          return absl::InvalidArgumentError("out_dim must be 0 or 1");
         }
-        any_bias = true;
-      }
-      weights.push_back(w);
-    }
-    WeightAndBias merged;
-    merged.weight = at::cat(weights, out_dim);
-    if (any_bias) {
-      std::vector<at::Tensor> biases;
-      for (const WeightAndBias& p : parts) {
-        biases.push_back(
-            p.bias ? *p.bias
-                   : at::zeros({p.weight.size(out_dim)}, p.weight.options()));
-      }
-      merged.bias = at::cat(biases, 0);
-    }
-    return merged;
-  });
+        const at::Tensor& first = parts[0].weight;
+        const int64_t in_dim = 1 - out_dim;
+        bool any_bias = false;
+        std::vector<at::Tensor> weights;
+        for (size_t i = 0; i < parts.size(); ++i) {
+          const at::Tensor& w = parts[i].weight;
+          if (absl::Status s = CheckFloating(w, "weight"); !s.ok()) return s;
+          if (w.dim() != 2 || w.size(in_dim) != first.size(in_dim) ||
+              w.scalar_type() != first.scalar_type() ||
+              w.device() != first.device()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "part ", i, " (", ShapeString(w), " ",
+                c10::toString(w.scalar_type()), " on ", w.device().str(),
+                ") does not match part 0 (", ShapeString(first), " ",
+                c10::toString(first.scalar_type()), " on ",
+                first.device().str(), ")"));
+          }
+          if (parts[i].bias) {
+            if (absl::Status s =
+                    CheckVector(*parts[i].bias, w.size(out_dim), "bias");
+                !s.ok()) {
+              return s;
+            }
+            if (parts[i].bias->scalar_type() != w.scalar_type() ||
+                parts[i].bias->device() != w.device()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("part ", i,
+                               ": bias dtype/device differ from "
+                               "its weight's"));
+            }
+            any_bias = true;
+          }
+          weights.push_back(w);
+        }
+        WeightAndBias merged;
+        merged.weight = at::cat(weights, out_dim);
+        if (any_bias) {
+          std::vector<at::Tensor> biases;
+          for (const WeightAndBias& p : parts) {
+            biases.push_back(p.bias ? *p.bias
+                                    : at::zeros({p.weight.size(out_dim)},
+                                                p.weight.options()));
+          }
+          merged.bias = at::cat(biases, 0);
+        }
+        return merged;
+      });
 }
 
 absl::StatusOr<at::Tensor> AppendBiasColumn(const at::Tensor& weight,
                                             const at::Tensor& bias) {
-  return Guarded("AppendBiasColumn", [&]() -> absl::StatusOr<at::Tensor> {
-    if (absl::Status s = CheckFloating(weight, "weight"); !s.ok()) return s;
-    if (weight.dim() != 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("weight must be 2-D, got ", ShapeString(weight)));
-    }
-    if (absl::Status s = CheckVector(bias, weight.size(0), "bias"); !s.ok()) {
-      return s;
-    }
-    if (bias.scalar_type() != weight.scalar_type() ||
-        bias.device() != weight.device()) {
-      return absl::InvalidArgumentError(
-          "bias dtype/device differ from the weight's");
-    }
-    return at::cat({weight, bias.unsqueeze(1)}, 1);
-  });
+  return runtime::TorchCall(
+      "AppendBiasColumn", [&]() -> absl::StatusOr<at::Tensor> {
+        if (absl::Status s = CheckFloating(weight, "weight"); !s.ok()) return s;
+        if (weight.dim() != 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("weight must be 2-D, got ", ShapeString(weight)));
+        }
+        if (absl::Status s = CheckVector(bias, weight.size(0), "bias");
+            !s.ok()) {
+          return s;
+        }
+        if (bias.scalar_type() != weight.scalar_type() ||
+            bias.device() != weight.device()) {
+          return absl::InvalidArgumentError(
+              "bias dtype/device differ from the weight's");
+        }
+        return at::cat({weight, bias.unsqueeze(1)}, 1);
+      });
 }
 
 absl::StatusOr<WeightAndBias> SplitBiasColumn(const at::Tensor& fused) {
-  return Guarded("SplitBiasColumn", [&]() -> absl::StatusOr<WeightAndBias> {
-    if (absl::Status s = CheckFloating(fused, "weight"); !s.ok()) return s;
-    if (fused.dim() != 2 || fused.size(1) < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fused weight must be 2-D with >= 1 column, got ",
-                       ShapeString(fused)));
-    }
-    const int64_t in = fused.size(1) - 1;
-    WeightAndBias out;
-    out.weight = fused.narrow(1, 0, in).clone(at::MemoryFormat::Contiguous);
-    out.bias = fused.select(1, in).clone(at::MemoryFormat::Contiguous);
-    return out;
-  });
+  return runtime::TorchCall(
+      "SplitBiasColumn", [&]() -> absl::StatusOr<WeightAndBias> {
+        if (absl::Status s = CheckFloating(fused, "weight"); !s.ok()) return s;
+        if (fused.dim() != 2 || fused.size(1) < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("fused weight must be 2-D with >= 1 column, got ",
+                           ShapeString(fused)));
+        }
+        const int64_t in = fused.size(1) - 1;
+        WeightAndBias out;
+        out.weight = fused.narrow(1, 0, in).clone(at::MemoryFormat::Contiguous);
+        out.bias = fused.select(1, in).clone(at::MemoryFormat::Contiguous);
+        return out;
+      });
 }
 
 std::optional<double> ExactReciprocal(double d, int max_exponent) {
