@@ -2,7 +2,11 @@
 // TorchScript module, on a chain of small blocks where per-node overhead
 // shows (small tensors) and on one where the kernels dominate.
 //
-//   bazel run -c opt //runtime:interpreter_benchmark -- [iterations]
+//   bazel run -c opt //runtime:interpreter_benchmark -- \
+//       [--benchmark_filter=REGEX] [--benchmark_repetitions=N]
+//
+// Google Benchmark: the interpreter's and the lowered forward's ratios to the
+// original are the rows' time ratios at equal arguments.
 //
 // Each block: h = relu(linear(h, w_i, b_i)) + h, either inlined (get_attr +
 // aten::linear) or through a Linear leaf submodule (call_module).
@@ -10,16 +14,13 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
 #include "ir/graph.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -89,64 +90,83 @@ Model Build(int blocks, int64_t width, bool leaf_modules) {
   return {root, std::move(g)};
 }
 
-// Median microseconds per call over `reps` repetitions of `iters` calls.
-double Time(const std::function<void()>& fn, int iters, int reps) {
-  for (int i = 0; i < 50; ++i) fn();  // Warm up (profiling executor too).
-  std::vector<double> per_call;
-  for (int r = 0; r < reps; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    std::chrono::duration<double, std::micro> d =
-        std::chrono::steady_clock::now() - start;
-    per_call.push_back(d.count() / iters);
+// One configuration's three ways to run the same chain, built once and
+// checked to agree before anything is timed.
+struct Setup {
+  explicit Setup(int blocks, int64_t rows, int64_t width, bool leaf_modules)
+      : model(Build(blocks, width, leaf_modules)),
+        gm(model.module, std::move(model.graph)),
+        x(torch::randn({rows, width})) {
+    absl::StatusOr<Interpreter> i = Interpreter::Create(gm);
+    absl::StatusOr<torch::jit::Module> l = LowerToTorchScript(gm);
+    if (!i.ok() || !l.ok()) {
+      error = absl::StrCat("setup failed: ", i.status().ToString(), " ",
+                           l.status().ToString());
+      return;
+    }
+    interp.emplace(*std::move(i));
+    lowered = *std::move(l);
+    at::Tensor ref = gm.module().forward({x}).toTensor();
+    at::Tensor got = interp->Run({x})->toTensor();
+    at::Tensor low = lowered.forward({x}).toTensor();
+    if (!torch::allclose(ref, got, 1e-5, 1e-5) ||
+        !torch::allclose(ref, low, 1e-5, 1e-5)) {
+      error = "outputs differ from the original module";
+    }
   }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+  Model model;
+  GraphModule gm;
+  at::Tensor x;
+  std::optional<Interpreter> interp;
+  torch::jit::Module lowered;
+  std::string error;
+};
+
+enum class Way { kOriginal, kInterpreter, kLowered };
+
+// Args: blocks, rows, width, leaf modules (0/1).
+template <Way way>
+void BM_Chain(benchmark::State& state) {
+  at::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  Setup s(static_cast<int>(state.range(0)), state.range(1), state.range(2),
+          state.range(3) != 0);
+  if (!s.error.empty()) {
+    state.SkipWithError(s.error.c_str());
+    return;
+  }
+  auto call = [&] {
+    switch (way) {
+      case Way::kOriginal:
+        return s.gm.module().forward({s.x});
+      case Way::kInterpreter:
+        return *s.interp->Run({s.x});
+      case Way::kLowered:
+        return s.lowered.forward({s.x});
+    }
+    return c10::IValue();
+  };
+  for (int i = 0; i < 50; ++i) call();  // Warm up (profiling executor too).
+  for (auto _ : state) benchmark::DoNotOptimize(call());
+  state.counters["nodes"] = static_cast<double>(s.gm.graph().size());
 }
 
-void Bench(const char* label, int blocks, int64_t rows, int64_t width,
-           bool leaf_modules, int iters) {
-  Model m = Build(blocks, width, leaf_modules);
-  GraphModule gm(m.module, std::move(m.graph));
-  absl::StatusOr<Interpreter> interp = Interpreter::Create(gm);
-  absl::StatusOr<torch::jit::Module> lowered = LowerToTorchScript(gm);
-  if (!interp.ok() || !lowered.ok()) {
-    std::fprintf(stderr, "setup failed: %s %s\n",
-                 interp.status().ToString().c_str(),
-                 lowered.status().ToString().c_str());
-    std::exit(1);
+// Small tensors, where per-node overhead shows; larger ones, where the
+// kernels dominate. Each with inlined linears and with Linear leaf modules.
+void Configs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"blocks", "rows", "width", "leaf"});
+  for (int leaf : {0, 1}) {
+    b->Args({32, 1, 16, leaf});
+    b->Args({8, 64, 512, leaf});
   }
-  at::Tensor x = torch::randn({rows, width});
-  at::Tensor ref = gm.module().forward({x}).toTensor();
-  at::Tensor got = interp->Run({x})->toTensor();
-  at::Tensor low = lowered->forward({x}).toTensor();
-  if (!torch::allclose(ref, got, 1e-5, 1e-5) ||
-      !torch::allclose(ref, low, 1e-5, 1e-5)) {
-    std::fprintf(stderr, "%s: outputs differ\n", label);
-    std::exit(1);
-  }
-  const int reps = 7;
-  double t_orig = Time([&] { gm.module().forward({x}); }, iters, reps);
-  double t_interp = Time([&] { (void)interp->Run({x}); }, iters, reps);
-  double t_low = Time([&] { lowered->forward({x}); }, iters, reps);
-  std::printf(
-      "%-34s nodes=%4zu  original %8.2f us  interpreter %8.2f us (%.3fx)  "
-      "lowered %8.2f us (%.3fx)\n",
-      label, gm.graph().size(), t_orig, t_interp, t_interp / t_orig, t_low,
-      t_low / t_orig);
+  b->Unit(benchmark::kMicrosecond);
 }
+
+BENCHMARK(BM_Chain<Way::kOriginal>)->Apply(Configs);
+BENCHMARK(BM_Chain<Way::kInterpreter>)->Apply(Configs);
+BENCHMARK(BM_Chain<Way::kLowered>)->Apply(Configs);
 
 }  // namespace
 }  // namespace tracecut::runtime
 
-int main(int argc, char** argv) {
-  int iters = argc > 1 ? std::atoi(argv[1]) : 300;
-  at::set_num_threads(1);
-  torch::NoGradGuard no_grad;
-  using tracecut::runtime::Bench;
-  Bench("inlined, 32 blocks, [1,16]", 32, 1, 16, false, iters);
-  Bench("leaf modules, 32 blocks, [1,16]", 32, 1, 16, true, iters);
-  Bench("inlined, 8 blocks, [64,512]", 8, 64, 512, false, iters / 4 + 1);
-  Bench("leaf modules, 8 blocks, [64,512]", 8, 64, 512, true, iters / 4 + 1);
-  return 0;
-}
+BENCHMARK_MAIN();
