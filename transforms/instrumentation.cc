@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <iostream>
-#include <regex>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "ir/module_pattern.h"
 #include "ir/text.h"
 #include "ir/verifier.h"
 #include "util/files.h"
@@ -18,27 +18,6 @@
 
 namespace tracecut::transforms {
 namespace {
-
-bool GlobMatch(absl::string_view pattern, absl::string_view s) {
-  // Iterative glob with backtracking over the last '*'.
-  size_t p = 0, i = 0, star = absl::string_view::npos, mark = 0;
-  while (i < s.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == s[i])) {
-      ++p;
-      ++i;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = i;
-    } else if (star != absl::string_view::npos) {
-      p = star + 1;
-      i = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
 
 // `status` with `suffix` after its message, same code and payloads.
 absl::Status AppendToMessage(const absl::Status& status,
@@ -70,16 +49,9 @@ constexpr absl::string_view kDirectionKey = "# direction: ";
 }  // namespace
 
 bool PassNameMatches(absl::string_view pattern, absl::string_view name) {
-  if (pattern.empty()) return false;
-  if (absl::StartsWith(pattern, "re:")) {
-    try {
-      return std::regex_match(std::string(name),
-                              std::regex(std::string(pattern.substr(3))));
-    } catch (const std::regex_error&) {
-      return false;
-    }
-  }
-  return GlobMatch(pattern, name);
+  // Pass names have no dots, so ir::ModulePattern's type matching is plain
+  // glob ('*', '?') or "re:" regex over the whole name.
+  return !pattern.empty() && ir::ModulePattern(pattern).MatchesType(name);
 }
 
 absl::Status VerifyGraph(const runtime::GraphModule& gm) {
