@@ -19,6 +19,24 @@
 namespace tracecut::partition::partitioner_internal {
 namespace {
 
+// The placeholder through which a graph reads `m` from outside: a model
+// input keeps its target, scope and meta; a value computed elsewhere is
+// named after its node and keeps only its output types.
+absl::StatusOr<ir::Node*> AddInputPlaceholder(ir::Graph& g, const ir::Node* m) {
+  const bool model_input = m->op() == ir::OpKind::kPlaceholder;
+  ASSIGN_OR_RETURN(
+      ir::Node * p,
+      g.AddNode(ir::OpKind::kPlaceholder, model_input ? m->target() : m->name(),
+                {}, {}, m->name()));
+  if (model_input) {
+    p->set_scope(m->scope());
+    p->meta() = m->meta();
+  } else {
+    p->meta().outputs = m->meta().outputs;
+  }
+  return p;
+}
+
 // A copy of `a` whose k-th node reference is replaced by copy[refs[k]],
 // advancing `refs` past the references it used.
 ir::Argument CopyArgument(const ir::Argument& a, const int*& refs,
@@ -76,17 +94,7 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
     sub.input_names.reserve(inputs.size());
     for (int j : inputs) {
       const ir::Node* m = nodes[j];
-      bool model_input = m->op() == ir::OpKind::kPlaceholder;
-      ASSIGN_OR_RETURN(
-          ir::Node * p,
-          g->AddNode(ir::OpKind::kPlaceholder,
-                     model_input ? m->target() : m->name(), {}, {}, m->name()));
-      if (model_input) {
-        p->set_scope(m->scope());
-        p->meta() = m->meta();
-      } else {
-        p->meta().outputs = m->meta().outputs;
-      }
+      ASSIGN_OR_RETURN(ir::Node * p, AddInputPlaceholder(*g, m));
       copy[j] = p;
       copied_in[j] = s;
       sub.input_names.push_back(m->name());
@@ -179,17 +187,7 @@ absl::Status BuildOutputGraph(const ir::Graph& graph, Partition* partition) {
   for (const ir::Node* m : output_reads) {
     if (m->op() == ir::OpKind::kGetAttr) continue;
     partition->model_outputs.push_back(m->name());
-    bool model_input = m->op() == ir::OpKind::kPlaceholder;
-    ASSIGN_OR_RETURN(
-        ir::Node * p,
-        og->AddNode(ir::OpKind::kPlaceholder,
-                    model_input ? m->target() : m->name(), {}, {}, m->name()));
-    if (model_input) {
-      p->set_scope(m->scope());
-      p->meta() = m->meta();
-    } else {
-      p->meta().outputs = m->meta().outputs;
-    }
+    ASSIGN_OR_RETURN(ir::Node * p, AddInputPlaceholder(*og, m));
     og_map[m] = p;
   }
   for (const ir::Node* m : output_reads) {
