@@ -220,6 +220,16 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
+absl::StatusOr<TensorInfo> SafetensorsFile::Info(
+    const std::string& tensor) const {
+  auto it = entries_.find(tensor);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(name_, ": no tensor '", tensor, "'"));
+  }
+  return TensorInfo{it->second.dtype, it->second.shape};
+}
+
 absl::StatusOr<torch::Tensor> SafetensorsFile::Get(
     const std::string& tensor) const {
   auto it = entries_.find(tensor);
@@ -230,7 +240,22 @@ absl::StatusOr<torch::Tensor> SafetensorsFile::Get(
   const Entry& e = it->second;
   torch::Tensor t = torch::empty(e.shape, torch::dtype(e.dtype));
   if (e.end > e.begin) {
-    std::memcpy(t.data_ptr(), data_ + data_start_ + e.begin, e.end - e.begin);
+    const char* begin = data_ + data_start_ + e.begin;
+    std::memcpy(t.data_ptr(), begin, e.end - e.begin);
+    if (mapping_ != nullptr) {
+      // Whole pages inside the tensor's bytes only: a neighbour sharing a
+      // page keeps it. The pages stay in the page cache; only this
+      // process's resident set shrinks.
+      const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+      const uintptr_t first =
+          (reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page;
+      const uintptr_t last =
+          (reinterpret_cast<uintptr_t>(begin) + (e.end - e.begin)) / page *
+          page;
+      if (last > first) {
+        ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+      }
+    }
   }
   return t;
 }
@@ -287,7 +312,25 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
                                           " nor ", kIndexFile));
 }
 
+absl::StatusOr<TensorInfo> Checkpoint::Info(const std::string& tensor) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f, Shard(tensor));
+  return f->Info(tensor);
+}
+
 absl::StatusOr<torch::Tensor> Checkpoint::Get(const std::string& tensor) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f, Shard(tensor));
+  return f->Get(tensor);
+}
+
+std::string Checkpoint::FileOf(const std::string& tensor) const {
+  auto it = shard_of_.find(tensor);
+  return (std::filesystem::path(dir_) /
+          (it == shard_of_.end() ? std::string("?") : it->second))
+      .string();
+}
+
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Checkpoint::Shard(
+    const std::string& tensor) const {
   auto it = shard_of_.find(tensor);
   if (it == shard_of_.end()) {
     return absl::NotFoundError(
@@ -306,7 +349,7 @@ absl::StatusOr<torch::Tensor> Checkpoint::Get(const std::string& tensor) const {
         absl::StrCat(open->second->name(), ": no tensor '", tensor,
                      "', which the checkpoint's index places there"));
   }
-  return open->second->Get(tensor);
+  return open->second;
 }
 
 }  // namespace tracecut::checkpoint

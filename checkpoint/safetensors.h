@@ -29,6 +29,12 @@
 
 namespace tracecut::checkpoint {
 
+// A stored tensor's dtype and shape, from the header alone.
+struct TensorInfo {
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+
 class SafetensorsFile {
  public:
   // Maps `path`. `bytes` variant: a safetensors image held in memory (e.g.
@@ -44,7 +50,11 @@ class SafetensorsFile {
   bool Has(const std::string& tensor) const {
     return entries_.contains(tensor);
   }
-  // A copy of the tensor (contiguous, CPU, stored dtype).
+  absl::StatusOr<TensorInfo> Info(const std::string& tensor) const;
+  // A copy of the tensor (contiguous, CPU, stored dtype). The mapped pages
+  // it was copied from are dropped from this process afterwards, so reading
+  // a whole checkpoint tensor by tensor does not grow the resident set by
+  // the file's size.
   absl::StatusOr<torch::Tensor> Get(const std::string& tensor) const;
 
  private:
@@ -80,9 +90,15 @@ class Checkpoint {
   }
   // Every tensor's name, sorted.
   std::vector<std::string> names() const;
+  absl::StatusOr<TensorInfo> Info(const std::string& tensor) const;
   absl::StatusOr<torch::Tensor> Get(const std::string& tensor) const;
+  // The file holding `tensor`, for error messages ("DIR/model-00001-of-...").
+  std::string FileOf(const std::string& tensor) const;
 
  private:
+  absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Shard(
+      const std::string& tensor) const;
+
   std::string dir_;
   std::map<std::string, std::string> shard_of_;  // Tensor -> file name.
   mutable std::map<std::string, std::shared_ptr<const SafetensorsFile>> open_;

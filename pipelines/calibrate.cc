@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/report.h"
 #include "pipelines/rtn_modifier.h"
+#include "pipelines/weight_stream.h"
 #include "runtime/finite.h"
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
@@ -104,6 +106,8 @@ bool IsDirectory(const std::string& path) {
 
 constexpr char kLockFile[] = "lock";
 constexpr char kSpillDir[] = "spill";
+// Where a streamed run writes its shards (CompressedTensorsWriter).
+constexpr char kOutputDir[] = "output";
 
 // Removes the spill files of the process `pid` from `dir` (named
 // "tracecut-<pid>-..." by the intermediates cache), all of them when pid is
@@ -128,6 +132,8 @@ void RemoveSpillFiles(const std::string& dir, int64_t pid) {
 // directory if it is empty (anything else in it is left alone).
 void RemoveRunDir(const std::string& dir) {
   RemoveSpillFiles(absl::StrCat(dir, "/", kSpillDir), 0);
+  std::error_code ec;
+  std::filesystem::remove_all(absl::StrCat(dir, "/", kOutputDir), ec);
   std::remove(absl::StrCat(dir, "/", kLockFile).c_str());
   if (DIR* d = ::opendir(dir.c_str())) {
     std::vector<std::string> names;
@@ -286,8 +292,12 @@ std::vector<std::string> ModelInputNames(const runtime::GraphModule& model) {
 }
 
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
-    const std::string& model_path, const ExampleInputOptions& example_inputs) {
-  ASSIGN_OR_RETURN(tracer::LoadedModel loaded, tracer::LoadModel(model_path));
+    const std::string& model_path, const ExampleInputOptions& example_inputs,
+    bool defer_checkpoint_tensors) {
+  tracer::LoadOptions load;
+  load.defer_checkpoint_tensors = defer_checkpoint_tensors;
+  ASSIGN_OR_RETURN(tracer::LoadedModel loaded,
+                   tracer::LoadModel(model_path, load));
   tracer::TraceOptions base;
   base.input_specs = example_inputs.input_specs;
   base.config_path = example_inputs.config_path;
@@ -303,6 +313,8 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   if (!gm.ok()) return tracer::TraceErrorOf(model_path, gm.status());
   LoadedForCalibration out{std::move(*gm)};
   out.file = loaded.path;
+  out.deferred = std::move(loaded.deferred);
+  out.checkpoint_dir = std::move(loaded.checkpoint_dir);
   if (loaded.from_torch_export) {
     // A .pt2 (or a directory holding one): the files LoadModel read.
     out.model.mutable_extra_files() = loaded.extra_files;
@@ -358,13 +370,25 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   Progress silent = Progress::Silent();
   Progress* progress = options.progress != nullptr ? options.progress : &silent;
 
-  ASSIGN_OR_RETURN(
-      LoadedForCalibration loaded,
-      LoadForCalibration(options.model_path, options.example_inputs));
+  const PipelineKind kind =
+      options.pipeline.value_or(KindFromRecipe(options.recipe.pipeline()));
+  const bool want_stream =
+      options.stream_weights &&
+      options.output_format ==
+          CalibrateOptions::OutputFormat::kCompressedTensors &&
+      kind != PipelineKind::kBasic && IsDirectory(options.model_path);
+  ASSIGN_OR_RETURN(LoadedForCalibration loaded,
+                   LoadForCalibration(options.model_path,
+                                      options.example_inputs, want_stream));
   runtime::GraphModule& gm = loaded.model;
+  const bool streaming = !loaded.deferred.empty();
   // All of every weight, not only what the data will touch: a NaN in an
   // embedding row no sample uses would otherwise be copied into the output.
-  RETURN_IF_ERROR(runtime::CheckModuleFinite(gm.module(), loaded.file));
+  // Streamed weights are checked as they are read.
+  std::set<std::string> deferred;
+  for (const auto& [path, d] : loaded.deferred) deferred.insert(path);
+  RETURN_IF_ERROR(
+      runtime::CheckModuleFinite(gm.module(), loaded.file, deferred));
 
   // Data.
   CalibrationData data;
@@ -412,7 +436,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   // Pipeline options.
   const recipe::Recipe& r = options.recipe;
   PipelineOptions p;
-  p.kind = options.pipeline.value_or(KindFromRecipe(r.pipeline()));
+  p.kind = kind;
   p.propagate_error = options.propagate_error.value_or(r.propagate_error());
   std::vector<std::string> targets = options.sequential_targets;
   if (targets.empty())
@@ -452,7 +476,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
       absl::StrFormat("%016x", util::Fnv1a64(RecipeText(r))), "; targets ",
       absl::StrJoin(targets, ","),
       p.calibrate_all_experts ? absl::StrCat("; all experts ", p.expert_pattern)
-                              : "");
+                              : "",
+      streaming ? "; weights streamed" : "");
 
   // A run directory this run creates is removed again if the run fails;
   // in one it did not create, only the lock and spill files it made go.
@@ -485,6 +510,28 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     }
   }
 
+  // Streaming: shards are written into the run directory as subgraphs
+  // finish (kept for --resume) and the directory is renamed onto OUT_DIR.
+  std::unique_ptr<CompressedTensorsWriter> writer;
+  std::unique_ptr<WeightStream> stream;
+  CompressedOutputOptions out_options;
+  out_options.output_dir = options.output_path;
+  if (IsDirectory(options.model_path))
+    out_options.source_dir = options.model_path;
+  if (streaming) {
+    out_options.source_dir = loaded.checkpoint_dir;
+    ASSIGN_OR_RETURN(writer, CompressedTensorsWriter::Create(
+                                 out_options, gm.extra_files(),
+                                 absl::StrCat(p.run_dir, "/", kOutputDir)));
+    ASSIGN_OR_RETURN(
+        stream, WeightStream::Create(gm, loaded.deferred, loaded.checkpoint_dir,
+                                     writer.get()));
+    p.weights = stream.get();
+    progress->Note(absl::StrCat(
+        "streaming weights from ", loaded.checkpoint_dir, " (",
+        loaded.deferred.size(), " tensors, read when their subgraph runs)"));
+  }
+
   CalibrateOutcome outcome;
   outcome.targets = targets;
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
@@ -512,8 +559,14 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     return outcome;
   }
 
-  RETURN_IF_ERROR(CheckQuantResultsFinite(outcome.results, gm));
-  RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
+  if (streaming) {
+    // Each shard's parameters were checked as it was written.
+    RETURN_IF_ERROR(stream->WriteRest(outcome.results));
+    outcome.streamed_peak_weight_bytes = stream->peak_loaded_bytes();
+  } else {
+    RETURN_IF_ERROR(CheckQuantResultsFinite(outcome.results, gm));
+    RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
+  }
   ReportInfo info;
   info.model = options.model_path;
   info.recipe = options.recipe_source;
@@ -542,15 +595,11 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         report_tmp, util::DumpJson(outcome.report, 2) + "\n"));
   }
   absl::Status saved;
-  if (options.output_format ==
-      CalibrateOptions::OutputFormat::kCompressedTensors) {
-    CompressedOutputOptions out;
-    out.output_dir = options.output_path;
-    std::error_code ec;
-    if (std::filesystem::is_directory(options.model_path, ec)) {
-      out.source_dir = options.model_path;
-    }
-    saved = WriteCompressedTensors(gm, outcome.results, out);
+  if (streaming) {
+    saved = writer->Finish(outcome.results);
+  } else if (options.output_format ==
+             CalibrateOptions::OutputFormat::kCompressedTensors) {
+    saved = WriteCompressedTensors(gm, outcome.results, out_options);
   } else {
     saved = runtime::SaveTorchScript(gm, options.output_path);
   }
@@ -569,7 +618,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   if (!options.keep_run_dir && p.kind != PipelineKind::kBasic) {
     RemoveRunDir(p.run_dir);
   }
-  outcome.model.emplace(std::move(gm));
+  if (!streaming) outcome.model.emplace(std::move(gm));
   return outcome;
 }
 

@@ -23,6 +23,7 @@
 // keep_run_dir.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 #include "pipelines/progress.h"
 #include "pipelines/recipe.pb.h"
 #include "runtime/graph_module.h"
+#include "tracer/export/pt2_archive.h"
 #include "tracer/hf/inputs.h"
 #include "util/json.h"
 
@@ -54,6 +56,10 @@ struct LoadedForCalibration {
   std::string model_type;  // "llama"; empty when there is no config.
   // The model file read (for a directory, the .pt2 in it).
   std::string file;
+  // Tensors left in the checkpoint (load with `defer_checkpoint_tensors`):
+  // the model holds stand-ins for them (tracer/export/pt2_archive.h).
+  std::map<std::string, tracer::exported::DeferredTensor> deferred;
+  std::string checkpoint_dir;
 };
 // Example inputs for models that do not embed them (the command line's
 // --input and --example-inputs; see tools/cli/model_flags.h).
@@ -67,7 +73,8 @@ struct ExampleInputOptions {
 };
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     const std::string& model_path,
-    const ExampleInputOptions& example_inputs = {});
+    const ExampleInputOptions& example_inputs = {},
+    bool defer_checkpoint_tensors = false);
 
 // The traced model's inputs with their example shapes and dtypes, and the
 // token limits of its config: what calibration data is checked against.
@@ -105,6 +112,13 @@ struct CalibrateOptions {
   // kCompressedTensors: a checkpoint directory (compressed_output.h).
   enum class OutputFormat { kTorchScript, kCompressedTensors };
   OutputFormat output_format = OutputFormat::kTorchScript;
+  // With a checkpoint directory whose .pt2 holds no weights (`tracecut
+  // export --meta`), compressed-tensors output and a sequential pipeline:
+  // read each subgraph's weights from the safetensors when it runs and
+  // write and release them when it is done, so memory is one subgraph's
+  // weights (weight_stream.h). Otherwise, or when false, the whole model is
+  // loaded first.
+  bool stream_weights = true;
   std::string report_path;  // Empty: no report file.
   // Checkpoints; default "<output_path>.run".
   std::string run_dir;
@@ -125,8 +139,11 @@ struct CalibrateOutcome {
   std::vector<std::string> targets;  // Sequential targets used.
   int64_t num_batches = 0;
   util::Json report;
-  // The calibrated model (buffers added), kept for callers that evaluate it.
+  // The calibrated model (buffers added), kept for callers that evaluate it;
+  // empty when the weights were streamed (the model holds none at the end).
   std::optional<runtime::GraphModule> model;
+  // Streamed runs: the most bytes of checkpoint weights held at once.
+  std::optional<int64_t> streamed_peak_weight_bytes;
 };
 
 absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options);

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/compressed_tensors.h"
 #include "checkpoint/safetensors.h"
+#include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
@@ -35,9 +38,17 @@ constexpr const char* kQuantBuffers[] = {
     "weight_scale",     "weight_zero_point", "weight_g_idx",     "input_scale",
     "input_zero_point", "output_scale",      "output_zero_point"};
 
-absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(
-    const runtime::GraphModule& gm, const std::string& path,
-    const ModuleRecord& r) {
+// Whether `r` asks for compressed output (anything quantized or observed).
+bool IsQuantRecord(const ModuleRecord& r) {
+  return !r.weight_method.empty() || !r.input.observer.empty() ||
+         !r.output.observer.empty();
+}
+
+// `weight`: the module's weight after calibration; undefined to check the
+// record only.
+absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(const at::Tensor& weight,
+                                                     const std::string& path,
+                                                     const ModuleRecord& r) {
   auto bad = [&](const std::string& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("compressed-tensors output: module ", path, " (",
@@ -69,7 +80,7 @@ absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(
   linear.args.num_bits = scheme.bits;
   linear.args.symmetric = scheme.symmetric;
   linear.args.group_size = scheme.group_size;
-  ASSIGN_OR_RETURN(linear.weight, gm.GetTensor(path + ".weight"));
+  linear.weight = weight;
   linear.scale = r.weight_scale;
   linear.zero_point = r.weight_zero_point;
   return linear;
@@ -111,6 +122,44 @@ bool IsCompressedTensorsDir(const fs::path& dir) {
   return config.ok() && absl::StrContains(*config, "\"compressed-tensors\"");
 }
 
+// The source checkpoint's other files (tokenizer, generation config),
+// copied into `dir`.
+absl::Status CopySourceFiles(const fs::path& dir,
+                             const std::string& source_dir) {
+  if (source_dir.empty()) return absl::OkStatus();
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(source_dir)) {
+    const std::string name = e.path().filename().string();
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || name[0] == '.' || name == "config.json" ||
+        name == "model.safetensors.index.json" || ext == ".safetensors" ||
+        ext == ".bin" || ext == ".pt" || ext == ".pt2" || ext == ".pth") {
+      continue;
+    }
+    files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& f : files) {
+    ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(f.string()));
+    RETURN_IF_ERROR(
+        util::WriteFileAtomically((dir / f.filename()).string(), bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteIndex(const fs::path& dir,
+                        const nlohmann::ordered_json& weight_map,
+                        int64_t total) {
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", weight_map}};
+  return util::WriteFileAtomically(
+      (dir / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+}
+
+std::string ShardName(size_t i, size_t n) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
+}
+
 absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
                             const std::string& config,
                             const CompressedOutputOptions& options) {
@@ -122,9 +171,7 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
   int64_t total = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name =
-        shards.size() == 1 ? "model.safetensors"
-                           : absl::StrFormat("model-%05d-of-%05d.safetensors",
-                                             i + 1, shards.size());
+        shards.size() == 1 ? "model.safetensors" : ShardName(i, shards.size());
     ASSIGN_OR_RETURN(std::string bytes, checkpoint::SerializeSafetensors(
                                             shards[i], {{"format", "pt"}}));
     RETURN_IF_ERROR(util::WriteFileAtomically((dir / name).string(), bytes));
@@ -133,34 +180,98 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
       total += t.numel() * t.element_size();
     }
   }
-  if (shards.size() > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
-                                    {"weight_map", weight_map}};
-    RETURN_IF_ERROR(util::WriteFileAtomically(
-        (dir / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
-  }
-  // The source checkpoint's other files: tokenizer, generation config.
-  if (!options.source_dir.empty()) {
-    std::vector<fs::path> files;
-    for (const fs::directory_entry& e :
-         fs::directory_iterator(options.source_dir)) {
-      const std::string name = e.path().filename().string();
-      const std::string ext = e.path().extension().string();
-      if (!e.is_regular_file() || name[0] == '.' || name == "config.json" ||
-          name == "model.safetensors.index.json" || ext == ".safetensors" ||
-          ext == ".bin" || ext == ".pt" || ext == ".pt2" || ext == ".pth") {
-        continue;
-      }
-      files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-    for (const fs::path& f : files) {
-      ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(f.string()));
-      RETURN_IF_ERROR(
-          util::WriteFileAtomically((dir / f.filename()).string(), bytes));
-    }
+  if (shards.size() > 1) RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
+  return CopySourceFiles(dir, options.source_dir);
+}
+
+// FailedPrecondition unless OUT_DIR is free: missing, empty, or an earlier
+// compressed-tensors output.
+absl::Status CheckOutputDir(const fs::path& out, const std::string& where) {
+  std::error_code ec;
+  if (fs::exists(out, ec) &&
+      !(fs::is_directory(out, ec) &&
+        (fs::is_empty(out, ec) || IsCompressedTensorsDir(out)))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where,
+        ": it exists and is not an earlier compressed-tensors output; "
+        "remove it or choose another -o"));
   }
   return absl::OkStatus();
+}
+
+// config.json: the one the model carries (--config's, or the export's),
+// else the source checkpoint's.
+absl::StatusOr<std::string> ModelConfig(
+    const torch::jit::ExtraFilesMap& extra_files,
+    const CompressedOutputOptions& options, const std::string& where) {
+  std::error_code ec;
+  if (auto it = extra_files.find("config.json");
+      it != extra_files.end() && !it->second.empty()) {
+    return it->second;
+  }
+  if (!options.source_dir.empty() &&
+      fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
+    return util::ReadFile(
+        (fs::path(options.source_dir) / "config.json").string());
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(where,
+                   ": compressed-tensors output needs the model's config.json "
+                   "(a checkpoint directory, or a model that embeds it, as "
+                   "`tracecut export` writes)"));
+}
+
+// Renames the finished directory `tmp` onto `out`, replacing an earlier
+// output only once the new one is in place.
+absl::Status Publish(const fs::path& tmp, const fs::path& out,
+                     const std::string& where) {
+  std::error_code ec;
+  const fs::path parent =
+      out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const fs::path old =
+      parent / absl::StrCat(".", out.filename().string(), ".old.", getpid());
+  const bool replacing = fs::exists(out, ec);
+  if (replacing) {
+    fs::rename(out, old, ec);
+    if (ec) {
+      return util::ErrnoError(ec.value(),
+                              absl::StrCat(where, ": moving the old one"));
+    }
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    const int err = ec.value();
+    if (replacing) fs::rename(old, out, ec);
+    return util::ErrnoError(
+        err, absl::StrCat(where, ": renaming '", tmp.string(), "' onto it"));
+  }
+  if (replacing) fs::remove_all(old, ec);
+  return absl::OkStatus();
+}
+
+// Every module `results` quantized, with its scheme; errors as
+// QuantizedLinear's. FailedPrecondition when there is none.
+absl::StatusOr<std::vector<std::pair<std::string, checkpoint::CtWeightArgs>>>
+QuantizedModules(const CalibrationResults& results, const std::string& where) {
+  std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> quantized;
+  for (const auto& [path, record] : results.modules) {
+    if (!IsQuantRecord(record)) continue;
+    ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                     QuantizedLinear(at::Tensor(), path, record));
+    quantized.emplace_back(path, linear.args);
+  }
+  if (quantized.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": no module was quantized"));
+  }
+  return quantized;
+}
+
+// The module path of a weight ("a.b" for "a.b.weight"); empty otherwise.
+std::string ModuleOfWeight(const std::string& name) {
+  return absl::EndsWith(name, ".weight")
+             ? name.substr(0, name.size() - std::strlen(".weight"))
+             : std::string();
 }
 
 }  // namespace
@@ -171,34 +282,9 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   const fs::path out(options.output_dir);
   const std::string where =
       absl::StrCat("cannot write '", options.output_dir, "'");
-  std::error_code ec;
-  if (fs::exists(out, ec) &&
-      !(fs::is_directory(out, ec) &&
-        (fs::is_empty(out, ec) || IsCompressedTensorsDir(out)))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where,
-        ": it exists and is not an earlier compressed-tensors output; "
-        "remove it or choose another -o"));
-  }
-
-  // config.json: the one the model carries (--config's, or the export's),
-  // else the source checkpoint's.
-  std::string config;
-  if (auto it = gm.extra_files().find("config.json");
-      it != gm.extra_files().end() && !it->second.empty()) {
-    config = it->second;
-  } else if (!options.source_dir.empty() &&
-             fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
-    ASSIGN_OR_RETURN(
-        config, util::ReadFile(
-                    (fs::path(options.source_dir) / "config.json").string()));
-  } else {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where,
-        ": compressed-tensors output needs the model's config.json "
-        "(a checkpoint directory, or a model that embeds it, as "
-        "`tracecut export` writes)"));
-  }
+  RETURN_IF_ERROR(CheckOutputDir(out, where));
+  ASSIGN_OR_RETURN(std::string config,
+                   ModelConfig(gm.extra_files(), options, where));
 
   Tensors tensors;
   std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> quantized;
@@ -206,12 +292,10 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   RETURN_IF_ERROR(
       runtime::TorchCall("compressing the weights", [&]() -> absl::Status {
         for (const auto& [path, record] : results.modules) {
-          if (record.weight_method.empty() && record.input.observer.empty() &&
-              record.output.observer.empty()) {
-            continue;
-          }
+          if (!IsQuantRecord(record)) continue;
+          ASSIGN_OR_RETURN(at::Tensor weight, gm.GetTensor(path + ".weight"));
           ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                           QuantizedLinear(gm, path, record));
+                           QuantizedLinear(weight, path, record));
           ASSIGN_OR_RETURN(Tensors packed, checkpoint::CompressLinear(linear));
           for (auto& entry : packed) tensors.push_back(std::move(entry));
           quantized.emplace_back(path, linear.args);
@@ -267,6 +351,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       out.has_parent_path() ? out.parent_path() : fs::path(".");
   const fs::path tmp =
       parent / absl::StrCat(".", out.filename().string(), ".tmp.", getpid());
+  std::error_code ec;
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) {
     return util::ErrnoError(
@@ -276,25 +361,168 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   RETURN_IF_ERROR(runtime::TorchCall(where, [&] {
     return WriteDirectory(tmp, tensors, quant_config, options);
   }));
-  const fs::path old =
-      parent / absl::StrCat(".", out.filename().string(), ".old.", getpid());
-  const bool replacing = fs::exists(out, ec);
-  if (replacing) {
-    fs::rename(out, old, ec);
-    if (ec) {
-      return util::ErrnoError(ec.value(),
-                              absl::StrCat(where, ": moving the old one"));
+  RETURN_IF_ERROR(Publish(tmp, out, where));
+  std::move(remove_tmp).Cancel();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Shard by shard.
+
+absl::StatusOr<std::unique_ptr<CompressedTensorsWriter>>
+CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
+                                const torch::jit::ExtraFilesMap& extra_files,
+                                std::string work_dir) {
+  auto w = std::unique_ptr<CompressedTensorsWriter>(
+      new CompressedTensorsWriter(options, std::move(work_dir)));
+  w->where_ = absl::StrCat("cannot write '", options.output_dir, "'");
+  RETURN_IF_ERROR(CheckOutputDir(fs::path(options.output_dir), w->where_));
+  ASSIGN_OR_RETURN(w->config_, ModelConfig(extra_files, options, w->where_));
+  if (options.source_dir.empty() ||
+      !checkpoint::Checkpoint::HasWeights(options.source_dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(w->where_,
+                     ": writing shard by shard needs the source "
+                     "checkpoint (safetensors) in '",
+                     options.source_dir, "'"));
+  }
+  ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
+                   checkpoint::Checkpoint::Open(options.source_dir));
+  w->source_.emplace(std::move(source));
+  RETURN_IF_ERROR(util::MakeDirs(w->work_dir_));
+  return w;
+}
+
+std::string CompressedTensorsWriter::PartPath(int index) const {
+  return (fs::path(work_dir_) / absl::StrFormat("part-%05d.safetensors", index))
+      .string();
+}
+
+absl::Status CompressedTensorsWriter::Clear() {
+  std::error_code ec;
+  fs::remove_all(work_dir_, ec);
+  if (ec) {
+    return util::ErrnoError(ec.value(),
+                            absl::StrCat("cannot remove '", work_dir_, "'"));
+  }
+  return util::MakeDirs(work_dir_);
+}
+
+absl::Status CompressedTensorsWriter::WriteShard(
+    int index, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const CalibrationResults& results) {
+  Tensors out;
+  RETURN_IF_ERROR(runtime::TorchCall(
+      absl::StrCat(where_, ": shard ", index), [&]() -> absl::Status {
+        for (const auto& [name, value] : tensors) {
+          const std::string module = ModuleOfWeight(name);
+          const ModuleRecord* r =
+              module.empty() ? nullptr : results.FindModule(module);
+          if (r != nullptr && IsQuantRecord(*r)) {
+            RETURN_IF_ERROR(CheckQuantRecordFinite(module, *r, value));
+            ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                             QuantizedLinear(value, module, *r));
+            ASSIGN_OR_RETURN(Tensors packed,
+                             checkpoint::CompressLinear(linear));
+            for (auto& entry : packed) out.push_back(std::move(entry));
+            continue;
+          }
+          // Dense: only the checkpoint's own names, in its stored dtype
+          // (a bf16 checkpoint traced in fp32 gives its bf16 values back
+          // exactly).
+          if (!source_->Has(name)) continue;
+          ASSIGN_OR_RETURN(checkpoint::TensorInfo info, source_->Info(name));
+          out.emplace_back(name, value.to(info.dtype).contiguous());
+        }
+        return absl::OkStatus();
+      }));
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first;
+  });
+  ASSIGN_OR_RETURN(std::string bytes,
+                   checkpoint::SerializeSafetensors(out, {{"format", "pt"}}));
+  return util::WriteFileAtomically(PartPath(index), bytes);
+}
+
+absl::Status CompressedTensorsWriter::Finish(
+    const CalibrationResults& results) {
+  ASSIGN_OR_RETURN(auto quantized, QuantizedModules(results, where_));
+  std::set<std::string> replaced;  // Dense names the compressed ones replace.
+  for (const auto& [path, args] : quantized) replaced.insert(path + ".weight");
+
+  // The parts written, in order, and what they hold.
+  std::vector<fs::path> parts;
+  for (const fs::directory_entry& e : fs::directory_iterator(work_dir_)) {
+    const std::string name = e.path().filename().string();
+    if (absl::StartsWith(name, "part-") &&
+        absl::EndsWith(name, ".safetensors")) {
+      parts.push_back(e.path());
     }
   }
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    const int err = ec.value();
-    if (replacing) fs::rename(old, out, ec);
-    return util::ErrnoError(err, where);
+  std::sort(parts.begin(), parts.end());
+  std::set<std::string> written;
+  for (const fs::path& part : parts) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> f,
+                     checkpoint::SafetensorsFile::Open(part.string()));
+    for (const std::string& name : f->names()) {
+      if (!written.insert(name).second) {
+        return absl::InternalError(absl::StrCat(where_, ": tensor '", name,
+                                                "' written twice (",
+                                                part.string(), ")"));
+      }
+    }
   }
-  std::move(remove_tmp).Cancel();
-  if (replacing) fs::remove_all(old, ec);
-  return absl::OkStatus();
+  // The checkpoint's tensors that no subgraph read, copied as stored.
+  Tensors rest;
+  RETURN_IF_ERROR(runtime::TorchCall(where_, [&]() -> absl::Status {
+    for (const std::string& name : source_->names()) {
+      if (written.contains(name) || replaced.contains(name)) continue;
+      ASSIGN_OR_RETURN(at::Tensor t, source_->Get(name));
+      rest.emplace_back(name, std::move(t));
+    }
+    return absl::OkStatus();
+  }));
+  if (!rest.empty()) {
+    ASSIGN_OR_RETURN(std::string bytes, checkpoint::SerializeSafetensors(
+                                            rest, {{"format", "pt"}}));
+    const fs::path part = fs::path(work_dir_) / "part-rest.safetensors";
+    RETURN_IF_ERROR(util::WriteFileAtomically(part.string(), bytes));
+    parts.push_back(part);
+  }
+
+  // Parts become the shards, with an index.
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  std::map<std::string, std::string> shard_of;
+  int64_t total = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string name = ShardName(i, parts.size());
+    ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> f,
+                     checkpoint::SafetensorsFile::Open(parts[i].string()));
+    for (const std::string& tensor : f->names()) {
+      ASSIGN_OR_RETURN(checkpoint::TensorInfo info, f->Info(tensor));
+      int64_t numel = 1;
+      for (int64_t d : info.shape) numel *= d;
+      total += numel * static_cast<int64_t>(c10::elementSize(info.dtype));
+      shard_of[tensor] = name;
+    }
+  }
+  for (const auto& [tensor, shard] : shard_of) weight_map[tensor] = shard;
+  const fs::path dir(work_dir_);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::error_code ec;
+    fs::rename(parts[i], dir / ShardName(i, parts.size()), ec);
+    if (ec) {
+      return util::ErrnoError(
+          ec.value(), absl::StrCat(where_, ": renaming ", parts[i].string()));
+    }
+  }
+  RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
+  ASSIGN_OR_RETURN(std::string quant_config,
+                   checkpoint::ConfigWithQuantization(config_, quantized));
+  RETURN_IF_ERROR(
+      util::WriteFileAtomically((dir / "config.json").string(), quant_config));
+  RETURN_IF_ERROR(CopySourceFiles(dir, options_.source_dir));
+  return Publish(dir, fs::path(options_.output_dir), where_);
 }
 
 }  // namespace tracecut::pipelines

@@ -23,9 +23,15 @@
 // refused. The same model and results give byte-identical files.
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/safetensors.h"
 #include "pipelines/modifier.h"
 #include "runtime/graph_module.h"
 
@@ -46,6 +52,45 @@ struct CompressedOutputOptions {
 absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
                                     const CalibrationResults& results,
                                     const CompressedOutputOptions& options);
+
+// The same directory written shard by shard, for runs that hold one
+// subgraph's weights at a time (weight_stream.h): each WriteShard writes
+// `work_dir`/part-NNNNN.safetensors at once; Finish adds the source
+// checkpoint's tensors no shard holds (copied as stored), renames the parts
+// to model-0000K-of-0000N.safetensors, writes the index, config.json and the
+// source's other files, and renames `work_dir` onto OUT_DIR (so `work_dir`
+// must be on OUT_DIR's file system). The parts survive a killed run, so a
+// resumed one writes only the rest; the same run gives the same bytes.
+class CompressedTensorsWriter {
+ public:
+  // Checks OUT_DIR and the config up front; needs options.source_dir to be
+  // a checkpoint directory.
+  static absl::StatusOr<std::unique_ptr<CompressedTensorsWriter>> Create(
+      const CompressedOutputOptions& options,
+      const torch::jit::ExtraFilesMap& extra_files, std::string work_dir);
+
+  // Removes the parts of an earlier run.
+  absl::Status Clear();
+  // `tensors`: model path -> final value. A quantized Linear's weight is
+  // written as its compressed tensors (after checking its parameters are
+  // finite); other tensors under their checkpoint name in the checkpoint's
+  // dtype; a path the checkpoint does not hold (a tied alias) is skipped.
+  absl::Status WriteShard(
+      int index, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+      const CalibrationResults& results);
+  absl::Status Finish(const CalibrationResults& results);
+
+ private:
+  CompressedTensorsWriter(CompressedOutputOptions options, std::string work_dir)
+      : options_(std::move(options)), work_dir_(std::move(work_dir)) {}
+  std::string PartPath(int index) const;
+
+  CompressedOutputOptions options_;
+  std::string work_dir_;
+  std::string where_;   // "cannot write 'OUT_DIR'".
+  std::string config_;  // The model's config.json.
+  std::optional<checkpoint::Checkpoint> source_;
+};
 
 }  // namespace tracecut::pipelines
 

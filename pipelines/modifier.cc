@@ -394,29 +394,36 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
   return absl::OkStatus();
 }
 
+absl::Status CheckQuantRecordFinite(const std::string& path,
+                                    const ModuleRecord& r,
+                                    const at::Tensor& weight) {
+  auto check = [&](absl::string_view name, const at::Tensor& t) {
+    absl::Status s = runtime::CheckFinite(
+        t, absl::StrCat("module ", path, " (", ShortType(r.type), "): ", name));
+    if (s.ok()) return s;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration produced a non-finite value, nothing written: ",
+        s.message()));
+  };
+  RETURN_IF_ERROR(check("weight_scale", r.weight_scale));
+  RETURN_IF_ERROR(check("weight_zero_point", r.weight_zero_point));
+  RETURN_IF_ERROR(check("input_scale", r.input.scale));
+  RETURN_IF_ERROR(check("input_zero_point", r.input.zero_point));
+  RETURN_IF_ERROR(check("output_scale", r.output.scale));
+  RETURN_IF_ERROR(check("output_zero_point", r.output.zero_point));
+  if (!r.weight_method.empty() && r.weight_method != "observer") {
+    RETURN_IF_ERROR(check("quantized weight", weight));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckQuantResultsFinite(const CalibrationResults& results,
                                      const runtime::GraphModule& model) {
   for (const auto& [path, r] : results.modules) {
-    auto check = [&](absl::string_view name, const at::Tensor& t) {
-      absl::Status s = runtime::CheckFinite(
-          t,
-          absl::StrCat("module ", path, " (", ShortType(r.type), "): ", name));
-      if (s.ok()) return s;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "calibration produced a non-finite value, nothing written: ",
-          s.message()));
-    };
-    RETURN_IF_ERROR(check("weight_scale", r.weight_scale));
-    RETURN_IF_ERROR(check("weight_zero_point", r.weight_zero_point));
-    RETURN_IF_ERROR(check("input_scale", r.input.scale));
-    RETURN_IF_ERROR(check("input_zero_point", r.input.zero_point));
-    RETURN_IF_ERROR(check("output_scale", r.output.scale));
-    RETURN_IF_ERROR(check("output_zero_point", r.output.zero_point));
-    if (!r.weight_method.empty() && r.weight_method != "observer") {
-      absl::StatusOr<at::Tensor> w =
-          model.GetTensor(absl::StrCat(path, ".weight"));
-      if (w.ok()) RETURN_IF_ERROR(check("quantized weight", *w));
-    }
+    absl::StatusOr<at::Tensor> w =
+        model.GetTensor(absl::StrCat(path, ".weight"));
+    RETURN_IF_ERROR(
+        CheckQuantRecordFinite(path, r, w.ok() ? *w : at::Tensor()));
   }
   return absl::OkStatus();
 }

@@ -287,6 +287,11 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
 // written: no checkpoint carries a non-finite value.
 absl::Status CheckQuantResultsFinite(const CalibrationResults& results,
                                      const runtime::GraphModule& model);
+// The same for the module at `path`, whose weight after calibration is
+// `weight` (checked when its weight was quantized).
+absl::Status CheckQuantRecordFinite(const std::string& path,
+                                    const ModuleRecord& record,
+                                    const at::Tensor& weight);
 
 }  // namespace tracecut::pipelines
 

@@ -303,6 +303,7 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   SubgraphTiming timing;
   timing.index = i;
   timing.label = step.label;
+  if (options_.weights != nullptr) RETURN_IF_ERROR(options_.weights->Load(i));
   RETURN_IF_ERROR(ForEachModifier(modifiers_, [&](Modifier* m) {
     return m->OnSubgraphStart(ctx, step.info);
   }));
@@ -352,6 +353,9 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
     }
   }
   timing.propagate_seconds = absl::ToDoubleSeconds(absl::Now() - t2);
+  if (options_.weights != nullptr) {
+    RETURN_IF_ERROR(options_.weights->Done(i, results_));
+  }
 
   for (int64_t b = 0; b < num_batches; ++b) {
     for (const std::string& name : step.release) {
@@ -400,6 +404,11 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
   }
   const int n = static_cast<int>(steps_.size());
   result_.num_subgraphs = n;
+  if (options_.weights != nullptr) {
+    std::vector<const partition::Subgraph*> subgraphs;
+    for (const Step& step : steps_) subgraphs.push_back(step.subgraph);
+    RETURN_IF_ERROR(options_.weights->Plan(subgraphs));
+  }
   results_.pipeline = std::string(PipelineKindName(options_.kind));
   const int64_t num_batches = static_cast<int64_t>(data_.batches.size());
   if (num_batches == 0) {
@@ -422,6 +431,9 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
       ASSIGN_OR_RETURN(start, Restore(ctx));
     }
     RETURN_IF_ERROR(checkpoint_->CreateDir());
+  }
+  if (options_.weights != nullptr) {
+    RETURN_IF_ERROR(options_.weights->Resume(start));
   }
   if (start == 0) {
     for (int64_t b = 0; b < num_batches; ++b) {
@@ -457,6 +469,9 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
     }
   }
   for (int64_t b = 0; b < num_batches; ++b) cache_->ReleaseBatch(b);
+  if (options_.weights != nullptr) {
+    RETURN_IF_ERROR(options_.weights->LoadRest());
+  }
   RETURN_IF_ERROR(ForEachModifier(
       modifiers_, [&](Modifier* m) { return m->OnRunEnd(ctx); }));
   result_.cache = cache_->stats();
@@ -530,6 +545,11 @@ absl::StatusOr<PipelineResult> RunPipeline(
     }
   }
   if (options.kind == PipelineKind::kBasic) {
+    if (options.weights != nullptr) {
+      return absl::InvalidArgumentError(
+          "the basic pipeline runs the whole model at once: it cannot "
+          "stream weights subgraph by subgraph (use sequential)");
+    }
     return internal::RunBasic(model, data, modifiers, results, options);
   }
   PartitionedRun run(model, data, modifiers, results, options);

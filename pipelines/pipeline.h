@@ -80,6 +80,25 @@ enum class PipelineKind { kBasic, kLayerSequential, kSequential };
 absl::string_view PipelineKindName(PipelineKind kind);
 absl::StatusOr<PipelineKind> ParsePipelineKind(absl::string_view name);
 
+// Where a subgraph's weights come from and where its results go, for a run
+// that holds one subgraph's weights at a time (weight_stream.h). The
+// sequential pipelines call it around every subgraph; `basic` refuses it.
+class SubgraphWeights {
+ public:
+  virtual ~SubgraphWeights() = default;
+  // The run's subgraphs, in order, before anything runs.
+  virtual absl::Status Plan(
+      const std::vector<const partition::Subgraph*>& subgraphs) = 0;
+  // After a checkpoint was restored: the run continues at subgraph `start`.
+  virtual absl::Status Resume(int start) = 0;
+  // Before subgraph `i` runs (before the modifiers' OnSubgraphStart).
+  virtual absl::Status Load(int i) = 0;
+  // After subgraph `i` was compressed and propagated, before its checkpoint.
+  virtual absl::Status Done(int i, const CalibrationResults& results) = 0;
+  // Before the modifiers' OnRunEnd: what no subgraph read.
+  virtual absl::Status LoadRest() = 0;
+};
+
 struct PipelineOptions {
   PipelineKind kind = PipelineKind::kSequential;
   // Sequential targets (e.g. {"LlamaDecoderLayer"}) and modules never split
@@ -106,6 +125,8 @@ struct PipelineOptions {
   // unchanged (expert_calibration.h).
   bool calibrate_all_experts = false;
   std::string expert_pattern = kDefaultExpertPattern;
+  // Not owned; nullptr: the model holds all its weights.
+  SubgraphWeights* weights = nullptr;
   Progress* progress = nullptr;  // nullptr: silent.
 };
 

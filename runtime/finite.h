@@ -12,6 +12,9 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include <set>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -26,9 +29,11 @@ absl::Status CheckFinite(const at::Tensor& t, absl::string_view what,
 
 // Every parameter of `module` (recursively) finite, and every buffer free of
 // NaN: buffers may hold infinities on purpose (additive attention masks are
-// filled with -inf). Errors name `source` and the tensor's path.
+// filled with -inf). Errors name `source` and the tensor's path. Paths in
+// `skip` are not checked (tensors not loaded yet, checked when they are).
 absl::Status CheckModuleFinite(const torch::jit::Module& module,
-                               absl::string_view source);
+                               absl::string_view source,
+                               const std::set<std::string>& skip = {});
 
 }  // namespace tracecut::runtime
 

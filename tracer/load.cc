@@ -158,9 +158,12 @@ absl::StatusOr<std::string> Pt2InDirectory(const std::string& dir) {
                    absl::StrJoin(found, ", "), "); name one"));
 }
 
-absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
+absl::StatusOr<LoadedModel> LoadPt2(const std::string& path,
+                                    const LoadOptions& options) {
+  exported::Pt2ReadOptions read;
+  read.defer_checkpoint_tensors = options.defer_checkpoint_tensors;
   ASSIGN_OR_RETURN(exported::Pt2Archive archive,
-                   exported::ReadPt2Archive(path));
+                   exported::ReadPt2Archive(path, read));
   LoadedModel loaded;
   loaded.path = path;
   loaded.from_torch_export = true;
@@ -168,6 +171,8 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
                    exported::ProgramToModule(archive));
   loaded.module = program.module;
   loaded.required_leaves = std::move(program.leaf_paths);
+  loaded.deferred = std::move(archive.deferred);
+  loaded.checkpoint_dir = std::move(archive.checkpoint_dir);
   if (!archive.extra_files.contains(kInputsJson)) {
     ASSIGN_OR_RETURN(loaded.example_inputs, exported::SampleInputs(archive));
   }
@@ -183,13 +188,14 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
+                                      const LoadOptions& options) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     ASSIGN_OR_RETURN(std::string pt2, Pt2InDirectory(path));
-    return LoadPt2(pt2);
+    return LoadPt2(pt2, options);
   }
-  if (exported::IsPt2Path(path)) return LoadPt2(path);
+  if (exported::IsPt2Path(path)) return LoadPt2(path, options);
   RETURN_IF_ERROR(CheckArchive(path));
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};

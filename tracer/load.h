@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tracer/export/pt2_archive.h"
 #include "tracer/hf/config.h"
 #include "tracer/hf/inputs.h"
 
@@ -48,6 +49,16 @@ struct LoadedModel {
   // The raw text of the embedded files that are present (config.json,
   // tracecut_inputs.json), to carry into what is saved from this model.
   torch::jit::ExtraFilesMap extra_files;
+  // With LoadOptions::defer_checkpoint_tensors, for a meta-device .pt2 next
+  // to its checkpoint: the parameters and buffers left in the checkpoint
+  // (the module holds stand-ins), by path, and the checkpoint directory.
+  std::map<std::string, exported::DeferredTensor> deferred;
+  std::string checkpoint_dir;
+};
+
+struct LoadOptions {
+  // See exported::Pt2ReadOptions. No effect on TorchScript files.
+  bool defer_checkpoint_tensors = false;
 };
 
 // Loads `path` on the CPU: a TorchScript .pt, a torch.export .pt2, or a
@@ -59,7 +70,8 @@ struct LoadedModel {
 //                            is a zip but not a TorchScript model (e.g. saved
 //                            with torch.save); or an embedded JSON file is
 //                            malformed or mistyped
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path);
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
+                                      const LoadOptions& options = {});
 
 }  // namespace tracecut::tracer
 

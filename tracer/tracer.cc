@@ -1,5 +1,6 @@
 #include "tracer/tracer.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 
@@ -68,6 +69,20 @@ std::string Repr(const c10::IValue& v) {
 
 // Gives every tensor attribute in `m`'s tree a copy of its own (tied
 // tensors stay tied). `m`'s module objects must be ours.
+// A copy of `t` with the same view of a copy of its storage, so a tensor
+// whose elements overlap (an expanded one, such as a deferred checkpoint
+// tensor's one-element stand-in) is not materialised at full size.
+at::Tensor CopyOf(const at::Tensor& t) {
+  if (at::has_internal_overlap(t) != at::MemOverlap::Yes) {
+    return t.detach().clone(at::MemoryFormat::Preserve);
+  }
+  const int64_t elements =
+      static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
+  at::Tensor storage =
+      at::empty({0}, t.options()).set_(t.storage(), 0, {elements}, {1}).clone();
+  return storage.as_strided(t.sizes(), t.strides(), t.storage_offset());
+}
+
 void CopyTensors(const jit::Module& m) {
   absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies;
   c10::IValue::HashIdentityIValueMap memo;
@@ -80,7 +95,7 @@ void CopyTensors(const jit::Module& m) {
         if (!t.defined()) continue;
         auto [it, inserted] = copies.try_emplace(t.unsafeGetTensorImpl());
         if (inserted) {
-          it->second = t.detach().clone(at::MemoryFormat::Preserve);
+          it->second = CopyOf(t);
           if (t.requires_grad()) it->second.requires_grad_(true);
         }
         object->setSlot(i, it->second);

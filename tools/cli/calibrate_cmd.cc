@@ -23,6 +23,7 @@
 #include "pipelines/recipe.h"
 #include "tools/cli/common.h"
 #include "tools/cli/model_flags.h"
+#include "util/format.h"
 #include "util/json.h"
 #include "util/status_macros.h"
 
@@ -145,6 +146,9 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(o.propagate_error, BoolFlag(args, "propagate-error"));
   ASSIGN_OR_RETURN(o.calibrate_all_experts,
                    BoolFlag(args, "calibrate-all-experts"));
+  ASSIGN_OR_RETURN(std::optional<bool> stream,
+                   BoolFlag(args, "stream-weights"));
+  o.stream_weights = stream.value_or(true);
   if (std::optional<std::string> t = args.Get("targets")) {
     o.sequential_targets = absl::StrSplit(*t, ',', absl::SkipEmpty());
   }
@@ -210,6 +214,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     io.err << ")";
   }
   io.err << "\n";
+  if (out.streamed_peak_weight_bytes.has_value()) {
+    io.err << "tracecut calibrate: weights streamed; at most "
+           << util::HumanBytes(*out.streamed_peak_weight_bytes)
+           << " of them held at once\n";
+  }
   return absl::OkStatus();
 }
 
@@ -239,7 +248,12 @@ Subcommand CalibrateCommand() {
       "each quantized Linear packed (weight_packed, weight_scale, "
       "weight_zero_point for asymmetric schemes, weight_g_idx with act "
       "order) and the other tensors as they are, and the checkpoint's "
-      "tokenizer files; it appears at once, complete. "
+      "tokenizer files; it appears at once, complete. When MODEL's .pt2 "
+      "holds no weights (`tracecut export --meta`), the weights are "
+      "streamed: each subgraph's are read from the safetensors when it "
+      "runs, and written as a shard and released when it is done, so "
+      "memory holds one subgraph's weights whatever the model's size "
+      "(--stream-weights=false loads the whole model first). "
       "--format=torchscript writes OUT.pt, a TorchScript model "
       "with quantize-dequantized weights and the parameters as buffers "
       "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
@@ -297,6 +311,11 @@ Subcommand CalibrateCommand() {
                       "tokens of its block, not only those routed to it; "
                       "the model's outputs are unchanged (default: the "
                       "recipe's, false)"),
+      FlagSpec::Value("stream-weights", "BOOL",
+                      "with a checkpoint directory MODEL (its .pt2 "
+                      "exported with --meta) and compressed-tensors "
+                      "output: read each subgraph's weights when it runs "
+                      "and release them after (default true)"),
       FlagSpec::Value("targets", "TYPE,...",
                       "sequential targets (default: the recipe's, else the "
                       "HF config's)"),

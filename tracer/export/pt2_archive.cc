@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -162,7 +163,7 @@ struct Expected {
 // from the safetensors of the directory holding the archive, by name. A
 // checkpoint tensor of another floating dtype is converted to the
 // program's; another shape is an error.
-absl::Status FillFromCheckpoint(Pt2Archive& archive) {
+absl::Status FillFromCheckpoint(Pt2Archive& archive, bool defer) {
   const auto& graph = archive.program.get_graph_module().get_graph();
   const auto& sig = archive.program.get_graph_module().get_signature();
   std::map<std::string, std::string> missing;  // fqn -> graph value.
@@ -228,10 +229,16 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive) {
     for (const std::string& a : aliases[fqn]) {
       if (a != fqn) names.push_back(a);
     }
+    std::optional<DeferredTensor> deferred;
     for (const std::string& name : names) {
       if (buffers != nullptr && buffers->Has(name)) {
         ASSIGN_OR_RETURN(t, buffers->Get(name));
         from = buffers->name();
+      } else if (ckpt.has_value() && ckpt->Has(name) && defer) {
+        ASSIGN_OR_RETURN(checkpoint::TensorInfo info, ckpt->Info(name));
+        t = StandIn(info.dtype, info.shape);
+        deferred = DeferredTensor{name, info.dtype, info.dtype};
+        from = ckpt->FileOf(name);
       } else if (ckpt.has_value() && ckpt->Has(name)) {
         ASSIGN_OR_RETURN(t, ckpt->Get(name));
         from = absl::StrCat(ckpt->dir(), "'s safetensors");
@@ -271,10 +278,20 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive) {
               from, ": tensor '", fqn, "' is ", c10::toString(t.scalar_type()),
               ", the program expects ", c10::toString(*dtype)));
         }
-        t = t.to(*dtype);
+        if (deferred.has_value()) {
+          // A stand-in is rebuilt, not converted: .to() would materialise it.
+          deferred->dtype = *dtype;
+          t = StandIn(*dtype, t.sizes().vec());
+        } else {
+          t = t.to(*dtype);
+        }
       }
     }
     archive.tensors[fqn] = t;
+    if (deferred.has_value()) {
+      archive.deferred.emplace(fqn, *deferred);
+      archive.checkpoint_dir = ckpt->dir();
+    }
   }
   return absl::OkStatus();
 }
@@ -282,6 +299,21 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive) {
 }  // namespace
 
 bool IsPt2Path(const std::string& path) { return absl::EndsWith(path, ".pt2"); }
+
+torch::Tensor StandIn(c10::ScalarType dtype,
+                      const std::vector<int64_t>& shape) {
+  return torch::full({1},
+                     c10::isFloatingType(dtype)
+                         ? std::numeric_limits<double>::quiet_NaN()
+                         : 0.0,
+                     torch::dtype(dtype))
+      .expand(shape);
+}
+
+bool IsStandIn(const torch::Tensor& t) {
+  return t.defined() && t.numel() > 1 &&
+         t.storage().nbytes() <= static_cast<size_t>(t.element_size());
+}
 
 std::optional<c10::ScalarType> ToScalarType(schema::ScalarType type) {
   using S = schema::ScalarType;
@@ -333,7 +365,8 @@ std::optional<c10::ScalarType> ToScalarType(schema::ScalarType type) {
   }
 }
 
-absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path) {
+absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
+                                          const Pt2ReadOptions& options) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(
@@ -413,7 +446,8 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path) {
                 ReadRecord(*reader, r);
           }
         }
-        RETURN_IF_ERROR(FillFromCheckpoint(archive));
+        RETURN_IF_ERROR(
+            FillFromCheckpoint(archive, options.defer_checkpoint_tensors));
         return std::move(archive);
       });
 }

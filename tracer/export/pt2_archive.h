@@ -16,10 +16,18 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace tracecut::tracer::exported {
+
+// A tensor the program reads that stays in the checkpoint until needed.
+struct DeferredTensor {
+  std::string name;        // In the checkpoint (a tied alias's own name).
+  c10::ScalarType dtype;   // What the program expects (converted on load).
+  c10::ScalarType stored;  // What the checkpoint holds.
+};
 
 struct Pt2Archive {
   std::string path;
@@ -33,12 +41,33 @@ struct Pt2Archive {
   // The program's example inputs, (args, kwargs) as torch.save wrote them;
   // empty when the archive has none.
   std::string sample_inputs;
+  // With Pt2ReadOptions::defer_checkpoint_tensors: the tensors left in the
+  // checkpoint (`tensors` holds stand-ins for them, see there), by fully
+  // qualified name, and the directory holding that checkpoint.
+  std::map<std::string, DeferredTensor> deferred;
+  std::string checkpoint_dir;
+};
+
+struct Pt2ReadOptions {
+  // Read no tensor from the checkpoint next to the archive: each gets a
+  // stand-in of its shape and the program's dtype holding one element (NaN
+  // for floating dtypes, so a computation that reads a stand-in by mistake
+  // shows as a non-finite activation, never as a plausible result), and an
+  // entry in Pt2Archive::deferred. For calibration that streams weights
+  // (pipelines/weight_stream.h).
+  bool defer_checkpoint_tensors = false;
 };
 
 // The extra file in which `tracecut export --meta` embeds the buffers a
 // checkpoint does not hold (non-persistent ones, such as rotary inv_freq):
 // a safetensors image, base64 (torch.export.save takes text files only).
 inline constexpr char kEmbeddedBuffers[] = "tracecut_buffers.safetensors.b64";
+
+// A deferred tensor's stand-in: one element (NaN for floating dtypes, else
+// 0) expanded to `shape`; and whether `t` is one (more than one element
+// over a one-element storage).
+torch::Tensor StandIn(c10::ScalarType dtype, const std::vector<int64_t>& shape);
+bool IsStandIn(const torch::Tensor& t);
 
 // True when `path` looks like a torch.export archive by name (".pt2").
 bool IsPt2Path(const std::string& path);
@@ -50,7 +79,8 @@ bool IsPt2Path(const std::string& path);
 // zip, no models/*.json, JSON that does not match the schema of this
 // LibTorch (with the exporting torch version), a payload file missing or of
 // the wrong size, pickled payloads (which need Python to read).
-absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path);
+absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
+                                          const Pt2ReadOptions& options = {});
 
 // c10's dtype for the schema's ScalarType; nullopt for UNKNOWN.
 std::optional<c10::ScalarType> ToScalarType(torch::_export::ScalarType type);

@@ -1,0 +1,164 @@
+#include "pipelines/weight_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "ir/graph.h"
+#include "runtime/finite.h"
+#include "runtime/torch_status.h"
+#include "util/status_macros.h"
+
+namespace tracecut::pipelines {
+
+using tracer::exported::IsStandIn;
+using tracer::exported::StandIn;
+
+absl::StatusOr<std::unique_ptr<WeightStream>> WeightStream::Create(
+    runtime::GraphModule& model,
+    std::map<std::string, tracer::exported::DeferredTensor> deferred,
+    const std::string& checkpoint_dir, CompressedTensorsWriter* writer) {
+  if (writer == nullptr) {
+    return absl::InvalidArgumentError("WeightStream: no writer");
+  }
+  ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
+                   checkpoint::Checkpoint::Open(checkpoint_dir));
+  auto stream = std::unique_ptr<WeightStream>(
+      new WeightStream(model, std::move(source), writer));
+  stream->deferred_ = std::move(deferred);
+  for (const auto& b : model.module().named_buffers(/*recurse=*/true)) {
+    if (stream->deferred_.contains(b.name)) stream->buffers_.insert(b.name);
+  }
+  for (const auto& [path, d] : stream->deferred_) {
+    ASSIGN_OR_RETURN(at::Tensor t, model.GetTensor(path));
+    if (!IsStandIn(t) && t.numel() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("WeightStream: '", path,
+                       "' is not a stand-in: the model was not "
+                       "loaded with its checkpoint tensors deferred"));
+    }
+  }
+  return stream;
+}
+
+absl::Status WeightStream::Plan(
+    const std::vector<const partition::Subgraph*>& subgraphs) {
+  const int n = static_cast<int>(subgraphs.size());
+  first_.assign(n, {});
+  last_.assign(n, {});
+  span_.clear();
+  // The deferred tensors at `prefix` itself or under it.
+  auto under = [&](const std::string& prefix, int i) {
+    auto touch = [&](const std::string& path) {
+      auto [it, inserted] = span_.emplace(path, std::make_pair(i, i));
+      if (!inserted) it->second.second = i;
+    };
+    if (deferred_.contains(prefix)) touch(prefix);
+    const std::string dotted = prefix + ".";
+    for (auto it = deferred_.lower_bound(dotted);
+         it != deferred_.end() && absl::StartsWith(it->first, dotted); ++it) {
+      touch(it->first);
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    for (const ir::Node* node : subgraphs[i]->graph->nodes()) {
+      if (node->op() == ir::OpKind::kGetAttr ||
+          node->op() == ir::OpKind::kCallModule) {
+        under(node->target(), i);
+      }
+    }
+  }
+  for (const auto& [path, span] : span_) {
+    first_[span.first].push_back(path);
+    last_[span.second].push_back(path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::LoadTensor(const std::string& path) {
+  const tracer::exported::DeferredTensor& d = deferred_.at(path);
+  ASSIGN_OR_RETURN(at::Tensor t, source_.Get(d.name));
+  const std::string what =
+      absl::StrCat(source_.FileOf(d.name), ": tensor ", d.name);
+  RETURN_IF_ERROR(runtime::CheckFinite(
+      t, what, /*allow_infinite=*/buffers_.contains(path)));
+  if (t.scalar_type() != d.dtype) {
+    RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat("converting ", what),
+                                       [&] { t = t.to(d.dtype); }));
+  }
+  RETURN_IF_ERROR(model_.SetTensor(path, t));
+  loaded_.insert(path);
+  bytes_ += static_cast<int64_t>(t.nbytes());
+  peak_bytes_ = std::max(peak_bytes_, bytes_);
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::Release(const std::string& path) {
+  ASSIGN_OR_RETURN(at::Tensor t, model_.GetTensor(path));
+  bytes_ -= static_cast<int64_t>(t.nbytes());
+  loaded_.erase(path);
+  return model_.SetTensor(path,
+                          StandIn(deferred_.at(path).dtype, t.sizes().vec()));
+}
+
+absl::Status WeightStream::Resume(int start) {
+  if (start == 0) return writer_->Clear();
+  for (const auto& [path, span] : span_) {
+    if (span.first >= start || span.second < start) continue;
+    ASSIGN_OR_RETURN(at::Tensor t, model_.GetTensor(path));
+    if (IsStandIn(t)) {
+      RETURN_IF_ERROR(LoadTensor(path));
+    } else {
+      // Restored from the run's checkpoint (a modifier changed it).
+      loaded_.insert(path);
+      bytes_ += static_cast<int64_t>(t.nbytes());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::Load(int i) {
+  for (const std::string& path : first_.at(i)) {
+    if (!IsLoaded(path)) RETURN_IF_ERROR(LoadTensor(path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::WriteAndRelease(
+    int index, const std::vector<std::string>& paths,
+    const CalibrationResults& results) {
+  if (paths.empty()) return absl::OkStatus();
+  std::vector<std::pair<std::string, at::Tensor>> finals;
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(at::Tensor t, model_.GetTensor(path));
+    finals.emplace_back(path, std::move(t));
+  }
+  RETURN_IF_ERROR(writer_->WriteShard(index, finals, results));
+  finals.clear();
+  for (const std::string& path : paths) RETURN_IF_ERROR(Release(path));
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::Done(int i, const CalibrationResults& results) {
+  return WriteAndRelease(i, last_.at(i), results);
+}
+
+absl::Status WeightStream::LoadRest() {
+  for (const auto& [path, d] : deferred_) {
+    if (!span_.contains(path) && !IsLoaded(path)) {
+      RETURN_IF_ERROR(LoadTensor(path));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightStream::WriteRest(const CalibrationResults& results) {
+  std::vector<std::string> rest;
+  for (const auto& [path, d] : deferred_) {
+    if (!span_.contains(path)) rest.push_back(path);
+  }
+  return WriteAndRelease(static_cast<int>(first_.size()), rest, results);
+}
+
+}  // namespace tracecut::pipelines
