@@ -1,5 +1,7 @@
 #include "pipelines/weight_stream.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -137,6 +139,11 @@ absl::Status WeightStream::WriteAndRelease(
   RETURN_IF_ERROR(writer_->WriteShard(index, finals, results));
   finals.clear();
   for (const std::string& path : paths) RETURN_IF_ERROR(Release(path));
+  // Hand the freed weights back to the system: glibc raises its mmap
+  // threshold to the size of freed large blocks, so later tensors of that
+  // size come from the heap, whose free space it keeps; without this the
+  // resident set grew by about a layer's weights per layer.
+  ::malloc_trim(0);
   return absl::OkStatus();
 }
 
