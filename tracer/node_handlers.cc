@@ -600,8 +600,12 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
     data = shape = tensor_shape || scalar_data;
   } else if (out_tensor) {
     data = tensor_data || scalar_data;
+    // where(cond, x, y) broadcasts; only where(cond) is shaped by data.
+    static const c10::Symbol kWhere =
+        c10::Symbol::fromQualString("aten::where");
     shape = tensor_shape || scalar_data ||
-            (HasDataDependentShape(kind) && tensor_data);
+            (HasDataDependentShape(kind) && tensor_data &&
+             !(kind == kWhere && inputs.size() > 1));
   } else {
     data = shape = tensor_data || tensor_shape || scalar_data;
   }
