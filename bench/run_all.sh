@@ -54,7 +54,7 @@ echo "== rows 1-2: trace and runtime, ${LAYERS}-layer hidden-512 Llama" >&2
 MODEL="$WORK/llama_${LAYERS}l.pt"
 $GEN --layers "$LAYERS" --hidden 512 --out "$MODEL"
 echo "{\"row\": \"ours_llama\", \"layers\": $LAYERS, \"data\": $("$BENCH" "$MODEL" --runs="$RUNS" --partition_reps=5)}" >>"$RAW"
-echo "{\"row\": \"fx_llama\", \"layers\": $LAYERS, \"data\": $($PY -P bench/fx_trace_ref.py --layers "$LAYERS" --hidden 512)}" >>"$RAW"
+echo "{\"row\": \"export_llama\", \"layers\": $LAYERS, \"data\": $($PY -P bench/trace_ref.py --layers "$LAYERS" --hidden 512)}" >>"$RAW"
 
 echo "== row 3: partition curve (hidden 64, decoder layers as leaves; then traced through: *_full)" >&2
 for n in 8 16 32 64 128; do

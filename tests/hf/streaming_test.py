@@ -1,6 +1,6 @@
 """Calibration that streams weights from a checkpoint (GitHub issue 15).
 
-For Llama, Qwen3 and Mixtral configs (seeded transformers models saved as
+For Llama, Qwen3 and Mistral configs (seeded transformers models saved as
 checkpoint directories, exported with `tracecut export --meta`, so the .pt2
 holds no weights), `tracecut calibrate CKPT -o OUT_DIR` reads each
 subgraph's weights when it runs and writes them shard by shard. Checked by
@@ -38,11 +38,11 @@ MODELS = {
               ["w4g128_sym", "w4g128_asym", "w8_channel", "w4g128_actorder"]),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_LM, head_dim=32),
               ["w4g128_sym", "w8_channel"]),
-    # transformers 5 keeps Mixtral's experts as 3-D parameters (not Linear):
-    # they stay dense; attention and router Linears are quantized.
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(_LM, num_local_experts=4, num_experts_per_tok=2),
-                ["w4g128_sym"]),
+    "mistral": ("MistralConfig", "MistralForCausalLM", _LM, ["w4g128_sym"]),
+    # Not Mixtral: transformers 5 saves its experts per expert under other
+    # names than the model's fused 3-D parameters and converts them when it
+    # loads; `tracecut export --meta` refuses such a checkpoint (names the
+    # first one), and the output would need the same conversion.
 }
 
 SCHEMES = {
