@@ -164,7 +164,12 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
         sub.output_names.push_back(n->name());
       }
     }
-    RETURN_IF_ERROR(g->Output(ir::Argument::Tuple(std::move(outs))).status());
+    // AddNode rather than Output(), which first scans the whole graph for
+    // an output node this graph cannot have yet.
+    RETURN_IF_ERROR(g->AddNode(ir::OpKind::kOutput, "output",
+                               {ir::Argument::Tuple(std::move(outs))}, {},
+                               "output")
+                        .status());
     sub.graph = std::move(g);
     sub.param_bytes = bytes;
   }
@@ -176,10 +181,13 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
   return absl::OkStatus();
 }
 
-absl::Status BuildOutputGraph(const ir::Graph& graph, Partition* partition) {
-  const ir::Node* output = graph.output_node();
-  for (const ir::Node* n : graph.placeholders()) {
-    partition->model_inputs.push_back(n->name());
+absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
+                              Partition* partition) {
+  const ir::Node* output = g.output;
+  for (int i = 0; i < g.size(); ++i) {
+    if (g.op(i) == ir::OpKind::kPlaceholder) {
+      partition->model_inputs.push_back(g.nodes[i]->name());
+    }
   }
   auto og = std::make_unique<ir::Graph>();
   absl::flat_hash_map<const ir::Node*, ir::Node*> og_map;
