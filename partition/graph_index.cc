@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
+#include "partition/partitioner.h"
 #include "partition/partitioner_internal.h"
 #include "util/status_macros.h"
 
@@ -90,11 +93,31 @@ absl::Status CollectRefs(const ir::Argument& a,
   return absl::OkStatus();
 }
 
+// The nodes of a graph far larger than the caches are a few misses each:
+// fetches node i + kAhead, and what node i + kAhead / 2 points to.
+void Prefetch(const std::vector<const ir::Node*>& nodes, int i) {
+  constexpr int kAhead = 8;
+  const int n = static_cast<int>(nodes.size());
+  if (i + kAhead < n) {
+    const char* p = reinterpret_cast<const char*>(nodes[i + kAhead]);
+    for (size_t off = 0; off < sizeof(ir::Node); off += 64) {
+      __builtin_prefetch(p + off);
+    }
+  }
+  if (i + kAhead / 2 < n) {
+    const ir::Node* node = nodes[i + kAhead / 2];
+    __builtin_prefetch(node->args().data());
+    __builtin_prefetch(&node->scope().stack());
+    __builtin_prefetch(node->target().data());
+  }
+}
+
 }  // namespace
 
 // One walk over the graph: every node is read once here (op, scope stack,
 // operands) and not again until it is copied into its subgraph.
-absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph) {
+absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
+                                        const ParamBytesFn& param_bytes) {
   IndexedGraph g;
   g.output = graph.output_node();
   const int n = static_cast<int>(graph.size());
@@ -107,15 +130,40 @@ absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph) {
   a.ref_begin.reserve(n + 1);
   a.ref.reserve(2 * n);
   a.in.reserve(2 * n);
+  g.leaf_in_stack.assign(n, 0);
+  ParamReads& params = g.params;
+  params.node_param.assign(n, -1);
+  absl::flat_hash_map<absl::string_view, int> param_id;
   std::vector<int> mark(n, -1);
   std::vector<int> use_count(n, 0);
+  for (const ir::Node* node : graph.nodes()) nodes.push_back(node);
   NodeIndexer indexer(nodes);
-  int i = 0;
-  for (const ir::Node* node : graph.nodes()) {
-    nodes.push_back(node);
-    g.ops.push_back(node->op());
-    g.stacks.push_back(&node->scope().stack());
+  for (int i = 0; i < n; ++i) {
+    Prefetch(nodes, i);
+    const ir::Node* node = nodes[i];
+    const ir::OpKind op = node->op();
+    const std::vector<ir::ScopeEntry>& stack = node->scope().stack();
+    g.ops.push_back(op);
+    g.stacks.push_back(&stack);
     if (node == g.output) g.out = i;
+    if (op == ir::OpKind::kGetAttr || op == ir::OpKind::kCallModule) {
+      auto [it, inserted] = param_id.try_emplace(
+          node->target(), static_cast<int>(params.size.size()));
+      if (inserted) {
+        std::optional<int64_t> bytes;
+        if (param_bytes) {
+          bytes = param_bytes(node->target());
+        } else if (op == ir::OpKind::kGetAttr &&
+                   node->meta().outputs.size() == 1) {
+          bytes = TensorBytes(node->meta().outputs[0]);
+        }
+        params.size.push_back(bytes);
+        params.unknown_sizes += !bytes.has_value();
+      }
+      params.node_param[i] = it->second;
+      g.leaf_in_stack[i] = op == ir::OpKind::kCallModule && !stack.empty() &&
+                           stack.back().path == node->target();
+    }
     a.ref_begin.push_back(static_cast<int>(a.ref.size()));
     a.in_begin.push_back(static_cast<int>(a.in.size()));
     for (const ir::Argument& arg : node->args()) {
@@ -132,7 +180,6 @@ absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph) {
         ++use_count[j];
       }
     }
-    ++i;
   }
   a.ref_begin.push_back(static_cast<int>(a.ref.size()));
   a.in_begin.push_back(static_cast<int>(a.in.size()));

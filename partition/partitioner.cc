@@ -243,44 +243,23 @@ absl::Status PlaceNodes(const IndexedGraph& g, const std::vector<int>& inst,
 
 // Parameter reads per slot and their sizes: a get_attr is read in its own
 // slot and in every slot of its users; a leaf module in its own.
-ParamReads CollectParamReads(const IndexedGraph& g, const Slots& s,
-                             const ParamBytesFn& param_bytes) {
-  const int num_nodes = g.size();
+// Parameter reads per slot: a get_attr is read in its own slot and in
+// every slot of its users; a leaf module in its own.
+void CollectParamReads(const IndexedGraph& g, const Slots& s,
+                       ParamReads& params) {
   const std::vector<int>& slot = s.slot;
-  ParamReads params;
-  absl::flat_hash_map<absl::string_view, int> param_id;
-  std::vector<std::optional<int64_t>>& param_size = params.size;
-  std::vector<int>& node_param = params.node_param;
-  node_param.assign(num_nodes, -1);
-  auto intern = [&](const ir::Node* n) {
-    auto [it, inserted] =
-        param_id.try_emplace(n->target(), static_cast<int>(param_size.size()));
-    if (inserted) {
-      std::optional<int64_t> bytes;
-      if (param_bytes) {
-        bytes = param_bytes(n->target());
-      } else if (n->op() == ir::OpKind::kGetAttr &&
-                 n->meta().outputs.size() == 1) {
-        bytes = TensorBytes(n->meta().outputs[0]);
-      }
-      param_size.push_back(bytes);
-    }
-    return it->second;
-  };
+  const std::vector<int>& node_param = params.node_param;
   params.by_slot.resize(s.num_slots);
   // (slot, parameter) pairs, deduplicated by sorting: only sums over a
   // slot's parameters are taken, so their order within a slot is free.
   std::vector<std::pair<int, int>> reads;
-  for (int i = 0; i < num_nodes; ++i) {
-    if (g.op(i) == ir::OpKind::kGetAttr) {
-      int id = node_param[i] = intern(g.nodes[i]);
-      reads.push_back({slot[i], id});
-      for (int u : g.adj.Users(i)) {
-        if (u != g.out) reads.push_back({slot[u], id});
-      }
-    } else if (g.op(i) == ir::OpKind::kCallModule) {
-      int id = node_param[i] = intern(g.nodes[i]);
-      reads.push_back({slot[i], id});
+  for (int i = 0; i < g.size(); ++i) {
+    const int id = node_param[i];
+    if (id < 0) continue;
+    reads.push_back({slot[i], id});
+    if (g.op(i) != ir::OpKind::kGetAttr) continue;
+    for (int u : g.adj.Users(i)) {
+      if (u != g.out) reads.push_back({slot[u], id});
     }
   }
   std::sort(reads.begin(), reads.end());
@@ -288,8 +267,6 @@ ParamReads CollectParamReads(const IndexedGraph& g, const Slots& s,
   for (const auto& [slot_index, id] : reads) {
     params.by_slot[slot_index].push_back(id);
   }
-  for (const auto& size : param_size) params.unknown_sizes += !size.has_value();
-  return params;
 }
 
 // Which subgraph each slot goes to.
@@ -484,12 +461,13 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
     return absl::InvalidArgumentError(
         "partition: the graph has no output node");
   }
-  ASSIGN_OR_RETURN(IndexedGraph g, IndexGraph(graph));
+  ASSIGN_OR_RETURN(IndexedGraph g, IndexGraph(graph, options.param_bytes));
   TargetInstances t = FindTargetInstances(g, patterns, options.nesting);
   if (t.instances.empty()) return NoTargetError(graph, options);
   ASSIGN_OR_RETURN(Slots slots, CheckFeasibility(g, t));
   RETURN_IF_ERROR(PlaceNodes(g, t.inst, slots));
-  ParamReads params = CollectParamReads(g, slots, options.param_bytes);
+  ParamReads& params = g.params;
+  CollectParamReads(g, slots, params);
   Grouping grouping = GroupSlots(g, slots, params, options);
   Homes homes = AssignHomes(g, slots.slot, grouping);
 
@@ -529,9 +507,11 @@ class PlacementChecker {
   }
 
   // `home(n)` gives n's subgraph; only called for nodes inside a target.
+  // `leaf_in_stack`: a call_module whose stack ends with the module it
+  // calls (the leaf needs no lookup of its own).
   template <typename HomeFn>
   absl::Status Check(const ir::Node* n, ir::OpKind op, const Stack* stack,
-                     HomeFn&& home) {
+                     bool leaf_in_stack, HomeFn&& home) {
     if (!IsCompute(op)) {
       return absl::OkStatus();  // Inputs, parameter reads and the output
                                 // live anywhere.
@@ -541,8 +521,7 @@ class PlacementChecker {
     // instances at all).
     Advance(stack);
     Owner found = level_.back();
-    if (op == ir::OpKind::kCallModule &&
-        (stack->empty() || stack->back().path != n->target())) {
+    if (op == ir::OpKind::kCallModule && !leaf_in_stack) {
       if (auto it = owner_.find(n->target()); it != owner_.end()) {
         found = {it->second, n->target()};
       }
@@ -598,7 +577,10 @@ absl::Status CheckTargetPlacement(const ir::Graph& graph,
     return partition.SubgraphOf(n->name());
   };
   for (const ir::Node* n : graph.nodes()) {
-    RETURN_IF_ERROR(checker.Check(n, n->op(), &n->scope().stack(), home));
+    const auto& stack = n->scope().stack();
+    RETURN_IF_ERROR(checker.Check(
+        n, n->op(), &stack, !stack.empty() && stack.back().path == n->target(),
+        home));
   }
   return absl::OkStatus();
 }
@@ -612,7 +594,8 @@ absl::Status CheckTargetPlacement(const IndexedGraph& g,
   RETURN_IF_ERROR(checker.Init(partition));
   for (int i = 0; i < g.size(); ++i) {
     auto home_of = [&](const ir::Node*) { return home[i]; };
-    RETURN_IF_ERROR(checker.Check(g.nodes[i], g.op(i), g.stacks[i], home_of));
+    RETURN_IF_ERROR(checker.Check(g.nodes[i], g.op(i), g.stacks[i],
+                                  g.leaf_in_stack[i], home_of));
   }
   return absl::OkStatus();
 }

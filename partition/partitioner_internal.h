@@ -46,6 +46,18 @@ struct Adjacency {
   const int* Refs(int i) const { return ref.data() + ref_begin[i]; }
 };
 
+// Parameter and leaf-module reads: each distinct get_attr / call_module
+// target is one parameter id. IndexGraph numbers them and sizes them;
+// CollectParamReads lists each slot's.
+struct ParamReads {
+  std::vector<std::optional<int64_t>> size;  // By id; nullopt if unknown.
+  std::vector<int> node_param;               // Id read by node i, or -1.
+  std::vector<std::vector<int>> by_slot;     // Ids each slot reads.
+  int unknown_sizes = 0;
+
+  int64_t KnownBytes(int id) const { return size[id].value_or(0); }
+};
+
 // A graph's nodes numbered in order, with their adjacency, op kinds and
 // scope stacks. The phases read these arrays instead of the nodes: on a
 // graph far larger than the caches every pass over the nodes themselves
@@ -57,7 +69,11 @@ struct IndexedGraph {
   // &nodes[i]->scope().stack(): equal pointers mean equal stacks (the
   // tracer and the parsers share a stack between the nodes of a module).
   std::vector<const std::vector<ir::ScopeEntry>*> stacks;
+  // call_module node i's stack ends with the module it calls (as traced
+  // graphs scope their leaves), so matching its stack covers the leaf.
+  std::vector<char> leaf_in_stack;
   Adjacency adj;
+  ParamReads params;
   const ir::Node* output = nullptr;
   int out = 0;  // The output node's index.
 
@@ -65,9 +81,12 @@ struct IndexedGraph {
   ir::OpKind op(int i) const { return ops[i]; }
 };
 
-// Numbers the nodes of `graph` (which has an output node) and builds their
-// adjacency. Fails when an operand is not an earlier node of the graph.
-absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph);
+// Numbers the nodes of `graph` (which has an output node), builds their
+// adjacency and numbers and sizes the parameters (get_attr, call_module
+// targets) they read: param_bytes(target) when set, else a get_attr's
+// TensorBytes. Fails when an operand is not an earlier node of the graph.
+absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
+                                        const ParamBytesFn& param_bytes);
 
 // A module the scope stack of some node mentions.
 struct ModuleRef {
@@ -140,17 +159,6 @@ TargetInstances FindTargetInstances(const IndexedGraph& g,
 // with several instances (the likely layers).
 absl::Status NoTargetError(const ir::Graph& graph,
                            const PartitionOptions& options);
-
-// Parameter and leaf-module reads: each distinct get_attr / call_module
-// target is one parameter id.
-struct ParamReads {
-  std::vector<std::optional<int64_t>> size;  // By id; nullopt if unknown.
-  std::vector<int> node_param;               // Id read by node i, or -1.
-  std::vector<std::vector<int>> by_slot;     // Ids each slot reads.
-  int unknown_sizes = 0;
-
-  int64_t KnownBytes(int id) const { return size[id].value_or(0); }
-};
 
 // Where each node runs and who reads it.
 struct Homes {

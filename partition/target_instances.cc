@@ -161,14 +161,13 @@ TargetInstances FindTargetInstances(const IndexedGraph& g,
     const Level& l = level.back();
     // A leaf module is matched after its stack (ForEachModule's order),
     // unless its scope ends with it already.
-    if (g.op(i) == ir::OpKind::kCallModule && !l.stopped) {
+    if (g.op(i) == ir::OpKind::kCallModule && !l.stopped &&
+        !g.leaf_in_stack[i]) {
       const std::string& target = g.nodes[i]->target();
-      if (stack->empty() || stack->back().path != target) {
-        const ModuleMatcher::EntryMatch& leaf = matcher.Lookup(target, "");
-        if (!leaf.ignored && leaf.target >= 0) {
-          inst[i] = instance(ModuleRef{target, ""}, leaf.target);
-          continue;
-        }
+      const ModuleMatcher::EntryMatch& leaf = matcher.Lookup(target, "");
+      if (!leaf.ignored && leaf.target >= 0) {
+        inst[i] = instance(ModuleRef{target, ""}, leaf.target);
+        continue;
       }
     }
     if (l.chosen < 0) continue;
