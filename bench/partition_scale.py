@@ -171,9 +171,11 @@ def main():
         growth(f"MoE {moes[0][3]['nodes']} → {moes[-1][3]['nodes']} nodes "
                "(256 experts per layer; ours)", {"o": moes[0][3]},
                {"o": moes[-1][3]}, "o")
-        if a.before:
-            growth(f"MoE {moes[0][3]['nodes']} → {moes[-1][3]['nodes']} nodes "
-                   "(before)", {"o": moes[0][4]}, {"o": moes[-1][4]}, "o")
+        timed = [r for r in moes if r[4] is not None]
+        if len(timed) > 1:
+            growth(f"MoE {timed[0][4]['nodes']} → {timed[-1][4]['nodes']} "
+                   "nodes (before)", {"o": timed[0][4]}, {"o": timed[-1][4]},
+                   "o")
     for name, kind, _, ours, before, _ in results:
         if kind == "moe" and ours["nodes"] >= 1_000_000:
             for what, s in (("wall, median", ours["median_s"]),

@@ -714,6 +714,49 @@ TEST(PartitionerTest, TwoThousandLayersPartitionQuickly) {
   EXPECT_OK(VerifyPartition(*d.graph, *p));
 }
 
+// A leaf module called inside an outer target whose scope does not end with
+// the leaf (as TorchScript leaves are scoped), every node with its own copy
+// of its stack (no sharing): with kInnermost the leaf is an instance of its
+// own, numbered before the outer one, whose first node comes later.
+TEST(PartitionerTest, LeafTargetInsideAnOuterTargetWithUnsharedScopes) {
+  ir::Graph g;
+  auto outer = [] {
+    return ir::Scope({Entry("", "M"), Entry("outer", "pkg.Outer")});
+  };
+  ir::Node* x = *g.Placeholder("x");
+  ir::Node* leaf = *g.CallModule("outer.inner", {ir::Argument::Ref(x)}, {},
+                                 "leaf");
+  leaf->set_scope(outer());
+  ir::Node* relu =
+      *g.CallFunction("aten::relu", {ir::Argument::Ref(leaf)}, {}, "relu");
+  relu->set_scope(outer());
+  ir::Node* skipped = *g.CallModule("outer.skip", {ir::Argument::Ref(relu)},
+                                    {}, "skipped");
+  skipped->set_scope(outer());
+  ASSERT_OK(g.Output(ir::Argument::Ref(skipped)));
+
+  PartitionOptions o;
+  o.targets = {"Outer", "outer.inner", "outer.skip"};
+  o.ignore = {"outer.skip"};
+  o.nesting = Nesting::kInnermost;
+  auto p = PartitionGraph(g, o);
+  ASSERT_OK(p);
+  ASSERT_EQ(p->subgraphs.size(), 2u);
+  EXPECT_THAT(p->subgraphs[0].module_paths, ElementsAre("outer.inner"));
+  EXPECT_THAT(p->subgraphs[1].module_paths, ElementsAre("outer"));
+  EXPECT_EQ(p->SubgraphOf("leaf"), 0);
+  EXPECT_EQ(p->SubgraphOf("relu"), 1);
+  // An ignored leaf stays with the target around it.
+  EXPECT_EQ(p->SubgraphOf("skipped"), 1);
+  EXPECT_OK(VerifyPartition(g, *p));
+
+  o.nesting = Nesting::kOutermost;
+  auto outermost = PartitionGraph(g, o);
+  ASSERT_OK(outermost);
+  ASSERT_EQ(outermost->subgraphs.size(), 1u);
+  EXPECT_THAT(outermost->subgraphs[0].module_paths, ElementsAre("outer"));
+}
+
 // The synthetic mixture-of-experts graph of the scale benchmark
 // (partition_bench --moe): valid IR, the node count its header states, and
 // partitioned like a traced Mixtral.
