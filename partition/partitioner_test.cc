@@ -724,14 +724,14 @@ TEST(PartitionerTest, LeafTargetInsideAnOuterTargetWithUnsharedScopes) {
     return ir::Scope({Entry("", "M"), Entry("outer", "pkg.Outer")});
   };
   ir::Node* x = *g.Placeholder("x");
-  ir::Node* leaf = *g.CallModule("outer.inner", {ir::Argument::Ref(x)}, {},
-                                 "leaf");
+  ir::Node* leaf =
+      *g.CallModule("outer.inner", {ir::Argument::Ref(x)}, {}, "leaf");
   leaf->set_scope(outer());
   ir::Node* relu =
       *g.CallFunction("aten::relu", {ir::Argument::Ref(leaf)}, {}, "relu");
   relu->set_scope(outer());
-  ir::Node* skipped = *g.CallModule("outer.skip", {ir::Argument::Ref(relu)},
-                                    {}, "skipped");
+  ir::Node* skipped =
+      *g.CallModule("outer.skip", {ir::Argument::Ref(relu)}, {}, "skipped");
   skipped->set_scope(outer());
   ASSERT_OK(g.Output(ir::Argument::Ref(skipped)));
 
