@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -33,10 +34,12 @@ constexpr struct {
 
 // Distinct-node collector: nodes read a handful of operands, so a linear
 // scan beats a hash set until the list gets long (a graph's output node, a
-// cat of many tensors); only then does it switch to one.
+// cat of many tensors); only then does it switch to one. `Vec` is a
+// std::vector or an absl::InlinedVector of Node*.
+template <typename Vec>
 class NodeCollector {
  public:
-  explicit NodeCollector(std::vector<Node*>& out) : out_(out) {
+  explicit NodeCollector(Vec& out) : out_(out) {
     if (out_.size() >= kLinearLimit) seen_.insert(out_.begin(), out_.end());
   }
 
@@ -64,13 +67,14 @@ class NodeCollector {
 
  private:
   static constexpr size_t kLinearLimit = 16;
-  std::vector<Node*>& out_;
+  Vec& out_;
   absl::flat_hash_set<Node*> seen_;
 };
 
+template <typename Vec>
 void CollectNodes(const std::vector<Argument>& args, const Kwargs& kwargs,
-                  std::vector<Node*>& out) {
-  NodeCollector c(out);
+                  Vec& out) {
+  NodeCollector<Vec> c(out);
   for (const Argument& a : args) c.Visit(a);
   for (const auto& [key, a] : kwargs) c.Visit(a);
 }
@@ -263,15 +267,9 @@ std::vector<Node*> Node::inputs() const {
   return out;
 }
 
-Node* Node::prev() const {
-  if (self_ == graph_->nodes_.begin()) return nullptr;
-  return std::prev(self_)->get();
-}
+Node* Node::prev() const { return prev_; }
 
-Node* Node::next() const {
-  auto it = std::next(self_);
-  return it == graph_->nodes_.end() ? nullptr : it->get();
-}
+Node* Node::next() const { return next_; }
 
 std::string Node::Describe() const {
   std::string s = absl::StrCat("%", name_, " (", OpKindName(op_));
@@ -295,7 +293,7 @@ absl::Status Node::CheckOperands(const std::vector<Argument>& args,
   return CheckRefs(refs);
 }
 
-absl::Status Node::CheckRefs(const std::vector<Node*>& refs) const {
+absl::Status Node::CheckRefs(absl::Span<Node* const> refs) const {
   for (Node* n : refs) {
     if (n == nullptr) {
       return absl::InvalidArgumentError(
@@ -394,8 +392,8 @@ Node* Graph::FindNode(absl::string_view name) const {
 }
 
 Node* Graph::output_node() const {
-  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-    if ((*it)->op() == OpKind::kOutput) return it->get();
+  for (Node* n = last_; n != nullptr; n = n->prev_) {
+    if (n->op() == OpKind::kOutput) return n;
   }
   return nullptr;
 }
@@ -429,9 +427,35 @@ std::string Graph::UniqueName(absl::string_view hint) const {
   }
 }
 
+Graph::~Graph() {
+  for (Node* n = first_; n != nullptr;) {
+    Node* next = n->next_;
+    delete n;
+    n = next;
+  }
+}
+
+void Graph::Link(Node* node, Node* before) {
+  Node* after = before == nullptr ? last_ : before->prev_;
+  node->prev_ = after;
+  node->next_ = before;
+  (after == nullptr ? first_ : after->next_) = node;
+  (before == nullptr ? last_ : before->prev_) = node;
+  ++size_;
+}
+
+void Graph::Unlink(Node* node) {
+  (node->prev_ == nullptr ? first_ : node->prev_->next_) = node->next_;
+  (node->next_ == nullptr ? last_ : node->next_->prev_) = node->prev_;
+  node->prev_ = node->next_ = nullptr;
+  --size_;
+}
+
 void Graph::Renumber() {
   int64_t k = 0;
-  for (auto& n : nodes_) n->order_ = (k += kOrderGap);
+  for (Node* n = first_; n != nullptr; n = n->next_) {
+    n->order_ = (k += kOrderGap);
+  }
 }
 
 void Graph::AssignOrder(Node* node) {
@@ -466,24 +490,36 @@ absl::StatusOr<Node*> Graph::AddNode(OpKind op, std::string target,
       hint = hint.substr(0, hint.find('.'));
     }
   }
-  std::string unique = UniqueName(hint);
-  auto node = std::unique_ptr<Node>(
-      new Node(this, op, std::move(unique), std::move(target)));
-  Node* raw = node.get();
-  auto pos = insert_before_ == nullptr ? nodes_.end() : insert_before_->self_;
-  raw->self_ = nodes_.insert(pos, std::move(node));
+  // The name's index entry is claimed here (one lookup; UniqueName only
+  // runs on a clash) and filled in once the node is valid.
+  std::string unique = SanitizeName(hint);
+  auto [entry, fresh] = by_name_.try_emplace(unique, nullptr);
+  if (!fresh) {
+    unique = UniqueName(hint);
+    entry = by_name_.try_emplace(unique, nullptr).first;
+  }
+  Node* raw = new Node(this, op, std::move(unique), std::move(target));
+  Link(raw, insert_before_);
   AssignOrder(raw);
-  std::vector<Node*> refs;
+  // Nodes read a few others: no allocation for the list.
+  absl::InlinedVector<Node*, 8> refs;
   CollectNodes(args, kwargs, refs);
   if (absl::Status s = raw->CheckRefs(refs); !s.ok()) {
-    nodes_.erase(raw->self_);
+    by_name_.erase(entry);
+    Unlink(raw);
+    delete raw;
     return s;
   }
-  by_name_[raw->name_] = raw;
+  entry->second = raw;
   raw->args_ = std::move(args);
   raw->kwargs_ = std::move(kwargs);
-  // A new node: each distinct input gains it as a user once.
-  for (Node* n : refs) n->users_.push_back(raw);
+  // A new node: each distinct input gains it as a user once. The first
+  // user list gets room for three: malloc's smallest chunk holds that much
+  // anyway, and it saves regrowing for the common two or three users.
+  for (Node* n : refs) {
+    if (n->users_.capacity() == 0) n->users_.reserve(3);
+    n->users_.push_back(raw);
+  }
   return raw;
 }
 
@@ -564,7 +600,8 @@ absl::Status Graph::Erase(Node* node) {
   node->kwargs_.clear();
   node->UpdateUses(old);
   by_name_.erase(node->name_);
-  nodes_.erase(node->self_);
+  Unlink(node);
+  delete node;
   return absl::OkStatus();
 }
 
@@ -586,8 +623,8 @@ absl::Status Graph::MoveBefore(Node* node, Node* before) {
         absl::StrCat("cannot move ", node->Describe(), ": its user %",
                      user->name_, " would come before it"));
   }
-  auto dest = before == nullptr ? nodes_.end() : before->self_;
-  nodes_.splice(dest, nodes_, node->self_);
+  Unlink(node);
+  Link(node, before);
   AssignOrder(node);
   return absl::OkStatus();
 }
@@ -607,10 +644,8 @@ std::unique_ptr<Graph> Graph::Clone(
   absl::flat_hash_map<const Node*, Node*>& map = mapping ? *mapping : local;
   auto remap = [&](Node* n) { return map.at(n); };
   for (Node* n : nodes()) {
-    auto node = std::unique_ptr<Node>(
-        new Node(copy.get(), n->op_, n->name_, n->target_));
-    Node* raw = node.get();
-    raw->self_ = copy->nodes_.insert(copy->nodes_.end(), std::move(node));
+    Node* raw = new Node(copy.get(), n->op_, n->name_, n->target_);
+    copy->Link(raw, nullptr);
     raw->order_ = n->order_;
     for (const Argument& a : n->args_) raw->args_.push_back(a.MapNodes(remap));
     for (const auto& [k, v] : n->kwargs_) {

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tracecut::ir {
 
@@ -313,7 +314,7 @@ class Node {
   absl::Status CheckOperands(const std::vector<Argument>& args,
                              const Kwargs& kwargs) const;
   // CheckOperands on the distinct nodes already collected from them.
-  absl::Status CheckRefs(const std::vector<Node*>& refs) const;
+  absl::Status CheckRefs(absl::Span<Node* const> refs) const;
   void UpdateUses(const std::vector<Node*>& old_inputs);
 
   Graph* graph_;
@@ -325,7 +326,10 @@ class Node {
   Scope scope_;
   NodeMeta meta_;
   std::vector<Node*> users_;
-  std::list<std::unique_ptr<Node>>::iterator self_;
+  // Neighbours in the graph's intrusive list (no list node of its own to
+  // allocate per node).
+  Node* prev_ = nullptr;
+  Node* next_ = nullptr;
   int64_t order_ = 0;
 };
 
@@ -334,22 +338,22 @@ class Graph {
   Graph() = default;
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
+  ~Graph();
 
   // Iteration in topological order.
   class NodeIterator {
    public:
-    using Base = std::list<std::unique_ptr<Node>>::const_iterator;
-    explicit NodeIterator(Base it) : it_(it) {}
-    Node* operator*() const { return it_->get(); }
+    explicit NodeIterator(Node* node) : node_(node) {}
+    Node* operator*() const { return node_; }
     NodeIterator& operator++() {
-      ++it_;
+      node_ = node_->next_;
       return *this;
     }
-    bool operator!=(const NodeIterator& o) const { return it_ != o.it_; }
-    bool operator==(const NodeIterator& o) const { return it_ == o.it_; }
+    bool operator!=(const NodeIterator& o) const { return node_ != o.node_; }
+    bool operator==(const NodeIterator& o) const { return node_ == o.node_; }
 
    private:
-    Base it_;
+    Node* node_;  // nullptr: the end.
   };
   struct NodeRange {
     NodeIterator b, e;
@@ -357,13 +361,11 @@ class Graph {
     NodeIterator end() const { return e; }
   };
   NodeRange nodes() const {
-    return {NodeIterator(nodes_.begin()), NodeIterator(nodes_.end())};
+    return {NodeIterator(first_), NodeIterator(nullptr)};
   }
-  size_t size() const { return nodes_.size(); }
-  Node* first() const {
-    return nodes_.empty() ? nullptr : nodes_.front().get();
-  }
-  Node* last() const { return nodes_.empty() ? nullptr : nodes_.back().get(); }
+  size_t size() const { return size_; }
+  Node* first() const { return first_; }
+  Node* last() const { return last_; }
 
   // The node called `name`, or nullptr.
   Node* FindNode(absl::string_view name) const;
@@ -440,8 +442,15 @@ class Graph {
   friend class internal::VerifierAccess;
   void Renumber();
   void AssignOrder(Node* node);
+  // Puts `node` (in no list) right before `before` (nullptr: the end);
+  // takes it out of the list, keeping it.
+  void Link(Node* node, Node* before);
+  void Unlink(Node* node);
 
-  std::list<std::unique_ptr<Node>> nodes_;
+  // The nodes, owned, in an intrusive doubly linked list.
+  Node* first_ = nullptr;
+  Node* last_ = nullptr;
+  size_t size_ = 0;
   absl::flat_hash_map<std::string, Node*> by_name_;
   Node* insert_before_ = nullptr;
   GraphMeta meta_;

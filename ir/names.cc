@@ -44,6 +44,8 @@ bool IsScopePath(absl::string_view path) {
 }
 
 std::string SanitizeName(absl::string_view hint) {
+  // Most hints (every name a parsed or copied node keeps) already are.
+  if (IsIdentifier(hint)) return std::string(hint);
   std::string out;
   out.reserve(hint.size() + 1);
   // A UTF-8 continuation byte after a non-ASCII lead byte belongs to the

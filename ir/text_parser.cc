@@ -320,6 +320,17 @@ class Parser : public text_internal::TextScanner {
   }
 
   absl::Status ParseScope(Scope& scope) {
+    const size_t start = pos_;
+    RETURN_IF_ERROR(ParseStack(scope));
+    // Nodes of one module share one stack, as the tracer makes them:
+    // memory, and cheap stack comparisons for whoever reads the graph.
+    auto [it, inserted] =
+        scopes_.try_emplace(text_.substr(start, pos_ - start), scope);
+    if (!inserted) scope = it->second;
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseStack(Scope& scope) {
     RETURN_IF_ERROR(Expect('[', "'[' after scope"));
     std::vector<ScopeEntry> stack;
     RETURN_IF_ERROR(ParseSequence(']', "scope entry", [&]() -> absl::Status {
@@ -454,6 +465,9 @@ class Parser : public text_internal::TextScanner {
     RETURN_IF_ERROR(Expect(')', "')' closing mark(...)"));
     return m;
   }
+
+  // Scopes parsed so far, by their text.
+  absl::flat_hash_map<absl::string_view, Scope> scopes_;
 };
 
 // Turns a parsed graph into a Graph: resolves references, adds nodes with

@@ -82,6 +82,25 @@ TEST(TextTest, RoundTripsVariedGraphs) {
   }
 }
 
+// Nodes of one module share one stack, as the tracer builds them (what
+// the partitioner's stack comparisons and the graph's memory rely on).
+TEST(TextTest, EqualScopesShareOneStack) {
+  std::unique_ptr<Graph> g = ParseOrDie(R"ir(graph {
+  %x = placeholder[x]() scope[:"M", a:"A"]
+  %y = call_function[aten::relu](%x) scope[:"M", b:"B"]
+  %z = call_function[aten::relu](%y) scope[:"M", a:"A"]
+  %output = output[output](%z)
+}
+)ir");
+  const Node* x = g->FindNode("x");
+  const Node* y = g->FindNode("y");
+  const Node* z = g->FindNode("z");
+  EXPECT_EQ(&x->scope().stack(), &z->scope().stack());
+  EXPECT_NE(&x->scope().stack(), &y->scope().stack());
+  EXPECT_EQ(z->scope().path(), "a");
+  EXPECT_EQ(y->scope().path(), "b");
+}
+
 TEST(TextTest, PrintsTheDocumentedForm) {
   std::unique_ptr<Graph> g = test_graphs::VariedGraph("mlp");
   EXPECT_EQ(PrintGraph(*g), R"(graph {

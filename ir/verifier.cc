@@ -20,8 +20,11 @@ namespace internal {
 class VerifierAccess {
  public:
   static int64_t order_key(const Node* node) { return node->order_; }
+  // The list links around `node` lead back to it.
   static bool SelfIteratorIsConsistent(const Node* node) {
-    return node->self_->get() == node;
+    const Graph& g = *node->graph_;
+    return (node->prev_ == nullptr ? g.first_ : node->prev_->next_) == node &&
+           (node->next_ == nullptr ? g.last_ : node->next_->prev_) == node;
   }
   // Index entries sorted by name, so error reports are deterministic.
   static std::vector<std::pair<std::string, const Node*>> NameIndex(

@@ -2,12 +2,16 @@
 // step of PartitionGraph (see partitioner_internal.h).
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "ir/graph.h"
+#include "partition/partitioner.h"
 #include "partition/partitioner_internal.h"
 #include "util/status_macros.h"
 
@@ -41,13 +45,40 @@ int IndexOf(const std::vector<const ir::Node*>& nodes, const ir::Node* node,
   return lo < before && nodes[lo] == node ? lo : before;
 }
 
+// IndexOf behind a small direct-mapped cache of recent answers. The far
+// operands (a layer's normalised input read by each of its experts, the
+// mask and rotary tables read by every layer) are few and read again and
+// again; a hit costs no access to any node, where galloping back to them
+// reads a dozen nodes long out of cache.
+class NodeIndexer {
+ public:
+  explicit NodeIndexer(const std::vector<const ir::Node*>& nodes)
+      : nodes_(nodes), cache_(kSize, -1) {}
+
+  int Find(const ir::Node* node, int before) {
+    int& slot = cache_[(reinterpret_cast<uintptr_t>(node) >> 4) & (kSize - 1)];
+    if (slot >= 0 && slot < before && nodes_[slot] == node) return slot;
+    int j = IndexOf(nodes_, node, before);
+    if (j < before && before - j > kNear) slot = j;
+    return j;
+  }
+
+ private:
+  static constexpr int kSize = 1024;
+  // Nearer operands are found by a step or two of galloping anyway.
+  static constexpr int kNear = 8;
+  const std::vector<const ir::Node*>& nodes_;
+  std::vector<int> cache_;
+};
+
 // Appends the positions of the nodes `a` references (operands of node
 // `user`, which they must precede).
 absl::Status CollectRefs(const ir::Argument& a,
-                         const std::vector<const ir::Node*>& nodes, int user,
+                         const std::vector<const ir::Node*>& nodes,
+                         NodeIndexer& indexer, int user,
                          std::vector<int>& out) {
   if (a.is_node()) {
-    int j = IndexOf(nodes, a.node(), user);
+    int j = indexer.Find(a.node(), user);
     if (j == user) {
       return absl::InvalidArgumentError(absl::StrCat(
           "partition: operand %", a.node()->name(), " of ",
@@ -56,30 +87,90 @@ absl::Status CollectRefs(const ir::Argument& a,
     out.push_back(j);
   } else if (a.is_sequence()) {
     for (const ir::Argument& e : a.elements()) {
-      RETURN_IF_ERROR(CollectRefs(e, nodes, user, out));
+      RETURN_IF_ERROR(CollectRefs(e, nodes, indexer, user, out));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Adjacency> BuildAdjacency(
-    const std::vector<const ir::Node*>& nodes) {
+// The nodes of a graph far larger than the caches are a few misses each:
+// fetches node i + kAhead, and what node i + kAhead / 2 points to.
+void Prefetch(const std::vector<const ir::Node*>& nodes, int i) {
+  constexpr int kAhead = 8;
   const int n = static_cast<int>(nodes.size());
-  Adjacency a;
+  if (i + kAhead < n) {
+    const char* p = reinterpret_cast<const char*>(nodes[i + kAhead]);
+    for (size_t off = 0; off < sizeof(ir::Node); off += 64) {
+      __builtin_prefetch(p + off);
+    }
+  }
+  if (i + kAhead / 2 < n) {
+    const ir::Node* node = nodes[i + kAhead / 2];
+    __builtin_prefetch(node->args().data());
+    __builtin_prefetch(&node->scope().stack());
+    __builtin_prefetch(node->target().data());
+  }
+}
+
+}  // namespace
+
+// One walk over the graph: every node is read once here (op, scope stack,
+// operands) and not again until it is copied into its subgraph.
+absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
+                                        const ParamBytesFn& param_bytes) {
+  IndexedGraph g;
+  g.output = graph.output_node();
+  const int n = static_cast<int>(graph.size());
+  std::vector<const ir::Node*>& nodes = g.nodes;
+  nodes.reserve(n);
+  g.ops.reserve(n);
+  g.stacks.reserve(n);
+  Adjacency& a = g.adj;
   a.in_begin.reserve(n + 1);
   a.ref_begin.reserve(n + 1);
   a.ref.reserve(2 * n);
   a.in.reserve(2 * n);
+  g.leaf_in_stack.assign(n, 0);
+  ParamReads& params = g.params;
+  params.node_param.assign(n, -1);
+  absl::flat_hash_map<absl::string_view, int> param_id;
   std::vector<int> mark(n, -1);
   std::vector<int> use_count(n, 0);
+  for (const ir::Node* node : graph.nodes()) nodes.push_back(node);
+  NodeIndexer indexer(nodes);
   for (int i = 0; i < n; ++i) {
+    Prefetch(nodes, i);
+    const ir::Node* node = nodes[i];
+    const ir::OpKind op = node->op();
+    const std::vector<ir::ScopeEntry>& stack = node->scope().stack();
+    g.ops.push_back(op);
+    g.stacks.push_back(&stack);
+    if (node == g.output) g.out = i;
+    if (op == ir::OpKind::kGetAttr || op == ir::OpKind::kCallModule) {
+      auto [it, inserted] = param_id.try_emplace(
+          node->target(), static_cast<int>(params.size.size()));
+      if (inserted) {
+        std::optional<int64_t> bytes;
+        if (param_bytes) {
+          bytes = param_bytes(node->target());
+        } else if (op == ir::OpKind::kGetAttr &&
+                   node->meta().outputs.size() == 1) {
+          bytes = TensorBytes(node->meta().outputs[0]);
+        }
+        params.size.push_back(bytes);
+        params.unknown_sizes += !bytes.has_value();
+      }
+      params.node_param[i] = it->second;
+      g.leaf_in_stack[i] = op == ir::OpKind::kCallModule && !stack.empty() &&
+                           stack.back().path == node->target();
+    }
     a.ref_begin.push_back(static_cast<int>(a.ref.size()));
     a.in_begin.push_back(static_cast<int>(a.in.size()));
-    for (const ir::Argument& arg : nodes[i]->args()) {
-      RETURN_IF_ERROR(CollectRefs(arg, nodes, i, a.ref));
+    for (const ir::Argument& arg : node->args()) {
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, indexer, i, a.ref));
     }
-    for (const auto& [key, arg] : nodes[i]->kwargs()) {
-      RETURN_IF_ERROR(CollectRefs(arg, nodes, i, a.ref));
+    for (const auto& [key, arg] : node->kwargs()) {
+      RETURN_IF_ERROR(CollectRefs(arg, nodes, indexer, i, a.ref));
     }
     for (size_t k = a.ref_begin[i]; k < a.ref.size(); ++k) {
       int j = a.ref[k];
@@ -94,25 +185,14 @@ absl::StatusOr<Adjacency> BuildAdjacency(
   a.in_begin.push_back(static_cast<int>(a.in.size()));
   // Users by counting sort over the inputs.
   a.use_begin.assign(n + 1, 0);
-  for (int j = 0; j < n; ++j)
+  for (int j = 0; j < n; ++j) {
     a.use_begin[j + 1] = a.use_begin[j] + use_count[j];
+  }
   a.use.resize(a.use_begin[n]);
   std::vector<int> fill(a.use_begin.begin(), a.use_begin.end() - 1);
-  for (int i = 0; i < n; ++i) {
-    for (int j : a.Inputs(i)) a.use[fill[j]++] = i;
+  for (int k = 0; k < n; ++k) {
+    for (int j : a.Inputs(k)) a.use[fill[j]++] = k;
   }
-  return a;
-}
-
-}  // namespace
-
-absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph) {
-  IndexedGraph g;
-  g.output = graph.output_node();
-  g.nodes.reserve(graph.size());
-  for (const ir::Node* n : graph.nodes()) g.nodes.push_back(n);
-  ASSIGN_OR_RETURN(g.adj, BuildAdjacency(g.nodes));
-  g.out = IndexOf(g.nodes, g.output, g.size());
   return g;
 }
 

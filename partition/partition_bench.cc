@@ -1,29 +1,42 @@
-// Times PartitionGraph on a graph in the IR text form, without LibTorch, and
+// Times PartitionGraph on a graph in the IR text form, or on a synthetic
+// Mixtral-shaped MoE graph (partition/test_graphs.h), without LibTorch, and
 // optionally dumps the complete result so that a change to the partitioner
 // can be checked to produce identical partitions (diff two dumps).
 //
 //   partition_bench GRAPH.txt [--targets=LlamaDecoderLayer] [--reps=N]
 //                   [--dump=FILE]
+//   partition_bench --moe=LAYERSxEXPERTS [--write_graph=FILE] [...]
+//                   (targets default to MixtralDecoderLayer)
 //
 // Prints one JSON object: nodes, subgraphs, partition_s (median wall time of
-// reps, after one warm-up call), min_s, and cpu_s (median thread CPU time:
-// steadier than wall time on a busy machine).
+// reps, after one warm-up call), min_s, cpu_s (median thread CPU time:
+// steadier than wall time on a busy machine), us_per_node (partition_s per
+// node) and destroy_s (median time to free a result, not in partition_s).
+// --write_graph writes the graph partitioned in the text form, so that
+// another build (e.g. the one before a change) can time the same graph.
+// bench/partition_scale.py runs it over the growth curve.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "ir/text.h"
 #include "partition/partitioner.h"
+#include "partition/test_graphs.h"
 
 namespace tracecut::partition {
 namespace {
@@ -57,15 +70,25 @@ std::string Dump(const Partition& p) {
 }
 
 int Main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: partition_bench GRAPH.txt [flags]\n");
-    return 2;
-  }
-  std::string targets = "LlamaDecoderLayer", dump;
+  std::string targets, dump, path, write_graph;
   int reps = 20;
-  for (int i = 2; i < argc; ++i) {
+  int moe_layers = 0, moe_experts = 0;
+  for (int i = 1; i < argc; ++i) {
     absl::string_view a = argv[i];
-    if (absl::ConsumePrefix(&a, "--targets=")) {
+    if (!absl::StartsWith(a, "--") && path.empty()) {
+      path = std::string(a);
+    } else if (absl::ConsumePrefix(&a, "--moe=")) {
+      std::vector<absl::string_view> le = absl::StrSplit(a, 'x');
+      if (le.size() != 2 || !absl::SimpleAtoi(le[0], &moe_layers) ||
+          !absl::SimpleAtoi(le[1], &moe_experts) || moe_layers < 1 ||
+          moe_experts < 1) {
+        std::fprintf(stderr, "partition_bench: --moe=LAYERSxEXPERTS, got %s\n",
+                     argv[i]);
+        return 2;
+      }
+    } else if (absl::ConsumePrefix(&a, "--write_graph=")) {
+      write_graph = std::string(a);
+    } else if (absl::ConsumePrefix(&a, "--targets=")) {
       targets = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--reps=")) {
       if (!absl::SimpleAtoi(a, &reps) || reps < 1) reps = 1;
@@ -76,14 +99,30 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  std::ifstream in(argv[1]);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  auto graph = ir::ParseGraph(buf.str());
+  if (path.empty() == (moe_layers == 0)) {
+    std::fprintf(stderr,
+                 "usage: partition_bench GRAPH.txt|--moe=LAYERSxEXPERTS "
+                 "[flags]\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<ir::Graph>> graph;
+  if (moe_layers > 0) {
+    graph = testing::BuildMoe({.layers = moe_layers, .experts = moe_experts});
+    if (targets.empty()) targets = "MixtralDecoderLayer";
+  } else {
+    std::ifstream in(path);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    graph = ir::ParseGraph(buf.str());
+    if (targets.empty()) targets = "LlamaDecoderLayer";
+  }
   if (!graph.ok()) {
     std::fprintf(stderr, "partition_bench: %s\n",
                  graph.status().ToString().c_str());
     return 1;
+  }
+  if (!write_graph.empty()) {
+    std::ofstream(write_graph) << ir::PrintGraph(**graph);
   }
   PartitionOptions options;
   options.targets = {targets};
@@ -105,23 +144,32 @@ int Main(int argc, char** argv) {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
   };
-  std::vector<double> times, cpu;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
+        .count();
+  };
+  std::vector<double> times, cpu, destroy;
   for (int i = 0; i < reps; ++i) {
     auto start = std::chrono::steady_clock::now();
     double cpu_start = cpu_now();
-    Partition q = run();
+    std::optional<Partition> q = run();
     cpu.push_back(cpu_now() - cpu_start);
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
+    times.push_back(since(start));
+    start = std::chrono::steady_clock::now();
+    q.reset();
+    destroy.push_back(since(start));
   }
   std::sort(times.begin(), times.end());
   std::sort(cpu.begin(), cpu.end());
+  std::sort(destroy.begin(), destroy.end());
+  const double median = times[times.size() / 2];
+  const size_t nodes = (*graph)->size();
   std::printf(
       "{\"nodes\": %zu, \"subgraphs\": %zu, \"partition_s\": %.9g, "
-      "\"min_s\": %.9g, \"cpu_s\": %.9g}\n",
-      (*graph)->size(), p.subgraphs.size(), times[times.size() / 2],
-      times.front(), cpu[cpu.size() / 2]);
+      "\"min_s\": %.9g, \"cpu_s\": %.9g, \"us_per_node\": %.4g, "
+      "\"destroy_s\": %.9g, \"reps\": %d}\n",
+      nodes, p.subgraphs.size(), median, times.front(), cpu[cpu.size() / 2],
+      1e6 * median / nodes, destroy[destroy.size() / 2], reps);
   return 0;
 }
 

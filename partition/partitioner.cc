@@ -58,14 +58,12 @@ using partitioner_internal::BuildOutputGraph;
 using partitioner_internal::BuildSubgraphs;
 using partitioner_internal::CompileModulePatterns;
 using partitioner_internal::FindTargetInstances;
-using partitioner_internal::ForEachModule;
 using partitioner_internal::Homes;
 using partitioner_internal::IndexedGraph;
 using partitioner_internal::IndexGraph;
 using partitioner_internal::Instance;
 using partitioner_internal::IsCompute;
 using partitioner_internal::ModulePatterns;
-using partitioner_internal::ModuleRef;
 using partitioner_internal::NoTargetError;
 using partitioner_internal::ParamReads;
 using partitioner_internal::TargetInstances;
@@ -164,7 +162,6 @@ absl::StatusOr<Slots> CheckFeasibility(const IndexedGraph& g,
   }
   s.first_target = first_target;
   for (int i = 0; i < num_nodes; ++i) {
-    const ir::Node* n = g.nodes[i];
     if (g.op(i) == ir::OpKind::kPlaceholder ||
         g.op(i) == ir::OpKind::kGetAttr) {
       continue;
@@ -180,7 +177,7 @@ absl::StatusOr<Slots> CheckFeasibility(const IndexedGraph& g,
     }
     if (inst[i] >= 0) {
       if (best > slot[i]) {
-        return OrderError(n, t.instances[inst[i]], t.instances[from]);
+        return OrderError(g.nodes[i], t.instances[inst[i]], t.instances[from]);
       }
       need[i] = slot[i];
       need_from[i] = inst[i];
@@ -203,9 +200,8 @@ absl::Status PlaceNodes(const IndexedGraph& g, const std::vector<int>& inst,
   std::vector<int>& slot = s.slot;
   const std::vector<int>& need = s.need;
   for (int i = num_nodes - 1; i >= 0; --i) {
-    const ir::Node* n = g.nodes[i];
     if (inst[i] >= 0) continue;
-    switch (n->op()) {
+    switch (g.op(i)) {
       case ir::OpKind::kOutput:
         slot[i] = last_slot;
         continue;
@@ -215,7 +211,7 @@ absl::Status PlaceNodes(const IndexedGraph& g, const std::vector<int>& inst,
       default:
         break;
     }
-    if (IsCompute(n) && i < first_target) {
+    if (IsCompute(g.op(i)) && i < first_target) {
       slot[i] = 0;
       continue;
     }
@@ -247,44 +243,23 @@ absl::Status PlaceNodes(const IndexedGraph& g, const std::vector<int>& inst,
 
 // Parameter reads per slot and their sizes: a get_attr is read in its own
 // slot and in every slot of its users; a leaf module in its own.
-ParamReads CollectParamReads(const IndexedGraph& g, const Slots& s,
-                             const ParamBytesFn& param_bytes) {
-  const int num_nodes = g.size();
+// Parameter reads per slot: a get_attr is read in its own slot and in
+// every slot of its users; a leaf module in its own.
+void CollectParamReads(const IndexedGraph& g, const Slots& s,
+                       ParamReads& params) {
   const std::vector<int>& slot = s.slot;
-  ParamReads params;
-  absl::flat_hash_map<absl::string_view, int> param_id;
-  std::vector<std::optional<int64_t>>& param_size = params.size;
-  std::vector<int>& node_param = params.node_param;
-  node_param.assign(num_nodes, -1);
-  auto intern = [&](const ir::Node* n) {
-    auto [it, inserted] =
-        param_id.try_emplace(n->target(), static_cast<int>(param_size.size()));
-    if (inserted) {
-      std::optional<int64_t> bytes;
-      if (param_bytes) {
-        bytes = param_bytes(n->target());
-      } else if (n->op() == ir::OpKind::kGetAttr &&
-                 n->meta().outputs.size() == 1) {
-        bytes = TensorBytes(n->meta().outputs[0]);
-      }
-      param_size.push_back(bytes);
-    }
-    return it->second;
-  };
+  const std::vector<int>& node_param = params.node_param;
   params.by_slot.resize(s.num_slots);
   // (slot, parameter) pairs, deduplicated by sorting: only sums over a
   // slot's parameters are taken, so their order within a slot is free.
   std::vector<std::pair<int, int>> reads;
-  for (int i = 0; i < num_nodes; ++i) {
-    if (g.op(i) == ir::OpKind::kGetAttr) {
-      int id = node_param[i] = intern(g.nodes[i]);
-      reads.push_back({slot[i], id});
-      for (int u : g.adj.Users(i)) {
-        if (u != g.out) reads.push_back({slot[u], id});
-      }
-    } else if (g.op(i) == ir::OpKind::kCallModule) {
-      int id = node_param[i] = intern(g.nodes[i]);
-      reads.push_back({slot[i], id});
+  for (int i = 0; i < g.size(); ++i) {
+    const int id = node_param[i];
+    if (id < 0) continue;
+    reads.push_back({slot[i], id});
+    if (g.op(i) != ir::OpKind::kGetAttr) continue;
+    for (int u : g.adj.Users(i)) {
+      if (u != g.out) reads.push_back({slot[u], id});
     }
   }
   std::sort(reads.begin(), reads.end());
@@ -292,8 +267,6 @@ ParamReads CollectParamReads(const IndexedGraph& g, const Slots& s,
   for (const auto& [slot_index, id] : reads) {
     params.by_slot[slot_index].push_back(id);
   }
-  for (const auto& size : param_size) params.unknown_sizes += !size.has_value();
-  return params;
 }
 
 // Which subgraph each slot goes to.
@@ -313,7 +286,7 @@ Grouping GroupSlots(const IndexedGraph& g, const Slots& slots,
   slot_to_sg.assign(num_slots, 0);
   bool head = false;
   for (int i = 0; i < g.size(); ++i) {
-    if (slots.slot[i] == 0 && IsCompute(g.nodes[i])) {
+    if (slots.slot[i] == 0 && IsCompute(g.op(i))) {
       head = true;
       break;
     }
@@ -385,10 +358,9 @@ Homes AssignHomes(const IndexedGraph& g, const std::vector<int>& slot,
   std::vector<std::vector<int>>& members = homes.members;
   members.resize(grouping.num_sg);
   for (int i = 0; i < num_nodes; ++i) {
-    const ir::Node* n = g.nodes[i];
-    if (n->op() == ir::OpKind::kPlaceholder || n == g.output) continue;
+    if (g.op(i) == ir::OpKind::kPlaceholder || i == g.out) continue;
     members[home[i]].push_back(i);
-    if (n->op() != ir::OpKind::kGetAttr) continue;
+    if (g.op(i) != ir::OpKind::kGetAttr) continue;
     std::vector<int> readers;
     for (int u : g.adj.Users(i)) {
       if (u != g.out && home[u] != home[i]) {
@@ -489,13 +461,13 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
     return absl::InvalidArgumentError(
         "partition: the graph has no output node");
   }
-  ASSIGN_OR_RETURN(IndexedGraph g, IndexGraph(graph));
-
+  ASSIGN_OR_RETURN(IndexedGraph g, IndexGraph(graph, options.param_bytes));
   TargetInstances t = FindTargetInstances(g, patterns, options.nesting);
   if (t.instances.empty()) return NoTargetError(graph, options);
   ASSIGN_OR_RETURN(Slots slots, CheckFeasibility(g, t));
   RETURN_IF_ERROR(PlaceNodes(g, t.inst, slots));
-  ParamReads params = CollectParamReads(g, slots, options.param_bytes);
+  ParamReads& params = g.params;
+  CollectParamReads(g, slots, params);
   Grouping grouping = GroupSlots(g, slots, params, options);
   Homes homes = AssignHomes(g, slots.slot, grouping);
 
@@ -505,61 +477,129 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
     partition.subgraphs[grouping.slot_to_sg[s]].module_paths.push_back(
         t.instances[s - 1].path);
   }
-  RETURN_IF_ERROR(BuildOutputGraph(graph, &partition));
+  RETURN_IF_ERROR(BuildOutputGraph(g, graph, &partition));
   AddTargetsUsedAndWarnings(options, t.instances, params, &partition);
-  RETURN_IF_ERROR(CheckTargetPlacement(graph, partition));
+  RETURN_IF_ERROR(
+      partitioner_internal::CheckTargetPlacement(g, homes.home, partition));
   return partition;
 }
 
-absl::Status CheckTargetPlacement(const ir::Graph& graph,
-                                  const Partition& partition) {
-  absl::flat_hash_map<absl::string_view, int> owner;
-  for (const Subgraph& sub : partition.subgraphs) {
-    for (const std::string& path : sub.module_paths) {
-      auto [it, inserted] = owner.try_emplace(path, sub.index);
-      if (!inserted) {
-        return absl::InternalError(absl::StrCat(
-            "partition: target '", path, "' is in subgraphs ", it->second,
-            " and ", sub.index, "; each target must be in exactly one"));
+namespace {
+
+// CheckTargetPlacement over nodes fed one at a time with their homes.
+class PlacementChecker {
+ public:
+  using Stack = std::vector<ir::ScopeEntry>;
+
+  // Fails when a target path is in two subgraphs' module_paths.
+  absl::Status Init(const Partition& partition) {
+    for (const Subgraph& sub : partition.subgraphs) {
+      for (const std::string& path : sub.module_paths) {
+        auto [it, inserted] = owner_.try_emplace(path, sub.index);
+        if (!inserted) {
+          return absl::InternalError(absl::StrCat(
+              "partition: target '", path, "' is in subgraphs ", it->second,
+              " and ", sub.index, "; each target must be in exactly one"));
+        }
       }
     }
+    return absl::OkStatus();
   }
-  // Consecutive nodes mostly share one scope stack: look each up once.
-  const std::vector<ir::ScopeEntry>* last_stack = nullptr;
-  int last_owner = -1;
-  std::string last_path;
-  for (const ir::Node* n : graph.nodes()) {
-    if (n->op() != ir::OpKind::kCallModule &&
-        n->op() != ir::OpKind::kCallFunction &&
-        n->op() != ir::OpKind::kCallMethod) {
-      continue;  // Inputs, parameter reads and the output live anywhere.
+
+  // `home(n)` gives n's subgraph; only called for nodes inside a target.
+  // `leaf_in_stack`: a call_module whose stack ends with the module it
+  // calls (the leaf needs no lookup of its own).
+  template <typename HomeFn>
+  absl::Status Check(const ir::Node* n, ir::OpKind op, const Stack* stack,
+                     bool leaf_in_stack, HomeFn&& home) {
+    if (!IsCompute(op)) {
+      return absl::OkStatus();  // Inputs, parameter reads and the output
+                                // live anywhere.
     }
-    const std::vector<ir::ScopeEntry>* stack = &n->scope().stack();
-    if (stack != last_stack || n->op() == ir::OpKind::kCallModule) {
-      last_stack = stack;
-      last_owner = -1;
-      // The innermost instance: with Nesting::kInnermost an outer target
-      // keeps only its own nodes (with kOutermost inner ones are no
-      // instances at all).
-      ForEachModule(n, [&](const ModuleRef& m) {
-        auto it = owner.find(m.path);
-        if (it != owner.end()) {
-          last_owner = it->second;
-          last_path = std::string(m.path);
-        }
-        return true;
-      });
+    // The innermost instance: with Nesting::kInnermost an outer target
+    // keeps only its own nodes (with kOutermost inner ones are no
+    // instances at all).
+    Advance(stack);
+    Owner found = level_.back();
+    if (op == ir::OpKind::kCallModule && !leaf_in_stack) {
+      if (auto it = owner_.find(n->target()); it != owner_.end()) {
+        found = {it->second, n->target()};
+      }
     }
-    if (last_owner < 0) continue;
-    const int home = partition.SubgraphOf(n->name());
-    if (home != last_owner) {
+    if (found.owner < 0) return absl::OkStatus();
+    const int h = home(n);
+    if (h != found.owner) {
       return absl::InternalError(absl::StrCat(
-          "partition: ", n->Describe(), " belongs to target '", last_path,
-          "' (subgraph ", last_owner, ") but runs in subgraph ", home,
+          "partition: ", n->Describe(), " belongs to target '", found.path,
+          "' (subgraph ", found.owner, ") but runs in subgraph ", h,
           "; each target must be in exactly one subgraph"));
     }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Owner {
+    int owner = -1;
+    absl::string_view path;
+  };
+
+  // Makes level_ describe `stack`, looking up only the entries past those
+  // it shares with the previous node's stack.
+  void Advance(const Stack* stack) {
+    if (stack == cur_) return;
+    const int k = partitioner_internal::CommonPrefix(*cur_, *stack);
+    level_.resize(k + 1);
+    for (size_t d = k; d < stack->size(); ++d) {
+      const ir::ScopeEntry& e = (*stack)[d];
+      Owner o = level_.back();
+      if (auto it = owner_.find(e.path); it != owner_.end()) {
+        o = {it->second, e.path};
+      }
+      level_.push_back(o);
+    }
+    cur_ = stack;
+  }
+
+  absl::flat_hash_map<absl::string_view, int> owner_;
+  const Stack* cur_ = &kEmptyStack;
+  // level_[d]: the innermost owner among cur_'s entries [0, d).
+  std::vector<Owner> level_ = std::vector<Owner>(1);
+  static inline const Stack kEmptyStack;
+};
+
+}  // namespace
+
+absl::Status CheckTargetPlacement(const ir::Graph& graph,
+                                  const Partition& partition) {
+  PlacementChecker checker;
+  RETURN_IF_ERROR(checker.Init(partition));
+  auto home = [&](const ir::Node* n) {
+    return partition.SubgraphOf(n->name());
+  };
+  for (const ir::Node* n : graph.nodes()) {
+    const auto& stack = n->scope().stack();
+    RETURN_IF_ERROR(checker.Check(
+        n, n->op(), &stack, !stack.empty() && stack.back().path == n->target(),
+        home));
   }
   return absl::OkStatus();
 }
+
+namespace partitioner_internal {
+
+absl::Status CheckTargetPlacement(const IndexedGraph& g,
+                                  const std::vector<int>& home,
+                                  const Partition& partition) {
+  PlacementChecker checker;
+  RETURN_IF_ERROR(checker.Init(partition));
+  for (int i = 0; i < g.size(); ++i) {
+    auto home_of = [&](const ir::Node*) { return home[i]; };
+    RETURN_IF_ERROR(checker.Check(g.nodes[i], g.op(i), g.stacks[i],
+                                  g.leaf_in_stack[i], home_of));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace partitioner_internal
 
 }  // namespace tracecut::partition

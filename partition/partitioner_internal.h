@@ -6,6 +6,7 @@
 // phases that live in their own files (finding target instances, building
 // the subgraphs). Not API; partition/partitioner.h is.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,20 +46,47 @@ struct Adjacency {
   const int* Refs(int i) const { return ref.data() + ref_begin[i]; }
 };
 
-// A graph's nodes numbered in order, with their adjacency.
+// Parameter and leaf-module reads: each distinct get_attr / call_module
+// target is one parameter id. IndexGraph numbers them and sizes them;
+// CollectParamReads lists each slot's.
+struct ParamReads {
+  std::vector<std::optional<int64_t>> size;  // By id; nullopt if unknown.
+  std::vector<int> node_param;               // Id read by node i, or -1.
+  std::vector<std::vector<int>> by_slot;     // Ids each slot reads.
+  int unknown_sizes = 0;
+
+  int64_t KnownBytes(int id) const { return size[id].value_or(0); }
+};
+
+// A graph's nodes numbered in order, with their adjacency, op kinds and
+// scope stacks. The phases read these arrays instead of the nodes: on a
+// graph far larger than the caches every pass over the nodes themselves
+// costs a few cache misses per node, so only IndexGraph and the copying
+// into subgraphs touch them.
 struct IndexedGraph {
   std::vector<const ir::Node*> nodes;
+  std::vector<ir::OpKind> ops;
+  // &nodes[i]->scope().stack(): equal pointers mean equal stacks (the
+  // tracer and the parsers share a stack between the nodes of a module).
+  std::vector<const std::vector<ir::ScopeEntry>*> stacks;
+  // call_module node i's stack ends with the module it calls (as traced
+  // graphs scope their leaves), so matching its stack covers the leaf.
+  std::vector<char> leaf_in_stack;
   Adjacency adj;
+  ParamReads params;
   const ir::Node* output = nullptr;
   int out = 0;  // The output node's index.
 
   int size() const { return static_cast<int>(nodes.size()); }
-  ir::OpKind op(int i) const { return nodes[i]->op(); }
+  ir::OpKind op(int i) const { return ops[i]; }
 };
 
-// Numbers the nodes of `graph` (which has an output node) and builds their
-// adjacency. Fails when an operand is not an earlier node of the graph.
-absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph);
+// Numbers the nodes of `graph` (which has an output node), builds their
+// adjacency and numbers and sizes the parameters (get_attr, call_module
+// targets) they read: param_bytes(target) when set, else a get_attr's
+// TensorBytes. Fails when an operand is not an earlier node of the graph.
+absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
+                                        const ParamBytesFn& param_bytes);
 
 // A module the scope stack of some node mentions.
 struct ModuleRef {
@@ -81,6 +109,15 @@ void ForEachModule(const ir::Node* node, Fn&& fn) {
   }
 }
 
+// How many leading entries two scope stacks share.
+inline int CommonPrefix(const std::vector<ir::ScopeEntry>& a,
+                        const std::vector<ir::ScopeEntry>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t k = 0;
+  while (k < n && a[k] == b[k]) ++k;
+  return static_cast<int>(k);
+}
+
 // A target instance: a module that matched a target pattern.
 struct Instance {
   std::string path;
@@ -89,11 +126,11 @@ struct Instance {
 };
 
 // call_function, call_method or call_module.
-inline bool IsCompute(const ir::Node* n) {
-  return n->op() == ir::OpKind::kCallFunction ||
-         n->op() == ir::OpKind::kCallMethod ||
-         n->op() == ir::OpKind::kCallModule;
+inline bool IsCompute(ir::OpKind op) {
+  return op == ir::OpKind::kCallFunction || op == ir::OpKind::kCallMethod ||
+         op == ir::OpKind::kCallModule;
 }
+inline bool IsCompute(const ir::Node* n) { return IsCompute(n->op()); }
 
 // Which target instance each compute node belongs to: the outermost (with
 // Nesting::kInnermost the innermost) module of its stack that matches a
@@ -123,17 +160,6 @@ TargetInstances FindTargetInstances(const IndexedGraph& g,
 absl::Status NoTargetError(const ir::Graph& graph,
                            const PartitionOptions& options);
 
-// Parameter and leaf-module reads: each distinct get_attr / call_module
-// target is one parameter id.
-struct ParamReads {
-  std::vector<std::optional<int64_t>> size;  // By id; nullopt if unknown.
-  std::vector<int> node_param;               // Id read by node i, or -1.
-  std::vector<std::vector<int>> by_slot;     // Ids each slot reads.
-  int unknown_sizes = 0;
-
-  int64_t KnownBytes(int id) const { return size[id].value_or(0); }
-};
-
 // Where each node runs and who reads it.
 struct Homes {
   std::vector<int> home;         // Subgraph of node i.
@@ -151,7 +177,14 @@ absl::Status BuildSubgraphs(const IndexedGraph& g, const ParamReads& params,
 
 // Sets partition->model_inputs, model_outputs and output_graph: the graph
 // that reads the model's outputs from the subgraphs' results.
-absl::Status BuildOutputGraph(const ir::Graph& graph, Partition* partition);
+absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
+                              Partition* partition);
+
+// partition::CheckTargetPlacement with each node's home from `home` (node i
+// runs in subgraph home[i]) instead of looking up partition->home by name.
+absl::Status CheckTargetPlacement(const IndexedGraph& g,
+                                  const std::vector<int>& home,
+                                  const Partition& partition);
 
 }  // namespace tracecut::partition::partitioner_internal
 

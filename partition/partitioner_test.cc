@@ -22,12 +22,15 @@ namespace tracecut::partition {
 namespace {
 
 using testing::BuildDecoder;
+using testing::BuildMoe;
 using testing::Decoder;
 using testing::DecoderSpec;
 using ::testing::ElementsAre;
 using testing::Entry;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using testing::MoeNodeCount;
+using testing::MoeSpec;
 using testing::RootScope;
 using ::tracecut::util::testing::StatusIs;
 
@@ -709,6 +712,168 @@ TEST(PartitionerTest, TwoThousandLayersPartitionQuickly) {
   EXPECT_THAT(p->subgraphs[layers].output_names, ElementsAre("logits"));
   EXPECT_THAT(p->subgraphs[1000].output_names, ElementsAre("l999_out"));
   EXPECT_OK(VerifyPartition(*d.graph, *p));
+}
+
+// A leaf module called inside an outer target whose scope does not end with
+// the leaf (as TorchScript leaves are scoped), every node with its own copy
+// of its stack (no sharing): with kInnermost the leaf is an instance of its
+// own, numbered before the outer one, whose first node comes later.
+TEST(PartitionerTest, LeafTargetInsideAnOuterTargetWithUnsharedScopes) {
+  ir::Graph g;
+  auto outer = [] {
+    return ir::Scope({Entry("", "M"), Entry("outer", "pkg.Outer")});
+  };
+  ir::Node* x = *g.Placeholder("x");
+  ir::Node* leaf =
+      *g.CallModule("outer.inner", {ir::Argument::Ref(x)}, {}, "leaf");
+  leaf->set_scope(outer());
+  ir::Node* relu =
+      *g.CallFunction("aten::relu", {ir::Argument::Ref(leaf)}, {}, "relu");
+  relu->set_scope(outer());
+  ir::Node* skipped =
+      *g.CallModule("outer.skip", {ir::Argument::Ref(relu)}, {}, "skipped");
+  skipped->set_scope(outer());
+  ASSERT_OK(g.Output(ir::Argument::Ref(skipped)));
+
+  PartitionOptions o;
+  o.targets = {"Outer", "outer.inner", "outer.skip"};
+  o.ignore = {"outer.skip"};
+  o.nesting = Nesting::kInnermost;
+  auto p = PartitionGraph(g, o);
+  ASSERT_OK(p);
+  ASSERT_EQ(p->subgraphs.size(), 2u);
+  EXPECT_THAT(p->subgraphs[0].module_paths, ElementsAre("outer.inner"));
+  EXPECT_THAT(p->subgraphs[1].module_paths, ElementsAre("outer"));
+  EXPECT_EQ(p->SubgraphOf("leaf"), 0);
+  EXPECT_EQ(p->SubgraphOf("relu"), 1);
+  // An ignored leaf stays with the target around it.
+  EXPECT_EQ(p->SubgraphOf("skipped"), 1);
+  EXPECT_OK(VerifyPartition(g, *p));
+
+  o.nesting = Nesting::kOutermost;
+  auto outermost = PartitionGraph(g, o);
+  ASSERT_OK(outermost);
+  ASSERT_EQ(outermost->subgraphs.size(), 1u);
+  EXPECT_THAT(outermost->subgraphs[0].module_paths, ElementsAre("outer"));
+}
+
+// The synthetic mixture-of-experts graph of the scale benchmark
+// (partition_bench --moe): valid IR, the node count its header states, and
+// partitioned like a traced Mixtral.
+TEST(PartitionerTest, MoeGraphSplitsAtDecoderLayers) {
+  const MoeSpec spec{.layers = 3, .experts = 5};
+  std::unique_ptr<ir::Graph> g = BuildMoe(spec);
+  ASSERT_OK(ir::Verify(*g));
+  EXPECT_EQ(static_cast<int64_t>(g->size()), MoeNodeCount(spec));
+  PartitionOptions o;
+  o.targets = {"MixtralDecoderLayer"};
+  auto p = PartitionGraph(*g, o);
+  ASSERT_OK(p);
+  ASSERT_EQ(p->subgraphs.size(), 4u);
+  EXPECT_THAT(p->subgraphs[0].module_paths, IsEmpty());
+  for (int l = 0; l < spec.layers; ++l) {
+    EXPECT_THAT(p->subgraphs[l + 1].module_paths,
+                ElementsAre(absl::StrCat("model.layers.", l)));
+    // The layer's router, every expert and its accumulation.
+    for (int e = 0; e < spec.experts; ++e) {
+      EXPECT_EQ(
+          p->SubgraphOf(absl::StrCat("model_layers_", l,
+                                     "_block_sparse_moe_experts_", e, "_w2")),
+          l + 1);
+    }
+    EXPECT_EQ(p->SubgraphOf(
+                  absl::StrCat("model_layers_", l, "_block_sparse_moe_gate")),
+              l + 1);
+    // Per layer: input norm, q/k/v/o, post-attention norm, router gate, and
+    // four leaves per expert.
+    EXPECT_EQ(p->subgraphs[l + 1].leaf_modules.size(),
+              7u + 4u * spec.experts + (l + 1 == spec.layers ? 2u : 0u));
+    // Each layer reads the head's mask and rotary tables and the previous
+    // layer's output.
+    EXPECT_EQ(p->subgraphs[l + 1].input_names.size(), 4u);
+  }
+  EXPECT_EQ(p->SubgraphOf("model_embed_tokens"), 0);
+  EXPECT_EQ(p->SubgraphOf("lm_head"), 3);
+  EXPECT_THAT(p->model_outputs, ElementsAre("lm_head"));
+  int64_t total = 0;
+  for (const Subgraph& s : p->subgraphs) total += s.node_count;
+  EXPECT_EQ(total, MoeNodeCount(spec));
+  EXPECT_OK(CheckTargetPlacement(*g, *p));
+  EXPECT_OK(VerifyPartition(*g, *p));
+  auto rebuilt = Reassemble(*p);
+  ASSERT_OK(rebuilt);
+  ExpectSameNodes(*g, **rebuilt);
+}
+
+// Experts as targets: one subgraph each. The block's dispatch (where,
+// index) and accumulation (index_add) nodes go with their first consumer;
+// nesting them inside decoder-layer targets is rejected with kInnermost,
+// since each layer's own nodes run both before and after its experts.
+TEST(PartitionerTest, MoeExpertsAsTargets) {
+  const MoeSpec spec{.layers = 2, .experts = 3};
+  std::unique_ptr<ir::Graph> g = BuildMoe(spec);
+  PartitionOptions o;
+  o.targets = {"MixtralBlockSparseTop2MLP"};
+  auto p = PartitionGraph(*g, o);
+  ASSERT_OK(p);
+  ASSERT_EQ(p->subgraphs.size(), 1u + spec.layers * spec.experts);
+  EXPECT_THAT(p->subgraphs[4].module_paths,
+              ElementsAre("model.layers.1.block_sparse_moe.experts.0"));
+  // Expert 0's token selection runs with it; its index_add with expert 1.
+  EXPECT_EQ(p->SubgraphOf("model_layers_1_block_sparse_moe_gate"), 4);
+  EXPECT_OK(CheckTargetPlacement(*g, *p));
+  EXPECT_OK(VerifyPartition(*g, *p));
+
+  o.targets = {"MixtralDecoderLayer", "MixtralBlockSparseTop2MLP"};
+  auto outer = PartitionGraph(*g, o);
+  ASSERT_OK(outer);
+  EXPECT_EQ(outer->subgraphs.size(), 1u + spec.layers);
+
+  o.nesting = Nesting::kInnermost;
+  auto inner = PartitionGraph(*g, o);
+  ASSERT_EQ(inner.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(inner.status().message(),
+              HasSubstr("'model.layers.0' (MixtralDecoderLayer)"));
+  EXPECT_THAT(inner.status().message(),
+              HasSubstr("'model.layers.0.block_sparse_moe.experts.0'"));
+
+  // Ignoring a layer folds it into its neighbours' subgraphs.
+  PartitionOptions skip;
+  skip.targets = {"MixtralDecoderLayer"};
+  skip.ignore = {"model.layers.0"};
+  auto skipped = PartitionGraph(*g, skip);
+  ASSERT_OK(skipped);
+  ASSERT_EQ(skipped->subgraphs.size(), 2u);
+  EXPECT_EQ(skipped->SubgraphOf("model_layers_0_block_sparse_moe_gate"), 0);
+  EXPECT_OK(VerifyPartition(*g, *skipped));
+}
+
+// The scale benchmark's graph at a size a test can afford (about 62k
+// nodes; bench/RESULTS.md times it up to a million): every target in
+// exactly one subgraph, nothing lost. Prints the time, asserts none.
+TEST(PartitionerTest, LargeMoeGraph) {
+  const MoeSpec spec{.layers = 16, .experts = 256};
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<ir::Graph> g = BuildMoe(spec);
+  auto t1 = std::chrono::steady_clock::now();
+  PartitionOptions o;
+  o.targets = {"MixtralDecoderLayer"};
+  auto p = PartitionGraph(*g, o);
+  auto t2 = std::chrono::steady_clock::now();
+  ASSERT_OK(p);
+  auto ms = [](auto a, auto b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  std::printf("[ timing ] %zu nodes: build %.1f ms, partition %.1f ms\n",
+              g->size(), ms(t0, t1), ms(t1, t2));
+  EXPECT_EQ(static_cast<int64_t>(g->size()), MoeNodeCount(spec));
+  ASSERT_EQ(p->subgraphs.size(), static_cast<size_t>(spec.layers + 1));
+  for (int l = 0; l < spec.layers; ++l) {
+    EXPECT_THAT(p->subgraphs[l + 1].module_paths,
+                ElementsAre(absl::StrCat("model.layers.", l)));
+  }
+  EXPECT_OK(CheckTargetPlacement(*g, *p));
+  EXPECT_OK(VerifyPartition(*g, *p));
 }
 
 }  // namespace

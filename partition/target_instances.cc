@@ -103,47 +103,80 @@ TargetInstances FindTargetInstances(const IndexedGraph& g,
   std::vector<Instance>& instances = t.instances;
   inst.assign(num_nodes, -1);
   absl::flat_hash_map<std::string, int> instance_of;
-  // Consecutive nodes of one module have the same scope stack (often the
-  // same shared one: ir::Scope copies share it), so a run of them is
-  // matched once.
-  const std::vector<ir::ScopeEntry>* memo_stack = nullptr;
-  int memo_inst = -1;
-  for (int i = 0; i < num_nodes; ++i) {
-    if (!IsCompute(g.nodes[i])) continue;
-    const std::vector<ir::ScopeEntry>* stack = &g.nodes[i]->scope().stack();
-    const bool leaf = g.op(i) == ir::OpKind::kCallModule;
-    if (!leaf && memo_stack != nullptr &&
-        (stack == memo_stack || *stack == *memo_stack)) {
-      inst[i] = memo_inst;
-      continue;
-    }
-    std::optional<ModuleRef> chosen;
-    int pattern = -1;
-    ForEachModule(g.nodes[i], [&](const ModuleRef& m) {
-      const ModuleMatcher::EntryMatch& match = matcher.Lookup(m.path, m.type);
-      if (match.ignored) return false;
-      if (match.target >= 0) {
-        chosen = m;
-        pattern = match.target;
-        return nesting == Nesting::kInnermost;
-      }
-      return true;
-    });
-    if (!leaf) {
-      memo_stack = stack;
-      memo_inst = -1;
-    }
-    if (!chosen) continue;
-    auto [it, inserted] = instance_of.try_emplace(
-        chosen->path, static_cast<int>(instances.size()));
+  auto instance = [&](const ModuleRef& m, int pattern) {
+    auto [it, inserted] =
+        instance_of.try_emplace(m.path, static_cast<int>(instances.size()));
     if (inserted) {
-      instances.push_back(
-          {std::string(chosen->path), std::string(chosen->type), pattern});
-    } else if (instances[it->second].type.empty() && !chosen->type.empty()) {
-      instances[it->second].type = std::string(chosen->type);
+      instances.push_back({std::string(m.path), std::string(m.type), pattern});
+    } else if (instances[it->second].type.empty() && !m.type.empty()) {
+      instances[it->second].type = std::string(m.type);
     }
-    inst[i] = it->second;
-    if (!leaf) memo_inst = it->second;
+    return it->second;
+  };
+  // The walk over a node's stack, kept per depth for the stack of the
+  // previous node: the next node's stack mostly shares all but its last
+  // entries with it (nodes of one module share one stack; a leaf call's
+  // stack is its parent's plus itself), so only the entries past the
+  // common prefix are matched again.
+  struct Level {
+    int chosen = -1;  // Depth of the entry chosen so far, or -1.
+    int pattern = -1;
+    // The walk stopped (an ignored module, or the outermost match): deeper
+    // entries and a leaf module called here cannot change `chosen`.
+    bool stopped = false;
+  };
+  using Stack = std::vector<ir::ScopeEntry>;
+  static const Stack* const kEmpty = new Stack();
+  const Stack* cur = kEmpty;
+  std::vector<Level> level(1);  // level[d]: after cur's entries [0, d).
+  // Instance of cur's entry d once a node took it (instances are numbered
+  // in order of their first node), else -1.
+  std::vector<int> inst_at;
+  for (int i = 0; i < num_nodes; ++i) {
+    if (!IsCompute(g.op(i))) continue;
+    const Stack* stack = g.stacks[i];
+    if (stack != cur) {
+      const int k = CommonPrefix(*cur, *stack);
+      level.resize(k + 1);
+      inst_at.resize(k);
+      for (size_t d = k; d < stack->size(); ++d) {
+        Level l = level.back();
+        if (!l.stopped) {
+          const ir::ScopeEntry& e = (*stack)[d];
+          const ModuleMatcher::EntryMatch& match =
+              matcher.Lookup(e.path, e.type);
+          if (match.ignored) {
+            l.stopped = true;
+          } else if (match.target >= 0) {
+            l.chosen = static_cast<int>(d);
+            l.pattern = match.target;
+            l.stopped = nesting != Nesting::kInnermost;
+          }
+        }
+        level.push_back(l);
+      }
+      inst_at.resize(stack->size(), -1);
+      cur = stack;
+    }
+    const Level& l = level.back();
+    // A leaf module is matched after its stack (ForEachModule's order),
+    // unless its scope ends with it already.
+    if (g.op(i) == ir::OpKind::kCallModule && !l.stopped &&
+        !g.leaf_in_stack[i]) {
+      const std::string& target = g.nodes[i]->target();
+      const ModuleMatcher::EntryMatch& leaf = matcher.Lookup(target, "");
+      if (!leaf.ignored && leaf.target >= 0) {
+        inst[i] = instance(ModuleRef{target, ""}, leaf.target);
+        continue;
+      }
+    }
+    if (l.chosen < 0) continue;
+    int& id = inst_at[l.chosen];
+    if (id < 0) {
+      const ir::ScopeEntry& e = (*stack)[l.chosen];
+      id = instance(ModuleRef{e.path, e.type}, l.pattern);
+    }
+    inst[i] = id;
   }
   return t;
 }

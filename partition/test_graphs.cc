@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "ir/graph.h"
 
 namespace tracecut::partition::testing {
@@ -199,6 +200,188 @@ Decoder BuildDecoder(const DecoderSpec& spec) {
     Must(g.Output(R(d.logits)));
   }
   return d;
+}
+
+namespace {
+
+// Adds nodes the way a trace through a Mixtral model names and annotates
+// them: call_function "<op>_<n>" with an output shape and a source line,
+// call_module named after its path, scopes shared per module.
+class MoeBuilder {
+ public:
+  explicit MoeBuilder(ir::Graph& g) : g_(g) {}
+
+  // `op` is "aten::name.overload"; the node is named "name_<n>".
+  Node* Fn(absl::string_view op, std::vector<Argument> args,
+           const ir::Scope& scope, int line) {
+    absl::string_view base = op.substr(op.find("::") + 2);
+    base = base.substr(0, base.find('.'));
+    Node* n = Must(g_.CallFunction(std::string(op), std::move(args), {},
+                                   absl::StrCat(base, "_", count_++)));
+    Annotate(n, scope, line);
+    return n;
+  }
+  // A leaf module call in `scope` (its parent's), with the leaf's own
+  // scope pushed.
+  Node* Module(const std::string& path, const std::string& type,
+               std::vector<Argument> args, const ir::Scope& scope, int line) {
+    std::string name = path;
+    for (char& c : name) c = c == '.' ? '_' : c;
+    Node* n = Must(g_.CallModule(path, std::move(args), {}, name));
+    Annotate(n, scope.Push(Entry(path, type)), line);
+    return n;
+  }
+
+ private:
+  void Annotate(Node* n, const ir::Scope& scope, int line) {
+    n->set_scope(scope);
+    n->meta().outputs.push_back({{2, 16, 64}, "float32", "cpu"});
+    n->meta().source = ir::SourceLocation{
+        "transformers/models/mixtral/modeling_mixtral.py", line, ""};
+  }
+
+  ir::Graph& g_;
+  int64_t count_ = 0;
+};
+
+constexpr int kHeadNodes = 8;  // Two inputs and six head nodes.
+constexpr int kLayerNodes = 41;
+constexpr int kExpertNodes = 15;
+constexpr int kTailNodes = 3;  // norm, lm_head, output.
+
+}  // namespace
+
+int64_t MoeNodeCount(const MoeSpec& spec) {
+  return kHeadNodes +
+         int64_t{spec.layers} *
+             (kLayerNodes + int64_t{kExpertNodes} * spec.experts) +
+         kTailNodes;
+}
+
+std::unique_ptr<ir::Graph> BuildMoe(const MoeSpec& spec) {
+  auto graph = std::make_unique<ir::Graph>();
+  ir::Graph& g = *graph;
+  MoeBuilder b(g);
+  const std::string nn = "torch.nn.modules.";
+  const std::string linear = nn + "linear.Linear";
+  const std::string rms = absl::StrCat(kMixtral, "MixtralRMSNorm");
+  const ir::Scope root(
+      {Entry("", absl::StrCat(kMixtral, "MixtralForCausalLM"))});
+  const ir::Scope model =
+      root.Push(Entry("model", absl::StrCat(kMixtral, "MixtralModel")));
+  auto i = [](int64_t v) { return Argument::Int(v); };
+
+  Node* input_ids = Must(g.Placeholder("input_ids"));
+  Node* attention_mask = Must(g.Placeholder("attention_mask"));
+  input_ids->set_scope(root);
+  attention_mask->set_scope(root);
+  Node* hidden = b.Module("model.embed_tokens", nn + "sparse.Embedding",
+                          {R(input_ids)}, model, 1061);
+  Node* expanded =
+      b.Fn("aten::unsqueeze", {R(attention_mask), i(1)}, model, 1090);
+  Node* mask =
+      b.Fn("aten::masked_fill.Scalar",
+           {R(expanded), R(expanded), Argument::Double(-1e9)}, model, 1091);
+  Node* freqs = b.Fn("aten::outer", {R(input_ids), R(input_ids)}, model, 1070);
+  Node* cos = b.Fn("aten::cos", {R(freqs)}, model, 1071);
+  Node* sin = b.Fn("aten::sin", {R(freqs)}, model, 1072);
+
+  for (int l = 0; l < spec.layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l);
+    const ir::Scope layer =
+        model.Push(Entry(p, absl::StrCat(kMixtral, "MixtralDecoderLayer")));
+    const ir::Scope attn = layer.Push(
+        Entry(p + ".self_attn", absl::StrCat(kMixtral, "MixtralAttention")));
+    const std::string moe_path = p + ".block_sparse_moe";
+    const ir::Scope moe = layer.Push(
+        Entry(moe_path, absl::StrCat(kMixtral, "MixtralSparseMoeBlock")));
+
+    // Attention: 1 + 24 + 1 nodes.
+    Node* ln1 = b.Module(p + ".input_layernorm", rms, {R(hidden)}, layer, 930);
+    auto head = [&](const char* proj, int line) {
+      Node* x = b.Module(absl::StrCat(p, ".self_attn.", proj), linear, {R(ln1)},
+                         attn, line);
+      Node* v = b.Fn("aten::view", {R(x), i(-1)}, attn, line);
+      return b.Fn("aten::transpose.int", {R(v), i(1), i(2)}, attn, line);
+    };
+    Node* q = head("q_proj", 300);
+    Node* k = head("k_proj", 301);
+    Node* v = head("v_proj", 302);
+    auto rotate = [&](Node* x, int line) {
+      Node* c = b.Fn("aten::mul.Tensor", {R(x), R(cos)}, attn, line);
+      Node* s = b.Fn("aten::mul.Tensor", {R(x), R(sin)}, attn, line);
+      return b.Fn("aten::add.Tensor", {R(c), R(s), i(1)}, attn, line);
+    };
+    q = rotate(q, 310);
+    k = rotate(k, 311);
+    Node* kt = b.Fn("aten::transpose.int", {R(k), i(2), i(3)}, attn, 320);
+    Node* scores = b.Fn("aten::matmul", {R(q), R(kt)}, attn, 320);
+    Node* scaled =
+        b.Fn("aten::div.Tensor", {R(scores), Argument::Double(8)}, attn, 320);
+    Node* masked =
+        b.Fn("aten::add.Tensor", {R(scaled), R(mask), i(1)}, attn, 323);
+    Node* probs = b.Fn("aten::softmax.int",
+                       {R(masked), i(-1), Argument::None()}, attn, 326);
+    Node* ctx = b.Fn("aten::matmul", {R(probs), R(v)}, attn, 328);
+    Node* ctx_t = b.Fn("aten::transpose.int", {R(ctx), i(1), i(2)}, attn, 330);
+    Node* ctx_r = b.Fn("aten::reshape", {R(ctx_t), i(-1)}, attn, 331);
+    Node* o = b.Module(p + ".self_attn.o_proj", linear, {R(ctx_r)}, attn, 332);
+    Node* h = b.Fn("aten::add.Tensor", {R(hidden), R(o), i(1)}, layer, 940);
+    Node* ln2 =
+        b.Module(p + ".post_attention_layernorm", rms, {R(h)}, layer, 943);
+
+    // Router: 12 nodes.
+    Node* flat = b.Fn("aten::view", {R(ln2), i(-1)}, moe, 850);
+    Node* logits = b.Module(moe_path + ".gate", linear, {R(flat)}, moe, 852);
+    Node* weights = b.Fn("aten::softmax.int",
+                         {R(logits), i(1), Argument::None()}, moe, 854);
+    Node* topk = b.Fn("aten::topk", {R(weights), i(2), i(-1)}, moe, 855);
+    Node* top_w = b.Fn("aten::getitem", {R(topk), i(0)}, moe, 855);
+    Node* top_i = b.Fn("aten::getitem", {R(topk), i(1)}, moe, 855);
+    Node* sum = b.Fn("aten::sum.dim_IntList", {R(top_w), i(-1)}, moe, 856);
+    Node* norm = b.Fn("aten::div.Tensor", {R(top_w), R(sum)}, moe, 856);
+    Node* route =
+        b.Fn("aten::to.dtype", {R(norm), Argument::DType("float32")}, moe, 858);
+    Node* acc = b.Fn("aten::zeros_like", {R(flat)}, moe, 860);
+    Node* one_hot =
+        b.Fn("aten::one_hot", {R(top_i), i(spec.experts)}, moe, 864);
+    Node* expert_mask =
+        b.Fn("aten::permute", {R(one_hot), i(2), i(1), i(0)}, moe, 864);
+    // Per expert: 6 + 5 + 4 nodes.
+    for (int e = 0; e < spec.experts; ++e) {
+      const std::string ep = absl::StrCat(moe_path, ".experts.", e);
+      const ir::Scope expert = moe.Push(
+          Entry(ep, absl::StrCat(kMixtral, "MixtralBlockSparseTop2MLP")));
+      Node* row =
+          b.Fn("aten::select.int", {R(expert_mask), i(0), i(e)}, moe, 869);
+      Node* where = b.Fn("aten::where", {R(row)}, moe, 869);
+      Node* idx = b.Fn("aten::getitem", {R(where), i(0)}, moe, 869);
+      Node* top_x = b.Fn("aten::getitem", {R(where), i(1)}, moe, 869);
+      Node* picked = b.Fn("aten::index.Tensor", {R(flat), R(top_x)}, moe, 874);
+      Node* state = b.Fn("aten::reshape", {R(picked), i(-1)}, moe, 874);
+      Node* w1 = b.Module(ep + ".w1", linear, {R(state)}, expert, 801);
+      Node* act = b.Module(ep + ".act_fn", nn + "activation.SiLU", {R(w1)},
+                           expert, 801);
+      Node* w3 = b.Module(ep + ".w3", linear, {R(state)}, expert, 801);
+      Node* prod = b.Fn("aten::mul.Tensor", {R(act), R(w3)}, expert, 801);
+      Node* w2 = b.Module(ep + ".w2", linear, {R(prod)}, expert, 802);
+      Node* rw = b.Fn("aten::index.Tensor",
+                      {R(route), Argument::List({R(top_x), R(idx)})}, moe, 875);
+      Node* scaled_out = b.Fn("aten::mul.Tensor", {R(w2), R(rw)}, moe, 875);
+      Node* cast = b.Fn("aten::to.dtype",
+                        {R(scaled_out), Argument::DType("float32")}, moe, 879);
+      acc =
+          b.Fn("aten::index_add", {R(acc), i(0), R(top_x), R(cast)}, moe, 879);
+    }
+    Node* moe_out = b.Fn("aten::reshape", {R(acc), i(-1)}, moe, 880);
+    hidden = b.Fn("aten::add.Tensor", {R(h), R(moe_out), i(1)}, layer, 950);
+  }
+
+  Node* normed = b.Module("model.norm", rms, {R(hidden)}, model, 1130);
+  Node* logits = b.Module("lm_head", linear, {R(normed)}, root, 1260);
+  Node* out = Must(g.Output(R(logits)));
+  out->set_scope(root);
+  return graph;
 }
 
 }  // namespace tracecut::partition::testing

@@ -59,6 +59,37 @@ struct Decoder {
 
 Decoder BuildDecoder(const DecoderSpec& spec);
 
+inline constexpr char kMixtral[] =
+    "transformers.models.mixtral.modeling_mixtral.";
+
+// A Mixtral-shaped mixture-of-experts decoder, as tracing through the layers
+// scopes it (transformers' MixtralForCausalLM; Qwen-MoE and DeepSeek differ
+// only in names): every Linear, norm and activation is a call_module leaf,
+// every other node carries an output shape and a source line the way traced
+// graphs do, and module scopes are shared per module as the tracer shares
+// them.
+//
+//   head:  embed_tokens, causal mask, rotary cos/sin (model scope)
+//   layer i (MixtralDecoderLayer at model.layers.i), 41 + 15 * experts nodes:
+//          input_layernorm, self_attn (q/k/v/o leaves, rotary, softmax),
+//          residual add, post_attention_layernorm, block_sparse_moe:
+//            router (gate leaf, softmax, topk, normalise, one_hot)
+//            per expert e, in MixtralSparseMoeBlock's loop: select its
+//            tokens (where, index), experts.e (MixtralBlockSparseTop2MLP:
+//            w1, act_fn, w3, mul, w2), scale by the routing weight,
+//            index_add into the accumulator
+//          residual add
+//   tail:  model.norm, lm_head -> output (logits)
+//
+// Node count: MoeNodeCount(spec). Builds in time linear in it.
+struct MoeSpec {
+  int layers = 2;
+  int experts = 4;
+};
+
+std::unique_ptr<ir::Graph> BuildMoe(const MoeSpec& spec);
+int64_t MoeNodeCount(const MoeSpec& spec);
+
 // Scope helpers.
 ir::ScopeEntry Entry(const std::string& path, const std::string& type);
 ir::Scope RootScope();

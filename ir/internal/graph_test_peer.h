@@ -66,8 +66,8 @@ class GraphTestPeer {
   // check, then renumbers so that only the topological order is broken, not
   // the order keys.
   static void MoveUnchecked(Graph& graph, Node* node, Node* before) {
-    auto dest = before == nullptr ? graph.nodes_.end() : before->self_;
-    graph.nodes_.splice(dest, graph.nodes_, node->self_);
+    graph.Unlink(node);
+    graph.Link(node, before);
     graph.Renumber();
   }
 };
