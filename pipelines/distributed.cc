@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -161,10 +162,17 @@ std::string Collective::Describe() const {
 
 absl::Status Collective::Failed(absl::string_view op, absl::string_view what,
                                 const absl::Status& cause) const {
+  // Gloo prefixes its messages with its source location, "[.../pair.cc:545]
+  // Read error ...": noise for a user.
+  absl::string_view message = cause.message();
+  if (absl::StartsWith(message, "[")) {
+    const size_t end = message.find("] ");
+    if (end != absl::string_view::npos) message.remove_prefix(end + 2);
+  }
   return absl::UnavailableError(absl::StrFormat(
       "distributed %s: %s of %s failed: %s (another rank died, hangs or took "
       "longer than the %s timeout)",
-      Describe(), op, what, cause.message(), absl::FormatDuration(timeout_)));
+      Describe(), op, what, message, absl::FormatDuration(timeout_)));
 }
 
 absl::Status Collective::AllReduce(at::Tensor& tensor, ReduceKind kind,
