@@ -1,0 +1,58 @@
+#!/bin/bash
+# Data-parallel calibration (issue 17), 1 process versus 2 ranks on this
+# machine: wall time and peak RSS (VmHWM via /usr/bin/time) of every rank.
+# The ranks run torchrun-style (RANK / WORLD_SIZE / MASTER_* set by this
+# script, each under its own /usr/bin/time); the single process is timed
+# with 1 and with 2 intra-op threads, so the comparison is against the same
+# cores used either way.
+#
+#   bench/distributed_bench.sh [SAMPLES] [SEQ_LEN]
+# Prints the rows for bench/RESULTS.md.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+samples=${1:-64}
+seq_len=${2:-64}
+bazel build -c opt //tools:tracecut //tests/fixtures:llama_32l >&2
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+tracecut=$bin/tools/tracecut
+model=$bin/tests/fixtures/llama_32l.pt
+recipe=pipelines/testdata/gptq_w4g128.textproto
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+args=(calibrate "$model" --recipe="$recipe" --synthetic="$samples"
+      --seq-len="$seq_len" --batch-size=4 --deterministic-report)
+
+# "wall_s rss_mib" of one /usr/bin/time -v log.
+measure() {
+  awk -F': ' '/Elapsed \(wall clock\)/ {n = split($2, t, ":"); s = 0;
+                for (i = 1; i <= n; i++) s = s * 60 + t[i]; wall = s}
+              /Maximum resident set size/ {rss = $2 / 1024}
+              END {printf "%.1f %.0f\n", wall, rss}' "$1"
+}
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for threads in 1 2; do
+  OMP_NUM_THREADS=$threads /usr/bin/time -v "$tracecut" "${args[@]}" \
+    -o "$tmp/one_t$threads.pt" 2>"$tmp/one_t$threads.log" >/dev/null
+  read -r wall rss < <(measure "$tmp/one_t$threads.log")
+  echo "| 1 process, $threads thread(s) | $wall s | $rss MiB |"
+done
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start=$(date +%s.%N)
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    OMP_NUM_THREADS=1 /usr/bin/time -v "$tracecut" "${args[@]}" \
+    -o "$tmp/two.pt" 2>"$tmp/rank$r.log" >/dev/null &
+  pids[r]=$!
+done
+wait "${pids[0]}" "${pids[1]}"
+end=$(date +%s.%N)
+for r in 0 1; do
+  read -r wall rss < <(measure "$tmp/rank$r.log")
+  echo "| 2 ranks, 1 thread each: rank $r | $wall s | $rss MiB |"
+done
+echo "2 ranks wall (first start to last exit): $(echo "$end - $start" | bc) s"
+cmp -s "$tmp/one_t1.pt" "$tmp/one_t2.pt" && echo "1 process: 1 and 2 threads byte-identical" || echo "1 process: 1 and 2 threads differ"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "command: bench/distributed_bench.sh $samples $seq_len (commit $(git rev-parse --short HEAD))"
