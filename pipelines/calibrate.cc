@@ -494,9 +494,9 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
       return absl::UnimplementedError(
           "--resume and --stop-after are not supported in a data-parallel run");
     }
-    ASSIGN_OR_RETURN(shard, ShardCalibrationData(
-                                data, options.collective->rank(),
-                                options.collective->world_size()));
+    ASSIGN_OR_RETURN(shard,
+                     ShardCalibrationData(data, options.collective->rank(),
+                                          options.collective->world_size()));
     p.run_dir.clear();  // No checkpoints.
   }
 
@@ -556,8 +556,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   CalibrateOutcome outcome;
   outcome.targets = targets;
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
-  absl::StatusOr<PipelineResult> piped =
-      RunPipeline(gm, distributed ? shard : data, modifiers, outcome.results, p);
+  absl::StatusOr<PipelineResult> piped = RunPipeline(
+      gm, distributed ? shard : data, modifiers, outcome.results, p);
   // Interrupted, or out of memory: the subgraphs done so far need not be
   // redone (after freeing memory, or with a smaller cache budget).
   if ((absl::IsCancelled(piped.status()) ||

@@ -1,9 +1,6 @@
 #include "pipelines/distributed.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
 
@@ -13,6 +10,9 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 #include <vector>
 
@@ -33,9 +33,9 @@ absl::StatusOr<int> IntFromEnv(const char* name, int fallback, int min) {
   if (v == nullptr || *v == '\0') return fallback;
   int out = 0;
   if (!absl::SimpleAtoi(v, &out) || out < min) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable ", name, "='", v, "': expected an integer >= ",
-        min));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", v,
+                     "': expected an integer >= ", min));
   }
   return out;
 }
@@ -107,10 +107,9 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(
     const DistributedOptions& options) {
   if (options.world_size <= 1) return Local();
   auto impl = std::make_unique<Impl>();
-  const std::string where =
-      absl::StrFormat("rank %d/%d: joining the process group at %s:%d",
-                      options.rank, options.world_size, options.master_addr,
-                      options.master_port);
+  const std::string where = absl::StrFormat(
+      "rank %d/%d: joining the process group at %s:%d", options.rank,
+      options.world_size, options.master_addr, options.master_port);
   absl::Status joined = runtime::TorchCall(where, [&] {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(options.master_port);
@@ -197,8 +196,7 @@ absl::Status Collective::ReduceSum(at::Tensor& tensor, int root,
     o.rootRank = root;
     impl_->backend->reduce(t, o)->wait();
   });
-  return s.ok() ? s
-                : Failed(absl::StrCat("reduce to rank ", root), what, s);
+  return s.ok() ? s : Failed(absl::StrCat("reduce to rank ", root), what, s);
 }
 
 absl::Status Collective::Broadcast(at::Tensor& tensor, int root,
@@ -219,9 +217,10 @@ absl::Status Collective::BroadcastIValue(c10::IValue& value, int root,
   if (!distributed()) return absl::OkStatus();
   std::vector<char> bytes;
   if (rank_ == root) {
-    ASSIGN_OR_RETURN(bytes, runtime::TorchCall(
-                                absl::StrCat("pickling ", what),
-                                [&] { return torch::jit::pickle_save(value); }));
+    ASSIGN_OR_RETURN(bytes,
+                     runtime::TorchCall(absl::StrCat("pickling ", what), [&] {
+                       return torch::jit::pickle_save(value);
+                     }));
   }
   at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
   RETURN_IF_ERROR(Broadcast(size, root, absl::StrCat("the size of ", what)));
@@ -231,9 +230,10 @@ absl::Status Collective::BroadcastIValue(c10::IValue& value, int root,
   if (rank_ == root) return absl::OkStatus();
   bytes.assign(static_cast<const char*>(data.data_ptr()),
                static_cast<const char*>(data.data_ptr()) + data.numel());
-  ASSIGN_OR_RETURN(value, runtime::TorchCall(
-                              absl::StrCat("unpickling ", what),
-                              [&] { return torch::jit::pickle_load(bytes); }));
+  ASSIGN_OR_RETURN(value,
+                   runtime::TorchCall(absl::StrCat("unpickling ", what), [&] {
+                     return torch::jit::pickle_load(bytes);
+                   }));
   return absl::OkStatus();
 }
 
@@ -273,10 +273,9 @@ absl::StatusOr<CalibrationData> ShardCalibrationData(
     const std::vector<c10::IValue>& batch = data.batches[b];
     int64_t n = -1;
     for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t size =
-          batch[i].isTensor() && batch[i].toTensor().dim() > 0
-              ? batch[i].toTensor().size(0)
-              : -1;
+      const int64_t size = batch[i].isTensor() && batch[i].toTensor().dim() > 0
+                               ? batch[i].toTensor().size(0)
+                               : -1;
       if (size < 0 || (n >= 0 && size != n)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "data-parallel calibration splits the samples of %s along the "
@@ -300,16 +299,16 @@ absl::StatusOr<CalibrationData> ShardCalibrationData(
   for (size_t j = rank; j < samples.size(); j += world_size) mine.push_back(j);
   if (mine.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s has %d samples: too few for %d ranks (each needs one)",
-        data.source, samples.size(), world_size));
+        "%s has %d samples: too few for %d ranks (each needs one)", data.source,
+        samples.size(), world_size));
   }
   CalibrationData out;
   out.input_names = data.input_names;
   out.seq_len = data.seq_len;
   out.descriptions = data.descriptions;
   out.num_samples = static_cast<int64_t>(mine.size());
-  out.source = absl::StrFormat("%s, shard %d of %d", data.source, rank,
-                               world_size);
+  out.source =
+      absl::StrFormat("%s, shard %d of %d", data.source, rank, world_size);
   out.fingerprint = data.fingerprint ^ (static_cast<uint64_t>(rank) << 48) ^
                     static_cast<uint64_t>(world_size);
   RETURN_IF_ERROR(runtime::TorchCall("sharding the calibration data", [&] {
@@ -340,13 +339,12 @@ std::vector<int> AssignOwners(const std::vector<int64_t>& costs,
   if (world_size <= 1) return owner;
   std::vector<size_t> order(costs.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return costs[a] > costs[b];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return costs[a] > costs[b]; });
   std::vector<int64_t> load(world_size, 0);
   for (size_t i : order) {
-    const int r = static_cast<int>(
-        std::min_element(load.begin(), load.end()) - load.begin());
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) -
+                                   load.begin());
     owner[i] = r;
     load[r] += costs[i];
   }

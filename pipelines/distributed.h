@@ -40,9 +40,9 @@ enum class ReduceKind { kSum, kMin, kMax };
 
 // Where a rank finds the others: torchrun's environment variables.
 struct DistributedOptions {
-  int rank = 0;         // RANK
-  int world_size = 1;   // WORLD_SIZE
-  int local_rank = 0;   // LOCAL_RANK
+  int rank = 0;                           // RANK
+  int world_size = 1;                     // WORLD_SIZE
+  int local_rank = 0;                     // LOCAL_RANK
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 29500;                // MASTER_PORT
   absl::Duration timeout = absl::Seconds(300);

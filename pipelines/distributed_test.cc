@@ -65,7 +65,8 @@ std::vector<Exit> RunRanks(const std::string& name, int world,
     std::vector<char*> envp;
     for (std::string& s : e) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::string filter = absl::StrCat("--gtest_filter=DistributedWorker.", name);
+    std::string filter =
+        absl::StrCat("--gtest_filter=DistributedWorker.", name);
     std::string self = "/proc/self/exe";
     char* argv[] = {self.data(), filter.data(), nullptr};
     pid_t pid = -1;
@@ -79,9 +80,9 @@ std::vector<Exit> RunRanks(const std::string& name, int world,
     int status = 0;
     ::waitpid(pids[r], &status, 0);
     out[r].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    out[r].seconds = std::chrono::duration<double>(
-                         std::chrono::steady_clock::now() - start)
-                         .count();
+    out[r].seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
   }
   return out;
 }
@@ -289,7 +290,8 @@ TEST(DistributedTest, ShardGivesSampleIToRankIModWorld) {
   ASSERT_EQ(r0.batches.size(), 2u);  // Samples 0, 2 | 4.
   EXPECT_TRUE(at::equal(r0.batches[0][0].toTensor(),
                         data.tokens.index_select(0, at::tensor({0, 2}))));
-  EXPECT_TRUE(at::equal(r0.batches[1][0].toTensor(), data.tokens.narrow(0, 4, 1)));
+  EXPECT_TRUE(
+      at::equal(r0.batches[1][0].toTensor(), data.tokens.narrow(0, 4, 1)));
   ASSERT_EQ(r1.batches.size(), 1u);  // Samples 1, 3.
   EXPECT_TRUE(at::equal(r1.batches[0][0].toTensor(),
                         data.tokens.index_select(0, at::tensor({1, 3}))));

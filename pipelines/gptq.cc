@@ -263,9 +263,9 @@ HessianAccumulator HessianAccumulator::FromSum(at::Tensor sum,
   h.columns_ = sum.size(0);
   h.num_samples_ = num_samples;
   h.num_tokens_ = num_tokens;
-  h.hessian_ = num_samples > 0
-                   ? sum.to(at::kFloat) * (2.0 / static_cast<double>(num_samples))
-                   : sum.to(at::kFloat);
+  h.hessian_ = num_samples > 0 ? sum.to(at::kFloat) *
+                                     (2.0 / static_cast<double>(num_samples))
+                               : sum.to(at::kFloat);
   return h;
 }
 

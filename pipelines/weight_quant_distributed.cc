@@ -115,14 +115,13 @@ absl::Status WeightQuantModifier::CompressDistributed(
     auto it = pending_.find(paths[i]);
     if (it == pending_.end()) continue;
     acc[i][0] = it->second.tokens;
-    acc[i][1] = it->second.hessian != nullptr
-                    ? it->second.hessian->num_samples()
-                    : 0;
+    acc[i][1] =
+        it->second.hessian != nullptr ? it->second.hessian->num_samples() : 0;
     acc[i][2] = 1;
   }
-  RETURN_IF_ERROR(c.AllReduce(
-      counts, ReduceKind::kSum,
-      absl::StrCat(name(), " token counts of ", where)));
+  RETURN_IF_ERROR(
+      c.AllReduce(counts, ReduceKind::kSum,
+                  absl::StrCat(name(), " token counts of ", where)));
   acc = counts.accessor<int64_t, 2>();
 
   // 2. Owners, by Hessian size.

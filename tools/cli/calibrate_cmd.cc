@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <memory>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -20,10 +20,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "pipelines/calibrate.h"
+#include "pipelines/distributed.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
-#include "pipelines/distributed.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"

@@ -108,8 +108,7 @@ bool IsLaunchedRank() {
 }
 
 absl::Status LaunchLocalRanks(int nproc,
-                              const std::vector<std::string>& outputs,
-                              Io& io) {
+                              const std::vector<std::string>& outputs, Io& io) {
   absl::StatusOr<std::vector<std::string>> args = OwnCommandLine();
   if (!args.ok()) return args.status();
   absl::StatusOr<int> port = FreePort();

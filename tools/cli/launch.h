@@ -23,8 +23,8 @@ bool IsLaunchedRank();
 
 // `outputs`: files or directories the run writes; those that did not exist
 // before are removed when it fails.
-absl::Status LaunchLocalRanks(int nproc, const std::vector<std::string>& outputs,
-                              Io& io);
+absl::Status LaunchLocalRanks(int nproc,
+                              const std::vector<std::string>& outputs, Io& io);
 
 }  // namespace tracecut::cli
 
