@@ -13,8 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 samples=${1:-64}
 seq_len=${2:-64}
-bazel build -c opt //tools:tracecut //tests/fixtures:llama_32l >&2
-bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+# COMPILATION_MODE=opt for an optimized build (the numbers in RESULTS.md
+# say which); the time is LibTorch's kernels either way.
+mode=${COMPILATION_MODE:-fastbuild}
+bazel build -c "$mode" //tools:tracecut //tests/fixtures:llama_32l >&2
+bin=$(bazel info -c "$mode" bazel-bin 2>/dev/null)
 tracecut=$bin/tools/tracecut
 model=$bin/tests/fixtures/llama_32l.pt
 recipe=pipelines/testdata/gptq_w4g128.textproto
@@ -55,4 +58,4 @@ done
 echo "2 ranks wall (first start to last exit): $(echo "$end - $start" | bc) s"
 cmp -s "$tmp/one_t1.pt" "$tmp/one_t2.pt" && echo "1 process: 1 and 2 threads byte-identical" || echo "1 process: 1 and 2 threads differ"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "command: bench/distributed_bench.sh $samples $seq_len (commit $(git rev-parse --short HEAD))"
+echo "command: COMPILATION_MODE=$mode bench/distributed_bench.sh $samples $seq_len (commit $(git rev-parse --short HEAD))"

@@ -50,6 +50,14 @@ echo "torchrun-style environment: the launcher's bytes; rank 1 silent"
 "$python" "$check" "$model" "$tmp/one.pt" "2 ranks=$tmp/two_a.pt" \
   "3 ranks=$tmp/three.pt"
 
+# No resume across ranks (yet): refused, not half-done.
+if "$tracecut" "${args[@]}" --nproc-per-node=2 --resume -o "$tmp/resume.pt" \
+  2>"$tmp/resume.log"; then
+  fail "--resume with 2 ranks was accepted"
+fi
+grep -q "not supported in a data-parallel run" "$tmp/resume.log" ||
+  fail "--resume: $(cat "$tmp/resume.log")"
+
 # Faults after subgraph 1: a rank that exits, then one that hangs.
 for mode in exit hang; do
   start=$(date +%s)
