@@ -171,11 +171,12 @@ def write_md(rows, machine, raw, path):
     for r in rows:
         if r.get("note"):
             lines.append(f"* {r['row']}: {r['note']}")
-    # Profiles of the missed targets (bench/profile.sh) and the Hugging Face
-    # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py) are
-    # measured separately and written up by hand; they are included as they are.
+    # Profiles of the missed targets (bench/profile.sh), the Hugging Face
+    # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py) and
+    # data-parallel calibration (bench/distributed_bench.sh) are measured
+    # separately and written up by hand; they are included as they are.
     here = os.path.dirname(os.path.abspath(__file__))
-    for extra in ("HF.md", "PROFILES.md"):
+    for extra in ("HF.md", "DISTRIBUTED.md", "PROFILES.md"):
         if os.path.exists(os.path.join(here, extra)):
             lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]
