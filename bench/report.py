@@ -172,11 +172,12 @@ def write_md(rows, machine, raw, path):
         if r.get("note"):
             lines.append(f"* {r['row']}: {r['note']}")
     # Profiles of the missed targets (bench/profile.sh), the Hugging Face
-    # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py) and
-    # the partition growth curve (bench/partition_scale.sh) are measured
-    # separately and written up by hand; they are included as they are.
+    # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py),
+    # the partition growth curve (bench/partition_scale.sh) and data-parallel
+    # calibration (bench/distributed_bench.sh) are measured separately and
+    # written up by hand; they are included as they are.
     here = os.path.dirname(os.path.abspath(__file__))
-    for extra in ("HF.md", "PARTITION_SCALE.md", "PROFILES.md"):
+    for extra in ("HF.md", "PARTITION_SCALE.md", "DISTRIBUTED.md", "PROFILES.md"):
         if os.path.exists(os.path.join(here, extra)):
             lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]

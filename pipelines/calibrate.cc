@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "pipelines/compressed_output.h"
+#include "pipelines/distributed.h"
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/observers.h"
 #include "pipelines/recipe.h"
@@ -230,7 +231,7 @@ std::string RecipeText(const recipe::Recipe& recipe) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
-    const recipe::Recipe& recipe) {
+    const recipe::Recipe& recipe, Collective* collective) {
   std::vector<std::unique_ptr<Modifier>> out;
   for (int i = 0; i < recipe.modifiers_size(); ++i) {
     const recipe::Modifier& m = recipe.modifiers(i);
@@ -243,12 +244,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.block_size = g.block_size();
       o.act_order = g.actorder();
       o.static_groups = g.static_groups();
+      o.weights.collective = collective;
       out.push_back(std::make_unique<GptqModifier>(std::move(o)));
     } else if (m.has_rtn()) {
       const recipe::RtnModifier& r = m.rtn();
       WeightQuantOptions o;
       o.modules = Selector(r.targets(), r.ignore());
       o.scheme = ToQuantScheme(r.scheme());
+      o.collective = collective;
       out.push_back(std::make_unique<RtnModifier>(std::move(o)));
     } else if (m.has_observer()) {
       const recipe::ObserverModifier& r = m.observer();
@@ -256,6 +259,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.modules = Selector(r.targets(), r.ignore());
       o.scheme = ToQuantScheme(r.scheme());
       o.averaging_constant = r.averaging_constant();
+      o.collective = collective;
       o.kind = r.kind() == recipe::ObserverModifier::MOVING_AVERAGE
                    ? ObserverKind::kMovingAverageMinMax
                    : ObserverKind::kMinMax;
@@ -374,6 +378,9 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
       options.pipeline.value_or(KindFromRecipe(options.recipe.pipeline()));
   const bool want_stream =
       options.stream_weights &&
+      // Data-parallel ranks load the whole model (streaming writes shards
+      // from every process into its run directory; not combined yet).
+      !(options.collective != nullptr && options.collective->distributed()) &&
       options.output_format ==
           CalibrateOptions::OutputFormat::kCompressedTensors &&
       kind != PipelineKind::kBasic && IsDirectory(options.model_path);
@@ -423,7 +430,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
 
   std::vector<std::unique_ptr<Modifier>> owned;
   if (!extras_only) {
-    ASSIGN_OR_RETURN(owned, BuildModifiers(options.recipe));
+    ASSIGN_OR_RETURN(owned, BuildModifiers(options.recipe, options.collective));
   }
   std::vector<Modifier*> modifiers;
   for (const auto& m : owned) modifiers.push_back(m.get());
@@ -479,9 +486,23 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
                               : "",
       streaming ? "; weights streamed" : "");
 
+  const bool distributed =
+      options.collective != nullptr && options.collective->distributed();
+  CalibrationData shard;
+  if (distributed) {
+    if (options.resume || options.stop_after_subgraph >= 0) {
+      return absl::UnimplementedError(
+          "--resume and --stop-after are not supported in a data-parallel run");
+    }
+    ASSIGN_OR_RETURN(shard,
+                     ShardCalibrationData(data, options.collective->rank(),
+                                          options.collective->world_size()));
+    p.run_dir.clear();  // No checkpoints.
+  }
+
   // A run directory this run creates is removed again if the run fails;
   // in one it did not create, only the lock and spill files it made go.
-  const bool partitioned = p.kind != PipelineKind::kBasic;
+  const bool partitioned = p.kind != PipelineKind::kBasic && !distributed;
   const bool run_dir_existed = !partitioned || IsDirectory(p.run_dir);
   bool succeeded = false;
   bool stopped = false;  // Or interrupted with a checkpoint to resume from.
@@ -535,8 +556,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   CalibrateOutcome outcome;
   outcome.targets = targets;
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
-  absl::StatusOr<PipelineResult> piped =
-      RunPipeline(gm, data, modifiers, outcome.results, p);
+  absl::StatusOr<PipelineResult> piped = RunPipeline(
+      gm, distributed ? shard : data, modifiers, outcome.results, p);
   // Interrupted, or out of memory: the subgraphs done so far need not be
   // redone (after freeing memory, or with a smaller cache budget).
   if ((absl::IsCancelled(piped.status()) ||
@@ -565,6 +586,14 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     outcome.streamed_peak_weight_bytes = stream->peak_loaded_bytes();
   } else {
     RETURN_IF_ERROR(CheckQuantResultsFinite(outcome.results, gm));
+    if (distributed) {
+      // Every rank finished: only then does rank 0 write, and only rank 0.
+      RETURN_IF_ERROR(options.collective->Barrier("the end of calibration"));
+      if (options.collective->rank() != 0) {
+        outcome.model.emplace(std::move(gm));
+        return outcome;
+      }
+    }
     RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
   }
   ReportInfo info;
@@ -615,7 +644,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         err, absl::StrCat("cannot write report '", options.report_path, "'"));
   }
   succeeded = true;
-  if (!options.keep_run_dir && p.kind != PipelineKind::kBasic) {
+  if (!options.keep_run_dir && partitioned) {
     RemoveRunDir(p.run_dir);
   }
   if (!streaming) outcome.model.emplace(std::move(gm));

@@ -42,9 +42,12 @@
 
 namespace tracecut::pipelines {
 
-// The recipe's modifiers, in recipe order.
+class Collective;
+
+// The recipe's modifiers, in recipe order; with `collective`, for a
+// data-parallel run (distributed.h).
 absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
-    const recipe::Recipe& recipe);
+    const recipe::Recipe& recipe, Collective* collective = nullptr);
 
 // A model ready to calibrate: traced, with its embedded files.
 struct LoadedForCalibration {
@@ -130,6 +133,12 @@ struct CalibrateOptions {
   bool report_run_section = true;
 
   Progress* progress = nullptr;
+
+  // Data-parallel calibration (not owned; docs/distributed.md): this rank
+  // calibrates its shard of the data (ShardCalibrationData), the modifiers
+  // combine statistics over all ranks, and only rank 0 writes the output
+  // and the report. No checkpoints (resume is not supported there).
+  Collective* collective = nullptr;
 };
 
 struct CalibrateOutcome {

@@ -250,6 +250,25 @@ HessianAccumulator::HessianAccumulator(int64_t columns)
           {std::max<int64_t>(columns, 0), std::max<int64_t>(columns, 0)},
           at::kFloat)) {}
 
+HessianAccumulator HessianAccumulator::Summing(int64_t columns) {
+  HessianAccumulator h(columns);
+  h.summing_ = true;
+  return h;
+}
+
+HessianAccumulator HessianAccumulator::FromSum(at::Tensor sum,
+                                               int64_t num_samples,
+                                               int64_t num_tokens) {
+  HessianAccumulator h(0);
+  h.columns_ = sum.size(0);
+  h.num_samples_ = num_samples;
+  h.num_tokens_ = num_tokens;
+  h.hessian_ = num_samples > 0 ? sum.to(at::kFloat) *
+                                     (2.0 / static_cast<double>(num_samples))
+                               : sum.to(at::kFloat);
+  return h;
+}
+
 absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
   return runtime::TorchCall("HessianAccumulator::Add", [&]() -> absl::Status {
     if (columns_ <= 0) {
@@ -279,6 +298,12 @@ absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
     // Allocations first, then the in-place updates: an allocation failure
     // leaves the accumulator as it was.
     const int64_t total = num_samples_ + samples;
+    if (summing_) {
+      hessian_.addmm_(x.t(), x);
+      num_samples_ = total;
+      num_tokens_ += tokens;
+      return absl::OkStatus();
+    }
     x = x * std::sqrt(2.0 / static_cast<double>(total));
     hessian_.mul_(static_cast<double>(num_samples_) /
                   static_cast<double>(total));

@@ -82,11 +82,21 @@ class HessianAccumulator {
  public:
   explicit HessianAccumulator(int64_t columns);
 
+  // Data-parallel calibration (distributed.h): each rank accumulates the
+  // plain sum S = sum_x x x^T of its inputs (no running mean, so partial
+  // results add up exactly as sums do); the owner of the layer adds the
+  // ranks' sums and takes H = 2/n * S once, with FromSum.
+  static HessianAccumulator Summing(int64_t columns);
+  static HessianAccumulator FromSum(at::Tensor sum, int64_t num_samples,
+                                    int64_t num_tokens);
+  bool summing() const { return summing_; }
+
   // Adds inputs [..., columns] (any floating dtype, rank >= 1). Rejects a
   // wrong last dimension, non-floating dtypes and NaN / infinite entries.
   absl::Status Add(const at::Tensor& inputs);
 
-  // fp32 [columns, columns]; all zeros before the first Add.
+  // fp32 [columns, columns]; all zeros before the first Add. S for a
+  // Summing accumulator.
   const at::Tensor& hessian() const { return hessian_; }
   int64_t columns() const { return columns_; }
   int64_t num_samples() const { return num_samples_; }
@@ -96,6 +106,7 @@ class HessianAccumulator {
   int64_t columns_;
   int64_t num_samples_ = 0;
   int64_t num_tokens_ = 0;
+  bool summing_ = false;
   at::Tensor hessian_;
 };
 

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "pipelines/distributed.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -192,8 +194,85 @@ absl::Status Observer::OnModuleCall(RunContext& ctx, const ModuleCall& call) {
   return absl::OkStatus();
 }
 
+absl::Status Observer::CombineRanks(RunContext& ctx,
+                                    const SubgraphInfo& subgraph) {
+  Collective& c = *options_.collective;
+  std::vector<std::string> paths;
+  for (const std::string& leaf : subgraph.leaf_modules) {
+    if (selected_.count(leaf) > 0) paths.push_back(leaf);
+  }
+  std::sort(paths.begin(), paths.end());
+  paths.erase(std::unique(paths.begin(), paths.end()), paths.end());
+  for (const std::string& path : pending_) {
+    if (!std::binary_search(paths.begin(), paths.end(), path)) {
+      return absl::InternalError(absl::StrCat(
+          name(), ": ", path, " was called in subgraph ", subgraph.index,
+          " but is not among its leaf modules; ranks would disagree"));
+    }
+  }
+  const int64_t k = static_cast<int64_t>(paths.size());
+  const bool weights = options_.observe == ObservedTensor::kWeight;
+  const bool minmax = options_.kind == ObserverKind::kMinMax;
+  // Per module: [batches, min, max] (weighted sums for moving averages),
+  // reduced as [sum; min, -max min] in two collectives.
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  at::Tensor sums = at::zeros({std::max<int64_t>(k, 1), 3}, at::kDouble);
+  at::Tensor mins = at::full({std::max<int64_t>(k, 1), 2}, kInf, at::kDouble);
+  auto s = sums.accessor<double, 2>();
+  auto m = mins.accessor<double, 2>();
+  for (int64_t i = 0; i < k; ++i) {
+    if (pending_.count(paths[i]) == 0) continue;
+    if (weights) {
+      s[i][0] = 1;
+      continue;
+    }
+    const ActivationRange& r = RangeOf(ctx.results().Module(paths[i]));
+    s[i][0] = static_cast<double>(r.batches);
+    s[i][1] = r.min * r.batches;
+    s[i][2] = r.max * r.batches;
+    m[i][0] = r.min;
+    m[i][1] = -r.max;
+  }
+  const std::string what =
+      absl::StrCat(name(), " ranges of subgraph ", subgraph.index);
+  RETURN_IF_ERROR(c.AllReduce(sums, ReduceKind::kSum, what));
+  if (!weights && minmax) {
+    RETURN_IF_ERROR(c.AllReduce(mins, ReduceKind::kMin, what));
+  }
+  s = sums.accessor<double, 2>();
+  m = mins.accessor<double, 2>();
+  pending_.clear();
+  for (int64_t i = 0; i < k; ++i) {
+    if (s[i][0] <= 0) continue;
+    pending_.insert(paths[i]);
+    ModuleRecord& record = ctx.results().Module(paths[i]);
+    if (record.type.empty()) {
+      if (const LeafModule* leaf = ctx.FindLeaf(paths[i])) {
+        record.type = leaf->type;
+      }
+      record.subgraph = subgraph.index;
+    }
+    if (weights) continue;
+    ActivationRange& r = RangeOf(record);
+    r.observer = std::string(ObserverKindName(options_.kind));
+    r.scheme = options_.scheme.ToString();
+    r.batches = static_cast<int64_t>(s[i][0]);
+    if (minmax) {
+      r.min = m[i][0];
+      r.max = -m[i][1];
+    } else {
+      r.min = s[i][1] / s[i][0];
+      r.max = s[i][2] / s[i][0];
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Observer::OnSubgraphEnd(RunContext& ctx,
                                      const SubgraphInfo& subgraph) {
+  if (options_.collective != nullptr && options_.collective->distributed()) {
+    RETURN_IF_ERROR(CombineRanks(ctx, subgraph));
+  }
   for (const std::string& path : pending_) {
     ModuleRecord& record = ctx.results().Module(path);
     if (options_.observe == ObservedTensor::kWeight) {

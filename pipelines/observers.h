@@ -40,6 +40,8 @@
 
 namespace tracecut::pipelines {
 
+class Collective;
+
 enum class ObserverKind { kMinMax, kMovingAverageMinMax };
 enum class ObservedTensor { kInput, kOutput, kWeight };
 
@@ -55,6 +57,14 @@ struct ObserverOptions {
   // Activations are always per tensor (group_size / per_tensor ignored).
   QuantScheme scheme;
   double averaging_constant = 0.01;  // In (0, 1].
+  // Data-parallel calibration (distributed.h; not owned): at the end of
+  // each subgraph the ranks' ranges are combined, so every rank records the
+  // same parameters. min-max: the min and max over all ranks, exactly what
+  // one process sees. Moving average: the ranks' averages weighted by their
+  // batch counts (a moving average depends on batch order, which a shared
+  // run does not have; this is an approximation). Null or a world of one:
+  // this process alone.
+  Collective* collective = nullptr;
 };
 
 class Observer : public Modifier {
@@ -73,6 +83,9 @@ class Observer : public Modifier {
 
  private:
   ActivationRange& RangeOf(ModuleRecord& record) const;
+  // Combines what the ranks saw of the subgraph's selected modules and
+  // leaves in pending_ those any rank saw.
+  absl::Status CombineRanks(RunContext& ctx, const SubgraphInfo& subgraph);
 
   ObserverOptions options_;
   std::set<std::string> selected_;

@@ -146,7 +146,9 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
       ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
       const int64_t columns = w.size(transposed_.count(path) > 0 ? 0 : 1);
       absl::Status made = runtime::TorchCall("", [&]() -> absl::Status {
-        p.hessian = std::make_unique<HessianAccumulator>(columns);
+        p.hessian = std::make_unique<HessianAccumulator>(
+            Distributed() ? HessianAccumulator::Summing(columns)
+                          : HessianAccumulator(columns));
         return absl::OkStatus();
       });
       if (!made.ok()) {
@@ -236,6 +238,18 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
 
 absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
                                                 const SubgraphInfo& subgraph) {
+  if (Distributed()) {
+    // Every rank the same list, whichever modules its shard reached.
+    std::set<std::string> paths;
+    for (const std::string& leaf : subgraph.leaf_modules) {
+      if (selected_.count(leaf) > 0 && done_.count(leaf) == 0) {
+        paths.insert(leaf);
+      }
+    }
+    return CompressDistributed(
+        ctx, std::vector<std::string>(paths.begin(), paths.end()),
+        subgraph.index);
+  }
   // std::map: modules in path order, so results do not depend on call order.
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
@@ -245,6 +259,13 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
 }
 
 absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
+  if (Distributed()) {
+    std::vector<std::string> paths;
+    for (const std::string& path : selected_) {
+      if (done_.count(path) == 0) paths.push_back(path);
+    }
+    return CompressDistributed(ctx, paths, -1);
+  }
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }

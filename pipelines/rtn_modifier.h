@@ -34,8 +34,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,12 +48,20 @@
 
 namespace tracecut::pipelines {
 
+class Collective;
+
 struct WeightQuantOptions {
   ModuleSelector modules;
   QuantScheme scheme;
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
   bool measure_error = true;
+  // Data-parallel calibration (distributed.h; not owned): each rank
+  // accumulates the sums of its shard, every module gets an owner rank that
+  // solves it from the sum over all ranks and broadcasts the result
+  // (weight_quant_distributed.cc). Null or a world of one: this process
+  // alone.
+  Collective* collective = nullptr;
 };
 
 // The quantized weight of one module and its parameters.
@@ -114,6 +124,13 @@ class WeightQuantModifier : public Modifier {
   };
   absl::Status Compress(RunContext& ctx, const std::string& path,
                         Pending* pending);
+  bool Distributed() const;
+  // Compresses `paths` (the same list on every rank, sorted) in a
+  // data-parallel run; `subgraph` is the finished subgraph (-1 at the end of
+  // the run).
+  absl::Status CompressDistributed(RunContext& ctx,
+                                   const std::vector<std::string>& paths,
+                                   int subgraph);
 
   WeightQuantOptions options_;
   std::set<std::string> selected_;

@@ -129,6 +129,16 @@ cc_library(
     ],
 )
 
+# c10d's Gloo process group (pipelines/distributed): ProcessGroupGloo.hpp
+# includes <gloo/...>, which the wheel does not ship; Debian's libgloo-dev
+# provides them under /usr/include. Only torch's own factories touch gloo
+# types, so the gloo compiled into libtorch_cpu is the one that runs.
+cc_library(
+    name = "c10d_gloo",
+    defines = ["USE_C10D_GLOO"],
+    deps = [":torch"],
+)
+
 # The project's Python (tools/python), for genrules (`tools`) and tests
 # (`data`): fixture generators, checks against Python torch, benchmark peers.
 exports_files(["python"])

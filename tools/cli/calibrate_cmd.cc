@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -17,11 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "pipelines/calibrate.h"
+#include "pipelines/distributed.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "tools/cli/common.h"
+#include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
 #include "util/format.h"
 #include "util/json.h"
@@ -94,7 +98,22 @@ std::string SummaryErrors(const Json& summary) {
 }
 
 absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
+  // Data-parallel: launch the ranks here, or be one (launch.h).
+  ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
+  ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
+  if (nproc > 1 && !IsLaunchedRank()) {
+    return LaunchLocalRanks(
+        static_cast<int>(nproc),
+        {args.Get("output").value_or(""), args.Get("report").value_or("")}, io);
+  }
+  std::unique_ptr<pipelines::Collective> collective;
+  if (IsLaunchedRank()) {
+    ASSIGN_OR_RETURN(collective, pipelines::Collective::FromEnvironment(
+                                     absl::Seconds(dist_timeout)));
+  }
+  const bool quiet_rank = collective != nullptr && collective->rank() != 0;
   CalibrateOptions o;
+  o.collective = collective.get();
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");
   if (!recipe_path.has_value()) {
@@ -166,7 +185,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
 
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
   pipelines::Progress progress(&io.err, live);
-  o.progress = &progress;
+  if (!quiet_rank) o.progress = &progress;
   pipelines::InstallInterruptHandlers();
   absl::StatusOr<CalibrateOutcome> calibrated = pipelines::Calibrate(o);
   if (!calibrated.ok() && pipelines::InterruptSignal() != 0) {
@@ -176,6 +195,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
   if (!calibrated.ok()) return calibrated.status();
   CalibrateOutcome& out = *calibrated;
+  if (quiet_rank) return absl::OkStatus();  // Rank 0 reports.
 
   const std::string run_dir =
       o.run_dir.empty() ? o.output_path + ".run" : o.run_dir;
@@ -339,6 +359,15 @@ Subcommand CalibrateCommand() {
                       "stop after subgraph K (0-based) as if killed there, "
                       "leaving its checkpoint (for testing --resume)"),
       FlagSpec::Bool("json", "print the report on stdout"),
+      FlagSpec::Value("nproc-per-node", "N",
+                      "data-parallel calibration: run N ranks on this "
+                      "machine, each on its share of the samples "
+                      "(docs/distributed.md); with torchrun's RANK / "
+                      "WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, this "
+                      "process is one rank"),
+      FlagSpec::Value("dist-timeout", "SECONDS",
+                      "data-parallel: how long a rank waits for the others "
+                      "in one collective before failing (300)"),
   };
   for (FlagSpec& flag : ModelFlags()) {
     if (flag.name == "input" || flag.name == "example-inputs" ||
