@@ -64,7 +64,9 @@ struct Fixture {
       partition::Subgraph s;
       s.index = i;
       s.graph = std::make_unique<ir::Graph>();
-      if (i == 0) EXPECT_OK(s.graph->GetAttr("a.weight").status());
+      if (i == 0) {
+        EXPECT_OK(s.graph->GetAttr("a.weight").status());
+      }
       EXPECT_OK(s.graph->CallModule("b", {}).status());
       subgraphs.push_back(std::move(s));
     }
