@@ -175,7 +175,7 @@ def write_md(rows, machine, raw, path):
     # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py) are
     # measured separately and written up by hand; they are included as they are.
     here = os.path.dirname(os.path.abspath(__file__))
-    for extra in ("HF.md", "PROFILES.md"):
+    for extra in ("HF.md", "PROFILES.md", "streaming_bench.md"):
         if os.path.exists(os.path.join(here, extra)):
             lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]

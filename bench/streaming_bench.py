@@ -27,7 +27,8 @@ fp32 weights + its Linears' Hessians + the activation cache's peak) and the
 verdicts, a check of tracecut's output directory (config.json's
 quantization_config, the shard index, every quantized Linear present), and
 the section "LLM-scale streaming calibration (issue 15)" of --results,
-replaced in place.
+replaced in place (and bench/streaming_bench.md, which bench/report.py
+includes when it rewrites RESULTS.md).
 """
 
 import argparse
@@ -112,23 +113,33 @@ def llmcompressor_run(ckpt, data, out):
   print(json.dumps({"oneshot_s": t1 - t0, "save_s": t2 - t1}))
 
 
-def timed_run(cmd, log):
-  """Runs cmd under /usr/bin/time -v: (wall s, max RSS bytes, stdout)."""
+def timed_run(cmd, log, render_only=False):
+  """Runs cmd under /usr/bin/time -v: (wall s, max RSS bytes, stdout, error).
+  render_only: reads what an earlier run left in `log` instead."""
+  if render_only:
+    if not os.path.exists(log):
+      return None
+    stdout, err = "", open(log).read()
+    code = re.search(r"Exit status: (\d+)", err)
+    return parse_time_log(err, int(code.group(1)) if code else 1, stdout)
   with open(log, "w") as f:
     p = subprocess.run(["/usr/bin/time", "-v"] + cmd, stdout=subprocess.PIPE,
                        stderr=f, text=True)
-  err = open(log).read()
+  return parse_time_log(open(log).read(), p.returncode, p.stdout)
+
+
+def parse_time_log(err, returncode, stdout):
   rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", err)
   wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)",
                    err)
-  if p.returncode != 0 or not rss or not wall:
+  if returncode != 0 or not rss or not wall:
     tail = "\n".join(
         l for l in err.splitlines()[-40:]
         if not l.startswith("\t"))[-1500:]
-    return None, None, p.stdout, f"exit {p.returncode}: {tail}"
+    return None, None, stdout, f"exit {returncode}: {tail}"
   h, m, s = wall.groups()
   secs = int(h or 0) * 3600 + int(m) * 60 + float(s)
-  return secs, int(rss.group(1)) * 1024, p.stdout, None
+  return secs, int(rss.group(1)) * 1024, stdout, None
 
 
 def dir_bytes(d):
@@ -162,6 +173,10 @@ def memory_model(layers, cache_peak):
           "hessians": layer_hessians, "layer_total": layer_total,
           "embed_fp32": embed * 4, "head_fp32": head * 4,
           "largest": largest, "cache": cache_peak, "total": total,
+          # The model's parameters over the largest subgraph's: how much
+          # less than the whole model streaming should hold.
+          "factor": (layers * layer_params + embed + head) /
+                    (layer_params + head),
           "target": 1.5 * total}
 
 
@@ -210,6 +225,8 @@ def main():
   ap.add_argument("--seq-len", type=int, default=128)
   ap.add_argument("--no-full-load", action="store_true")
   ap.add_argument("--skip-llmc", action="store_true")
+  ap.add_argument("--render-only", action="store_true",
+                  help="write the section from the logs a run left in --dir")
   ap.add_argument("--results", default=os.path.join(
       os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"))
   ap.add_argument("--child", choices=["generate", "llmc", "tokenizer"])
@@ -243,38 +260,42 @@ def main():
   ckpt_bytes = sum(os.path.getsize(os.path.join(ckpt, f))
                    for f in os.listdir(ckpt) if f.endswith(".safetensors"))
   pt2 = os.path.join(ckpt, "model.pt2")
-  if os.path.exists(pt2):
+  R = a.render_only
+  if os.path.exists(pt2) and not R:
     os.remove(pt2)
   step("tracecut export --meta")
   rows["export"] = timed_run([tracecut, "export", ckpt, "--meta", "-o", pt2],
-                             log("export"))
+                             log("export"), R)
 
   data = os.path.join(a.dir, f"calib_{a.samples}x{a.seq_len}.pt")
-  g = torch.Generator().manual_seed(0)
-  torch.save(torch.randint(0, VOCAB, (a.samples, a.seq_len), generator=g,
-                           dtype=torch.int64), data)
   recipe = os.path.join(a.dir, "gptq_w4g128.textproto")
-  open(recipe, "w").write(RECIPE)
+  if not R:
+    g = torch.Generator().manual_seed(0)
+    torch.save(torch.randint(0, VOCAB, (a.samples, a.seq_len), generator=g,
+                             dtype=torch.int64), data)
+    open(recipe, "w").write(RECIPE)
 
   def tracecut_calibrate(name, extra):
     out = os.path.join(a.dir, f"out_{name}")
     report = os.path.join(a.dir, f"report_{name}.json")
-    subprocess.run(["rm", "-rf", out, out + ".pt.run", out + ".run"])
+    if not R:
+      subprocess.run(["rm", "-rf", out, out + ".pt.run", out + ".run"])
     step(f"tracecut calibrate ({name})")
     cmd = [tracecut, "calibrate", ckpt, "-o", out, f"--recipe={recipe}",
            f"--data={data}", f"--report={report}"] + extra
-    r = timed_run(cmd, log(name))
-    rows[name] = r + (out, report, " ".join(cmd))
+    r = timed_run(cmd, log(name), R)
+    rows[name] = r + (out, report, " ".join(cmd)) if r else None
 
   tracecut_calibrate("tracecut_stream", [])
   if not a.no_full_load:
     tracecut_calibrate("tracecut_full", ["--stream-weights=false"])
   llmc_out = os.path.join(a.dir, "out_llmcompressor")
-  subprocess.run(["rm", "-rf", llmc_out])
+  if not R:
+    subprocess.run(["rm", "-rf", llmc_out])
   if not a.skip_llmc:
     step("llm-compressor oneshot")
     rows["llmc"] = timed_run(me + ["--child=llmc", ckpt, data, llmc_out],
-                             log("llmc"))
+                             log("llmc"), R)
   step("done; writing results")
 
   # Memory model, with the cache's peak from tracecut's report.
@@ -342,14 +363,15 @@ def main():
       "the final norm and lm_head: the layer's "
       f"{mm['layer_params'] / 1e6:.1f} M parameters = "
       f"{gib(mm['layer_fp32'])} + its 7 Linears' Hessians (in_features^2 "
-      f"x 4 B) {gib(mm['hessians'])} = {gib(mm['layer_total'])}; the "
+      f"x 4 B) {gib(mm['hessians'])} = {gib(mm['layer_total'])}, "
       f"+ norm and lm_head (ignored, no Hessian) {gib(mm['head_fp32'])} "
       f"= {gib(mm['largest'])} (the embedding's subgraph: "
       f"{gib(mm['embed_fp32'])}), "
       f"+ activation cache peak {gib(mm['cache'])} (tracecut's report, budget "
       f"{cache_budget if cache_budget not in (None, -1) else 'unlimited'}) "
       f"= {gib(mm['total'])}; target peak RSS <= 1.5 x that = "
-      f"{gib(mm['target'])}. Model-size factor: layers = {a.layers}.", ""]
+      f"{gib(mm['target'])}. Model-size factor (all parameters / the "
+      f"largest subgraph's): {mm['factor']:.1f}.", ""]
   verdicts = []
   llmc = rows.get("llmc")
   if s[0] is not None:
@@ -359,9 +381,10 @@ def main():
         f"({gib(s[1])} vs {gib(mm['target'])}, "
         f"{s[1] / mm['target']:.2f} x the target)")
     if llmc and llmc[0] is not None:
-      ok = llmc[1] / s[1] >= a.layers
+      ok = llmc[1] / s[1] >= mm["factor"]
       verdicts.append(
-          f"* below llm-compressor's by the model-size factor ({a.layers}): "
+          f"* below llm-compressor's by the model-size factor "
+          f"({mm['factor']:.1f}): "
           f"**{'yes' if ok else 'no'}** (llm-compressor / tracecut = "
           f"{llmc[1] / s[1]:.2f})")
       ok = s[0] <= llmc[0]
@@ -383,15 +406,24 @@ def main():
 
   section = "\n".join(lines).rstrip() + "\n"
   print(section)
+  # bench/report.py includes streaming_bench.md in RESULTS.md as it is (like
+  # HF.md); the copy in RESULTS.md is replaced in place until it runs again.
+  with open(os.path.splitext(os.path.abspath(__file__))[0] + ".md", "w") as f:
+    f.write(section)
   text = open(a.results).read() if os.path.exists(a.results) else ""
   start = text.find(SECTION)
   if start >= 0:
     end = text.find("\n## ", start + len(SECTION))
+    if end < 0:
+      end = text.find("\nRaw measurements:", start)
     text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
+  elif "\nRaw measurements:" in text:
+    at = text.find("\nRaw measurements:") + 1
+    text = text[:at] + section + "\n" + text[at:]
   else:
     text = text.rstrip() + "\n\n" + section
   open(a.results, "w").write(text)
-  json.dump({k: list(v[:2]) for k, v in rows.items()},
+  json.dump({k: list(v[:2]) for k, v in rows.items() if v},
             open(os.path.join(a.dir, "rows.json"), "w"))
 
 
