@@ -29,6 +29,11 @@ quantization_config, the shard index, every quantized Linear present), and
 the section "LLM-scale streaming calibration (issue 15)" of --results,
 replaced in place (and bench/streaming_bench.md, which bench/report.py
 includes when it rewrites RESULTS.md).
+
+Time: both tools spend 1.5 to 2.5 minutes per decoder layer of this shape on
+2 busy cores (GPTQ's compression dominates; fewer samples barely help), so
+the default 44 layers (4.4 GB) is a 1.5-2 hour run there; --layers=6 took 25
+minutes. --render-only rewrites the section from the logs a run left in --dir.
 """
 
 import argparse
@@ -140,11 +145,6 @@ def parse_time_log(err, returncode, stdout):
   h, m, s = wall.groups()
   secs = int(h or 0) * 3600 + int(m) * 60 + float(s)
   return secs, int(rss.group(1)) * 1024, stdout, None
-
-
-def dir_bytes(d):
-  return sum(os.path.getsize(os.path.join(r, f))
-             for r, _, fs in os.walk(d) for f in fs)
 
 
 def gib(b):
