@@ -177,7 +177,8 @@ def write_md(rows, machine, raw, path):
     # calibration (bench/distributed_bench.sh) are measured separately and
     # written up by hand; they are included as they are.
     here = os.path.dirname(os.path.abspath(__file__))
-    for extra in ("HF.md", "PARTITION_SCALE.md", "DISTRIBUTED.md", "PROFILES.md"):
+    for extra in ("HF.md", "PARTITION_SCALE.md", "DISTRIBUTED.md",
+                  "streaming_bench.md", "PROFILES.md"):
         if os.path.exists(os.path.join(here, extra)):
             lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]
