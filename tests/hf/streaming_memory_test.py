@@ -4,7 +4,7 @@
 Two Llama checkpoints of the same width, 4 and 16 decoder layers (seeded,
 fp32, exported with `tracecut export --meta`), are calibrated with GPTQ W4
 into compressed-tensors directories, each run in its own process, and the
-peak resident set (getrusage's ru_maxrss of that process) is compared:
+peak resident set (wait4's ru_maxrss of that process) is compared:
 
 * streamed: going from 4 to 16 layers adds less than 35 % of the 12
   layers' weights (what grows is the graph and one interpreter per
@@ -34,23 +34,33 @@ pipeline: SEQUENTIAL
 """
 
 
+# Runs argv[1:] as a child and prints that child's peak RSS in KiB. It runs
+# in a fresh, small interpreter: Linux carries a process's peak RSS across
+# exec (and a forked child starts out mapping its parent's pages), so a child
+# forked from this test, which has torch and a model in memory, would report
+# this test's own peak instead of tracecut's.
+MEASURE = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+  os.execv(sys.argv[1], sys.argv[1:])
+_, status, usage = os.wait4(pid, 0)
+print(usage.ru_maxrss)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(cmd):
-  """Runs `cmd` in a child of its own: (its peak RSS in bytes, its stderr).
-  os.wait4 gives that child's rusage alone (RUSAGE_CHILDREN would be the
-  maximum over all children so far)."""
-  pid = os.fork()
-  if pid == 0:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    log = os.open(cmd_log(cmd), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(devnull, 1)
-    os.dup2(log, 2)
-    os.execv(cmd[0], cmd)
-  _, status, usage = os.wait4(pid, 0)
+  """Runs `cmd`: (its peak RSS in bytes, its stderr)."""
+  with open(cmd_log(cmd), "w") as log:
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", MEASURE] + cmd,
+                            stdout=subprocess.PIPE, stderr=log, text=True)
   with open(cmd_log(cmd)) as f:
     err = f.read()
-  if os.waitstatus_to_exitcode(status) != 0:
-    raise AssertionError(f"{' '.join(cmd)}: exit {status}:\n{err[-3000:]}")
-  return usage.ru_maxrss * 1024, err
+  if result.returncode != 0:
+    raise AssertionError(
+        f"{' '.join(cmd)}: exit {result.returncode}:\n{err[-3000:]}")
+  return int(result.stdout.split()[-1]) * 1024, err
 
 
 def cmd_log(cmd):
