@@ -271,20 +271,25 @@ def _module_for_source(model, path, func):
   return ""
 
 
-def _checkpoint_names(source):
-  """Tensor names in the checkpoint's safetensors (headers only)."""
+def _checkpoint_shapes(source):
+  """Tensor name -> shape in the checkpoint's safetensors (headers only);
+  None when `source` has no safetensors."""
   from safetensors import safe_open
+  files = []
   index = os.path.join(source, "model.safetensors.index.json")
   if os.path.isfile(index):
     with open(index) as f:
-      return set(json.load(f)["weight_map"])
-  single = os.path.join(source, "model.safetensors")
-  if os.path.isfile(single):
-    with safe_open(single, framework="pt") as f:
-      return set(f.keys())
-  _fail(f"{source}: --meta reads the weights from the checkpoint's "
-        "safetensors, and this directory has no model.safetensors or "
-        "model.safetensors.index.json")
+      files = sorted(set(json.load(f)["weight_map"].values()))
+  elif os.path.isfile(os.path.join(source, "model.safetensors")):
+    files = ["model.safetensors"]
+  else:
+    return None
+  shapes = {}
+  for name in files:
+    with safe_open(os.path.join(source, name), framework="pt") as f:
+      for k in f.keys():
+        shapes[k] = list(f.get_slice(k).get_shape())
+  return shapes
 
 
 def _tied_groups(model):
@@ -295,19 +300,104 @@ def _tied_groups(model):
   return [g for g in groups.values() if len(g) > 1]
 
 
-def _check_meta_names(model, source, tied):
+def checkpoint_layout(model, shapes):
+  """How the checkpoint stores the model's tensors that it does not hold
+  under their own names, from transformers' own conversion mapping (the one
+  from_pretrained applies on load and save_pretrained reverses): model name
+  -> pieces, each a checkpoint tensor and the box of the model tensor it
+  fills (offsets and sizes per dimension; the checkpoint tensor is that box
+  reshaped). A renamed tensor is one piece covering it; MoE experts saved
+  one by one are stacked (MergeModulelist) and gate/up concatenated
+  (Concatenate). Other conversion operations are refused."""
+  import torch
+  try:
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (WeightConverter,
+                                                 dot_natural_key,
+                                                 rename_source_key)
+  except ImportError:  # A transformers without conversion mappings.
+    return {}
+  conversions = get_model_conversion_mapping(model)
+  renamings = [t for t in conversions if not isinstance(t, WeightConverter)]
+  converters = [t for t in conversions if isinstance(t, WeightConverter)]
+  state = model.state_dict()
+  layout = {}
+  groups = {}  # model name -> (converter, {source pattern: [names]})
+  for key in sorted(shapes, key=dot_natural_key):
+    target, pattern = rename_source_key(key, renamings, converters,
+                                        model.base_model_prefix, state)
+    if target not in state:
+      continue  # Not the model's (unused checkpoint tensors stay out).
+    if pattern is None:
+      if target != key:
+        layout[target] = [{"name": key, "offsets": [0] * len(shapes[key]),
+                           "sizes": shapes[key]}]
+      continue
+    conv = next(c for c in converters if pattern in c.source_patterns)
+    groups.setdefault(target, (conv, {}))[1].setdefault(pattern,
+                                                        []).append(key)
+  for target, (conv, by_pattern) in groups.items():
+    ops = list(conv.operations)
+    kinds = [type(op).__name__ for op in ops]
+    if not (kinds in (["MergeModulelist"],
+                      ["MergeModulelist", "Concatenate"])):
+      _fail(f"{target}: transformers builds it from the checkpoint with "
+            f"{' + '.join(kinds)}, which tracecut cannot map back to the "
+            "checkpoint's tensors (supported: MergeModulelist, then "
+            "Concatenate)")
+    stack = ops[0].dim
+    cat = ops[1].dim if len(ops) > 1 else None
+    pieces = []
+    along = 0  # Where the current source pattern starts along `cat`.
+    for pattern in conv.source_patterns:
+      names = by_pattern.get(pattern, [])
+      if not names:
+        _fail(f"{target}: the checkpoint has no tensor for "
+              f"'{pattern}' (needed with "
+              f"{', '.join(conv.source_patterns)})")
+      first = shapes[names[0]]
+      for e, name in enumerate(names):
+        if shapes[name] != first:
+          _fail(f"{name}: shape {shapes[name]}, but {names[0]} has {first}")
+        sizes = list(first)
+        sizes.insert(stack, 1)
+        offsets = [0] * len(sizes)
+        offsets[stack] = e
+        if cat is not None:
+          offsets[cat] += along
+        pieces.append({"name": name, "offsets": offsets, "sizes": sizes})
+      stacked = list(first)
+      stacked.insert(stack, len(names))
+      if cat is not None:
+        along += stacked[cat]
+    shape = list(state[target].shape)
+    covered = [max(p["offsets"][d] + p["sizes"][d] for p in pieces)
+               for d in range(len(shape))]
+    if covered != shape:
+      _fail(f"{target}: the checkpoint's tensors "
+            f"({pieces[0]['name']}, ...) make shape {covered}, the model's "
+            f"is {shape}")
+    layout[target] = pieces
+  # Only what the model reads (a tied alias of a stored name needs none).
+  return {k: layout[k] for k in sorted(layout, key=dot_natural_key)}
+
+
+def _check_meta_names(model, source, shapes, tied, layout):
   """--meta reads weights by name: every parameter must be in the
-  checkpoint under its own name or a tied one's."""
-  names = _checkpoint_names(source)
+  checkpoint under its own name, a tied one's, or through the layout."""
+  if shapes is None:
+    _fail(f"{source}: --meta reads the weights from the checkpoint's "
+          "safetensors, and this directory has no model.safetensors or "
+          "model.safetensors.index.json")
   alias = {n: g for g in tied for n in g}
   missing = [n for n, _ in model.named_parameters()
-             if n not in names and not any(a in names
-                                           for a in alias.get(n, []))]
+             if n not in shapes and n not in layout and
+             not any(a in shapes or a in layout for a in alias.get(n, []))]
   if missing:
     _fail(f"{source}: --meta reads the weights by name, but the checkpoint "
-          f"stores {len(missing)} of the model's parameters under other "
-          f"names (transformers converts them when it loads; e.g. "
-          f"'{missing[0]}' is not in it); export without --meta")
+          f"has no tensor for {len(missing)} of the model's parameters "
+          f"(e.g. '{missing[0]}'), not even through transformers' "
+          "conversion mapping; export without --meta")
 
 
 def _export_dynamic(model, kwargs, specs):
@@ -342,8 +432,10 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   specs = input_specs(model, config, batch, seq_len)
   inputs = make_inputs(specs)
   tied = _tied_groups(model)
+  shapes = _checkpoint_shapes(source) if os.path.isdir(source) else None
+  layout = checkpoint_layout(model, shapes) if shapes else {}
   if meta:
-    _check_meta_names(model, source, tied)
+    _check_meta_names(model, source, shapes, tied, layout)
     inputs = {k: v.to("meta") for k, v in inputs.items()}
   files = {
       "config.json": config.to_json_string(use_diff=False),
@@ -353,6 +445,9 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
           "model_class": type(model).__name__,
           "no_split_modules": list(model._no_split_modules or []),
           "tied_parameters": tied,
+          # Model tensors the checkpoint stores under other names or split
+          # (checkpoint/layout.h).
+          "checkpoint_layout": layout,
           "exporter": (f"tracecut_export (torch {torch.__version__}, "
                        f"transformers {transformers.__version__})"),
       }, indent=1),
