@@ -1,5 +1,6 @@
 #include "checkpoint/layout.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -48,7 +49,6 @@ absl::Status CheckTiling(const std::string& name,
         absl::StrCat(source, ": checkpoint_layout of '", name, "' is empty"));
   }
   const size_t rank = pieces[0].sizes.size();
-  std::vector<int64_t> shape(rank, 0);
   int64_t total = 0;
   for (const Piece& p : pieces) {
     if (p.offsets.size() != rank || p.sizes.size() != rank) {
@@ -63,10 +63,10 @@ absl::Status CheckTiling(const std::string& name,
             absl::StrCat(source, ": checkpoint_layout of '", name, "': piece '",
                          p.name, "' has a negative extent"));
       }
-      shape[d] = std::max(shape[d], p.offsets[d] + p.sizes[d]);
     }
     total += Numel(p.sizes);
   }
+  const std::vector<int64_t> shape = ShapeOf(pieces);
   if (total != Numel(shape)) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": checkpoint_layout of '", name, "': its ", pieces.size(),
@@ -119,15 +119,20 @@ const std::pair<std::string, Piece>* Layout::Owner(
   return it == owner_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<torch::Tensor> ReadPieces(const Checkpoint& ckpt,
-                                         const std::string& name,
-                                         const std::vector<Piece>& pieces) {
-  std::vector<int64_t> shape(pieces.at(0).sizes.size(), 0);
+std::vector<int64_t> ShapeOf(const std::vector<Piece>& pieces) {
+  std::vector<int64_t> shape(pieces.empty() ? 0 : pieces[0].sizes.size(), 0);
   for (const Piece& p : pieces) {
-    for (size_t d = 0; d < shape.size(); ++d) {
+    for (size_t d = 0; d < shape.size() && d < p.sizes.size(); ++d) {
       shape[d] = std::max(shape[d], p.offsets[d] + p.sizes[d]);
     }
   }
+  return shape;
+}
+
+absl::StatusOr<torch::Tensor> ReadPieces(const Checkpoint& ckpt,
+                                         const std::string& name,
+                                         const std::vector<Piece>& pieces) {
+  const std::vector<int64_t> shape = ShapeOf(pieces);
   torch::Tensor out;
   for (const Piece& p : pieces) {
     if (!ckpt.Has(p.name)) {

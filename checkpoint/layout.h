@@ -62,6 +62,9 @@ class Layout {
   std::map<std::string, std::pair<std::string, Piece>> owner_;
 };
 
+// The shape of the tensor `pieces` tile.
+std::vector<int64_t> ShapeOf(const std::vector<Piece>& pieces);
+
 // The model tensor `name` read from its pieces in `ckpt`, in their stored
 // dtype. Errors name the checkpoint file and tensor: a missing piece, one
 // whose shape or dtype disagrees.

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/compressed_tensors.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
@@ -267,6 +268,15 @@ QuantizedModules(const CalibrationResults& results, const std::string& where) {
   return quantized;
 }
 
+// The checkpoint layout `tracecut export` recorded (checkpoint/layout.h);
+// empty when the model has none.
+absl::StatusOr<checkpoint::Layout> LayoutOf(
+    const torch::jit::ExtraFilesMap& extra_files) {
+  auto it = extra_files.find("tracecut_model.json");
+  if (it == extra_files.end()) return checkpoint::Layout();
+  return checkpoint::Layout::FromModelJson(it->second, "tracecut_model.json");
+}
+
 // The module path of a weight ("a.b" for "a.b.weight"); empty otherwise.
 std::string ModuleOfWeight(const std::string& name) {
   return absl::EndsWith(name, ".weight")
@@ -318,14 +328,25 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       checkpoint::Checkpoint::HasWeights(options.source_dir)) {
     ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
                      checkpoint::Checkpoint::Open(options.source_dir));
+    ASSIGN_OR_RETURN(checkpoint::Layout layout, LayoutOf(gm.extra_files()));
     for (const std::string& name : source.names()) {
       if (replaced.contains(name)) continue;
-      if (!state.contains(name)) {
+      if (state.contains(name)) {
+        names.push_back(name);
+        continue;
+      }
+      // A piece of a model tensor (an MoE expert's weight), as stored.
+      const auto* owner = layout.Owner(name);
+      if (owner == nullptr || !state.contains(owner->first)) {
         return absl::FailedPreconditionError(
             absl::StrCat(where, ": the model has no tensor '", name,
                          "', which ", options.source_dir, " holds"));
       }
-      names.push_back(name);
+      ASSIGN_OR_RETURN(checkpoint::TensorInfo info, source.Info(name));
+      ASSIGN_OR_RETURN(at::Tensor piece,
+                       checkpoint::PieceOf(state.at(owner->first),
+                                           owner->second, info.shape));
+      tensors.emplace_back(name, std::move(piece));
     }
   } else {
     for (const auto& [name, t] : state) {
@@ -389,6 +410,7 @@ CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
   ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
                    checkpoint::Checkpoint::Open(options.source_dir));
   w->source_.emplace(std::move(source));
+  ASSIGN_OR_RETURN(w->layout_, LayoutOf(extra_files));
   RETURN_IF_ERROR(util::MakeDirs(w->work_dir_));
   return w;
 }
@@ -429,7 +451,17 @@ absl::Status CompressedTensorsWriter::WriteShard(
           }
           // Dense: only the checkpoint's own names, in its stored dtype
           // (a bf16 checkpoint traced in fp32 gives its bf16 values back
-          // exactly).
+          // exactly); a tensor it stores in pieces, as those.
+          if (const auto* pieces = layout_.Find(name)) {
+            for (const checkpoint::Piece& p : *pieces) {
+              ASSIGN_OR_RETURN(checkpoint::TensorInfo info,
+                               source_->Info(p.name));
+              ASSIGN_OR_RETURN(at::Tensor t,
+                               checkpoint::PieceOf(value, p, info.shape));
+              out.emplace_back(p.name, t.to(info.dtype));
+            }
+            continue;
+          }
           if (!source_->Has(name)) continue;
           ASSIGN_OR_RETURN(checkpoint::TensorInfo info, source_->Info(name));
           out.emplace_back(name, value.to(info.dtype).contiguous());

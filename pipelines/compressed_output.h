@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "pipelines/modifier.h"
 #include "runtime/graph_module.h"
@@ -90,6 +91,7 @@ class CompressedTensorsWriter {
   std::string where_;   // "cannot write 'OUT_DIR'".
   std::string config_;  // The model's config.json.
   std::optional<checkpoint::Checkpoint> source_;
+  checkpoint::Layout layout_;  // Model tensors it stores in pieces.
 };
 
 }  // namespace tracecut::pipelines

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/layout.h"
 #include "ir/graph.h"
 #include "runtime/finite.h"
 #include "runtime/torch_status.h"
@@ -80,9 +81,17 @@ absl::Status WeightStream::Plan(
 
 absl::Status WeightStream::LoadTensor(const std::string& path) {
   const tracer::exported::DeferredTensor& d = deferred_.at(path);
-  ASSIGN_OR_RETURN(at::Tensor t, source_.Get(d.name));
-  const std::string what =
-      absl::StrCat(source_.FileOf(d.name), ": tensor ", d.name);
+  at::Tensor t;
+  std::string what;
+  if (d.pieces.empty()) {
+    ASSIGN_OR_RETURN(t, source_.Get(d.name));
+    what = absl::StrCat(source_.FileOf(d.name), ": tensor ", d.name);
+  } else {
+    ASSIGN_OR_RETURN(t, checkpoint::ReadPieces(source_, d.name, d.pieces));
+    what =
+        absl::StrCat(source_.dir(), ": tensor ", d.name, " (", d.pieces.size(),
+                     " pieces from ", d.pieces[0].name, " on)");
+  }
   RETURN_IF_ERROR(runtime::CheckFinite(
       t, what, /*allow_infinite=*/buffers_.contains(path)));
   if (t.scalar_type() != d.dtype) {

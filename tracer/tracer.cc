@@ -516,8 +516,11 @@ absl::StatusOr<runtime::GraphModule> TraceOnce(const jit::Module& module,
   jit::Module clone;
   try {
     // Meta mode runs nothing real on the module's tensors: new module
-    // objects and types sharing them.
-    clone = module.clone(/*inplace=*/meta);
+    // objects and types sharing them. Real mode copies them, with CopyOf:
+    // jit::Module::clone would materialise every deferred checkpoint
+    // tensor's one-element stand-in at full size.
+    clone = module.clone(/*inplace=*/true);
+    if (!meta) CopyTensors(clone);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot clone the module: ", FirstLine(e.what_without_backtrace())));

@@ -1,6 +1,6 @@
 """Calibration that streams weights from a checkpoint (GitHub issue 15).
 
-For Llama, Qwen3 and Mistral configs (seeded transformers models saved as
+For Llama, Qwen3, Mistral, Mixtral and Qwen2-MoE configs (seeded transformers models saved as
 checkpoint directories, exported with `tracecut export --meta`, so the .pt2
 holds no weights), `tracecut calibrate CKPT -o OUT_DIR` reads each
 subgraph's weights when it runs and writes them shard by shard. Checked by
@@ -11,6 +11,10 @@ the real consumers, per model and scheme:
 * transformers + compressed-tensors `from_pretrained(OUT_DIR)` give the
   logits of tracecut's own fake-quantized TorchScript model of the same
   calibration (relative error <= 1e-5);
+* every tensor of the source checkpoint is in the output under its own
+  name (a quantized weight as its compressed tensors), the unquantized
+  ones bit for bit: MoE experts that transformers fuses on load are
+  written back one by one, as it saves them;
 * a rerun, and a run stopped after subgraph 1 and resumed, write
   byte-identical files; nothing is left beside OUT_DIR.
 
@@ -39,10 +43,17 @@ MODELS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_LM, head_dim=32),
               ["w4g128_sym", "w8_channel"]),
     "mistral": ("MistralConfig", "MistralForCausalLM", _LM, ["w4g128_sym"]),
-    # Not Mixtral: transformers 5 saves its experts per expert under other
-    # names than the model's fused 3-D parameters and converts them when it
-    # loads; `tracecut export --meta` refuses such a checkpoint (names the
-    # first one), and the output would need the same conversion.
+    # MoE: transformers 5 saves the experts one by one (block_sparse_moe.
+    # experts.E.w1/w2/w3) and fuses them into 3-D parameters when it loads;
+    # the export's checkpoint_layout maps them both ways.
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(_LM, num_local_experts=4, num_experts_per_tok=2),
+                ["w4g128_sym", "w8_channel"]),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(_LM, moe_intermediate_size=128,
+                       shared_expert_intermediate_size=256, num_experts=4,
+                       num_experts_per_tok=2),
+                  ["w4g128_sym"]),
 }
 
 SCHEMES = {
@@ -135,6 +146,12 @@ def check_model(tracecut, d, name, spec):
     for key in want:
       assert got[key].dtype == want[key].dtype, key
       assert torch.equal(got[key], want[key]), key
+    for key, value in tensors(ckpt).items():
+      module = key[:-len(".weight")] if key.endswith(".weight") else None
+      if module is not None and module + ".weight_scale" in got:
+        assert module + ".weight_packed" in got or key in got, key
+      else:
+        assert key in got and torch.equal(got[key], value), key
     with open(os.path.join(streamed, "config.json")) as f:
       qc = json.load(f)["quantization_config"]
     with open(os.path.join(whole, "config.json")) as f:

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
@@ -205,9 +206,13 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive, bool defer) {
                      checkpoint::Checkpoint::Open(dir.empty() ? "." : dir));
   }
   // Tied parameters (lm_head and embed_tokens): a checkpoint holds one name.
+  // Tensors the checkpoint stores renamed or in pieces: its layout.
   std::map<std::string, std::vector<std::string>> aliases;
+  checkpoint::Layout layout;
   if (auto it = archive.extra_files.find("tracecut_model.json");
       it != archive.extra_files.end()) {
+    const std::string source =
+        absl::StrCat(archive.path, ":tracecut_model.json");
     try {
       nlohmann::json j = nlohmann::json::parse(it->second);
       if (j.contains("tied_parameters")) {
@@ -218,9 +223,10 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive, bool defer) {
         }
       }
     } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(archive.path, ":tracecut_model.json: ", e.what()));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
     }
+    ASSIGN_OR_RETURN(layout,
+                     checkpoint::Layout::FromModelJson(it->second, source));
   }
   for (const auto& [fqn, value] : missing) {
     torch::Tensor t;
@@ -242,6 +248,19 @@ absl::Status FillFromCheckpoint(Pt2Archive& archive, bool defer) {
       } else if (ckpt.has_value() && ckpt->Has(name)) {
         ASSIGN_OR_RETURN(t, ckpt->Get(name));
         from = absl::StrCat(ckpt->dir(), "'s safetensors");
+      } else if (const std::vector<checkpoint::Piece>* pieces =
+                     layout.Find(name);
+                 ckpt.has_value() && pieces != nullptr) {
+        from = absl::StrCat(ckpt->dir(), "'s safetensors (", pieces->size(),
+                            " pieces from '", pieces->front().name, "' on)");
+        if (defer) {
+          ASSIGN_OR_RETURN(checkpoint::TensorInfo info,
+                           ckpt->Info(pieces->front().name));
+          t = StandIn(info.dtype, checkpoint::ShapeOf(*pieces));
+          deferred = DeferredTensor{name, info.dtype, info.dtype, *pieces};
+        } else {
+          ASSIGN_OR_RETURN(t, checkpoint::ReadPieces(*ckpt, name, *pieces));
+        }
       }
       if (t.defined()) break;
     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/layout.h"
 
 namespace tracecut::tracer::exported {
 
@@ -27,6 +28,9 @@ struct DeferredTensor {
   std::string name;        // In the checkpoint (a tied alias's own name).
   c10::ScalarType dtype;   // What the program expects (converted on load).
   c10::ScalarType stored;  // What the checkpoint holds.
+  // Non-empty: the checkpoint stores it in these pieces, not as `name`
+  // (checkpoint/layout.h).
+  std::vector<checkpoint::Piece> pieces;
 };
 
 struct Pt2Archive {

@@ -6,7 +6,9 @@
   * module names that are not identifiers ("0", "block-1");
   * ops returning lists (chunk) and tuples (max.dim), optional-tensor lists
     (index), empty int lists, dtype / layout / device arguments;
-  * dynamic batch and sequence dimensions (symbolic sizes).
+  * dynamic batch and sequence dimensions (symbolic sizes);
+  * histc of integers, exported on the meta device (as transformers' MoE
+    experts count tokens per expert), which LibTorch's CPU kernel refuses.
 
 Each model is exported with torch.export, imported by `tracecut trace
 --format=torchscript` and run by Python torch on fresh inputs of another
@@ -63,6 +65,14 @@ class Net(torch.nn.Module):
     return self.head(h) * ones
 
 
+class Hist(torch.nn.Module):
+
+  def forward(self, x):
+    ids = x.argmax(-1).int()
+    return torch.cumsum(torch.histc(ids, bins=4, min=0, max=3), 0,
+                        dtype=torch.int32)
+
+
 class Cond(torch.nn.Module):
 
   def forward(self, x):
@@ -110,6 +120,21 @@ def main():
     if 'pt2_import_test.py":' not in text or "self.head(h)" not in text:
       raise AssertionError(f"no source location in this file:\n{text}")
     print("net: nodes carry the model's source file and line")
+
+    # Integer histc, as a meta-device export writes it.
+    hist = torch.export.export(Hist(), (torch.randn(6, 4, device="meta"),))
+    hist.example_inputs = ((torch.randn(6, 4),), {})  # LibTorch reads these.
+    hpt2 = os.path.join(d, "hist.pt2")
+    torch.export.save(hist, hpt2)
+    run([tracecut, "trace", hpt2, "--format=torchscript", "-o", traced])
+    m = torch.jit.load(traced)
+    x = torch.randn(6, 4)
+    ids = x.argmax(-1)
+    want = torch.cumsum(torch.histc(ids.double(), bins=4, min=0, max=3), 0,
+                        dtype=torch.int32)
+    got = m(x)
+    assert got.dtype == torch.int32 and torch.equal(got, want), (got, want)
+    print("hist: integer histc of a meta export counts as torch does")
 
     # Bad input: one error each, naming the file.
     bad = os.path.join(d, "truncated.pt2")

@@ -293,6 +293,18 @@ absl::Status Importer::EmitNode(int i, Method& m) {
                         ")");
     m.grouped_mm = true;
     if (!node_call_[i]->path.empty()) leaf_paths_.insert(node_call_[i]->path);
+  } else if (target == "torch.ops.aten.histc.default" && !positional.empty()) {
+    // LibTorch's CPU histc takes floating point only, but a program
+    // exported on the meta device (or for CUDA) may pass integers
+    // (transformers' MoE expert counts do): count them as doubles, which
+    // holds every integer exactly, and keep the dtype the program expects.
+    const std::string& x = positional[0];
+    std::vector<std::string> args = {absl::StrCat(
+        "(", x, " if ", x, ".is_floating_point() else ", x, ".double())")};
+    args.insert(args.end(), positional.begin() + 1, positional.end());
+    args.insert(args.end(), keyword.begin(), keyword.end());
+    expr = absl::StrCat("torch.histc(", absl::StrJoin(args, ", "), ").to(", x,
+                        ".dtype)");
   } else if (absl::StartsWith(target, "torch.ops.aten.")) {
     // torch.ops.aten.<op>.<overload>: TorchScript's `torch.<op>` is the
     // builtin aten::<op>; it resolves the overload from the argument types.
