@@ -30,15 +30,6 @@ int64_t Numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-// The box of `piece` in `t`: narrowed views, no copy.
-torch::Tensor Box(const torch::Tensor& t, const Piece& piece) {
-  torch::Tensor v = t;
-  for (size_t d = 0; d < piece.sizes.size(); ++d) {
-    v = v.narrow(static_cast<int64_t>(d), piece.offsets[d], piece.sizes[d]);
-  }
-  return v;
-}
-
 // The pieces must lie in the tensor's box and cover it once: in bounds, and
 // their element counts add up to the box's (an overlap would leave a gap).
 absl::Status CheckTiling(const std::string& name,
@@ -108,6 +99,25 @@ absl::StatusOr<Layout> Layout::FromModelJson(absl::string_view json,
   return layout;
 }
 
+std::vector<int64_t> SqueezedSizes(const Piece& piece) {
+  return Squeezed(piece.sizes);
+}
+
+absl::StatusOr<Layout> Layout::FromExtraFiles(
+    const std::unordered_map<std::string, std::string>& files) {
+  auto it = files.find("tracecut_model.json");
+  if (it == files.end()) return Layout();
+  return FromModelJson(it->second, "tracecut_model.json");
+}
+
+torch::Tensor BoxOf(const torch::Tensor& t, const Piece& piece) {
+  torch::Tensor v = t;
+  for (size_t d = 0; d < piece.sizes.size(); ++d) {
+    v = v.narrow(static_cast<int64_t>(d), piece.offsets[d], piece.sizes[d]);
+  }
+  return v;
+}
+
 const std::vector<Piece>* Layout::Find(const std::string& name) const {
   auto it = pieces_.find(name);
   return it == pieces_.end() ? nullptr : &it->second;
@@ -127,6 +137,14 @@ std::vector<int64_t> ShapeOf(const std::vector<Piece>& pieces) {
     }
   }
   return shape;
+}
+
+const std::pair<const std::string, std::vector<Piece>>* Layout::FirstSplit()
+    const {
+  for (const auto& entry : pieces_) {
+    if (entry.second.size() > 1) return &entry;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<torch::Tensor> ReadPieces(const Checkpoint& ckpt,
@@ -156,7 +174,7 @@ absl::StatusOr<torch::Tensor> ReadPieces(const Checkpoint& ckpt,
     }
     ASSIGN_OR_RETURN(torch::Tensor t, ckpt.Get(p.name));
     try {
-      Box(out, p).copy_(t.reshape(p.sizes));
+      BoxOf(out, p).copy_(t.reshape(p.sizes));
     } catch (const c10::Error& e) {
       return absl::InternalError(
           absl::StrCat(ckpt.FileOf(p.name), ": '", p.name,
@@ -183,7 +201,7 @@ absl::StatusOr<torch::Tensor> PieceOf(const torch::Tensor& value,
     }
   }
   try {
-    return Box(value, piece)
+    return BoxOf(value, piece)
         .contiguous()
         .reshape(shape.empty() ? piece.sizes : shape);
   } catch (const c10::Error& e) {

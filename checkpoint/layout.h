@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -47,8 +48,16 @@ class Layout {
   // malformed entry or pieces that do not tile their tensor's box.
   static absl::StatusOr<Layout> FromModelJson(absl::string_view json,
                                               absl::string_view source);
+  // The layout in a model's extra files (tracecut_model.json, as `tracecut
+  // export` embeds it); empty without one.
+  static absl::StatusOr<Layout> FromExtraFiles(
+      const std::unordered_map<std::string, std::string>& files);
 
   bool empty() const { return pieces_.empty(); }
+  // Every model tensor stored in pieces, by name.
+  const std::map<std::string, std::vector<Piece>>& tensors() const {
+    return pieces_;
+  }
   // The pieces of model tensor `name`; nullptr when the checkpoint holds it
   // under its own name.
   const std::vector<Piece>* Find(const std::string& name) const;
@@ -56,11 +65,19 @@ class Layout {
   // nullptr when none is.
   const std::pair<std::string, Piece>* Owner(
       const std::string& checkpoint_name) const;
+  // The first model tensor stored in more than one piece (fused MoE
+  // experts), with its pieces; nullptr when none is.
+  const std::pair<const std::string, std::vector<Piece>>* FirstSplit() const;
 
  private:
   std::map<std::string, std::vector<Piece>> pieces_;
   std::map<std::string, std::pair<std::string, Piece>> owner_;
 };
+
+// `piece`'s sizes without their size-1 dimensions: the checkpoint tensor's
+// shape when the piece is a stacked slice (an expert's [1, out, in] box is
+// its Linear's [out, in] weight).
+std::vector<int64_t> SqueezedSizes(const Piece& piece);
 
 // The shape of the tensor `pieces` tile.
 std::vector<int64_t> ShapeOf(const std::vector<Piece>& pieces);
@@ -71,6 +88,9 @@ std::vector<int64_t> ShapeOf(const std::vector<Piece>& pieces);
 absl::StatusOr<torch::Tensor> ReadPieces(const Checkpoint& ckpt,
                                          const std::string& name,
                                          const std::vector<Piece>& pieces);
+
+// The box of `piece` in `t` (a view: writing to it writes `t`).
+torch::Tensor BoxOf(const torch::Tensor& t, const Piece& piece);
 
 // `value`'s piece as the checkpoint tensor (contiguous, shape `shape`: the
 // checkpoint's; the box's sizes when empty).

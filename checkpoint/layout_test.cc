@@ -84,6 +84,8 @@ TEST_F(LayoutTest, ReadsStackedAndConcatenatedExpertsAsTransformersDoes) {
       ReadPieces(ckpt, "mlp.gate.weight", *layout.Find("mlp.gate.weight")));
   EXPECT_TRUE(torch::equal(gate, Stored(4)));
   EXPECT_EQ(layout.Find("lm_head.weight"), nullptr);
+  ASSERT_NE(layout.FirstSplit(), nullptr);
+  EXPECT_EQ(layout.FirstSplit()->first, "mlp.experts.gate_up_proj");
 }
 
 TEST_F(LayoutTest, PiecesGiveTheCheckpointTensorsBack) {
@@ -108,6 +110,7 @@ TEST_F(LayoutTest, NoLayoutIsEmpty) {
   ASSERT_OK_AND_ASSIGN(Layout layout,
                        Layout::FromModelJson(R"({"model_class": "X"})", "m"));
   EXPECT_TRUE(layout.empty());
+  EXPECT_EQ(layout.FirstSplit(), nullptr);
 }
 
 TEST_F(LayoutTest, PiecesThatDoNotTileAreRefused) {

@@ -268,13 +268,28 @@ QuantizedModules(const CalibrationResults& results, const std::string& where) {
   return quantized;
 }
 
-// The checkpoint layout `tracecut export` recorded (checkpoint/layout.h);
-// empty when the model has none.
-absl::StatusOr<checkpoint::Layout> LayoutOf(
-    const torch::jit::ExtraFilesMap& extra_files) {
-  auto it = extra_files.find("tracecut_model.json");
-  if (it == extra_files.end()) return checkpoint::Layout();
-  return checkpoint::Layout::FromModelJson(it->second, "tracecut_model.json");
+// The weight at `name`: the model's, or its piece of a fused model tensor
+// (an MoE expert's Linear) in the checkpoint's [out, in] shape.
+absl::StatusOr<at::Tensor> WeightOf(const runtime::GraphModule& gm,
+                                    const checkpoint::Layout& layout,
+                                    const std::string& name) {
+  const auto* owner = layout.Owner(name);
+  if (owner == nullptr) return gm.GetTensor(name);
+  ASSIGN_OR_RETURN(at::Tensor fused, gm.GetTensor(owner->first));
+  return checkpoint::PieceOf(fused, owner->second,
+                             checkpoint::SqueezedSizes(owner->second));
+}
+
+// A fused expert's weight left dense: what no loader would read.
+absl::Status UnquantizedExpert(const std::string& where,
+                               const std::string& name,
+                               const std::string& fused) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, ": '", name, "' (a piece of the fused '", fused,
+      "') was not quantized; transformers and vLLM read fused MoE experts "
+      "from compressed-tensors only quantized, one packed Linear per expert, "
+      "so select every expert's Linears in the recipe (targets: \"Linear\" "
+      "selects them by their checkpoint paths) or use --format=torchscript"));
 }
 
 // The module path of a weight ("a.b" for "a.b.weight"); empty otherwise.
@@ -292,6 +307,8 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   const fs::path out(options.output_dir);
   const std::string where =
       absl::StrCat("cannot write '", options.output_dir, "'");
+  ASSIGN_OR_RETURN(checkpoint::Layout layout,
+                   checkpoint::Layout::FromExtraFiles(gm.extra_files()));
   RETURN_IF_ERROR(CheckOutputDir(out, where));
   ASSIGN_OR_RETURN(std::string config,
                    ModelConfig(gm.extra_files(), options, where));
@@ -303,7 +320,8 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       runtime::TorchCall("compressing the weights", [&]() -> absl::Status {
         for (const auto& [path, record] : results.modules) {
           if (!IsQuantRecord(record)) continue;
-          ASSIGN_OR_RETURN(at::Tensor weight, gm.GetTensor(path + ".weight"));
+          ASSIGN_OR_RETURN(at::Tensor weight,
+                           WeightOf(gm, layout, path + ".weight"));
           ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
                            QuantizedLinear(weight, path, record));
           ASSIGN_OR_RETURN(Tensors packed, checkpoint::CompressLinear(linear));
@@ -328,7 +346,6 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       checkpoint::Checkpoint::HasWeights(options.source_dir)) {
     ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
                      checkpoint::Checkpoint::Open(options.source_dir));
-    ASSIGN_OR_RETURN(checkpoint::Layout layout, LayoutOf(gm.extra_files()));
     for (const std::string& name : source.names()) {
       if (replaced.contains(name)) continue;
       if (state.contains(name)) {
@@ -337,6 +354,9 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       }
       // A piece of a model tensor (an MoE expert's weight), as stored.
       const auto* owner = layout.Owner(name);
+      if (owner != nullptr && layout.Find(owner->first)->size() > 1) {
+        return UnquantizedExpert(where, name, owner->first);
+      }
       if (owner == nullptr || !state.contains(owner->first)) {
         return absl::FailedPreconditionError(
             absl::StrCat(where, ": the model has no tensor '", name,
@@ -397,6 +417,7 @@ CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
   auto w = std::unique_ptr<CompressedTensorsWriter>(
       new CompressedTensorsWriter(options, std::move(work_dir)));
   w->where_ = absl::StrCat("cannot write '", options.output_dir, "'");
+
   RETURN_IF_ERROR(CheckOutputDir(fs::path(options.output_dir), w->where_));
   ASSIGN_OR_RETURN(w->config_, ModelConfig(extra_files, options, w->where_));
   if (options.source_dir.empty() ||
@@ -410,7 +431,7 @@ CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
   ASSIGN_OR_RETURN(checkpoint::Checkpoint source,
                    checkpoint::Checkpoint::Open(options.source_dir));
   w->source_.emplace(std::move(source));
-  ASSIGN_OR_RETURN(w->layout_, LayoutOf(extra_files));
+  ASSIGN_OR_RETURN(w->layout_, checkpoint::Layout::FromExtraFiles(extra_files));
   RETURN_IF_ERROR(util::MakeDirs(w->work_dir_));
   return w;
 }
@@ -458,7 +479,21 @@ absl::Status CompressedTensorsWriter::WriteShard(
                                source_->Info(p.name));
               ASSIGN_OR_RETURN(at::Tensor t,
                                checkpoint::PieceOf(value, p, info.shape));
-              out.emplace_back(p.name, t.to(info.dtype));
+              const std::string expert = ModuleOfWeight(p.name);
+              const ModuleRecord* er =
+                  expert.empty() ? nullptr : results.FindModule(expert);
+              if (er != nullptr && IsQuantRecord(*er)) {
+                RETURN_IF_ERROR(CheckQuantRecordFinite(expert, *er, t));
+                ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                                 QuantizedLinear(t, expert, *er));
+                ASSIGN_OR_RETURN(Tensors packed,
+                                 checkpoint::CompressLinear(linear));
+                for (auto& entry : packed) out.push_back(std::move(entry));
+              } else if (pieces->size() > 1) {
+                return UnquantizedExpert(where_, p.name, name);
+              } else {
+                out.emplace_back(p.name, t.to(info.dtype));
+              }
             }
             continue;
           }

@@ -49,7 +49,10 @@ struct CompressedOutputOptions {
 // Errors (nothing written): no config.json (embedded or in source_dir); a
 // module whose weight was only observed, whose activations were observed,
 // that is not a Linear, or whose scheme compressed-tensors cannot store; a
-// source tensor the model does not have.
+// source tensor the model does not have; fused MoE experts (a tensor the
+// checkpoint stores in pieces, checkpoint/layout.h) not quantized, as
+// transformers and vLLM read those from compressed-tensors only quantized,
+// one packed Linear per expert.
 absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
                                     const CalibrationResults& results,
                                     const CompressedOutputOptions& options);

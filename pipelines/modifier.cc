@@ -377,7 +377,10 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
     return model.SetTensor(absl::StrCat(path, ".", name), t);
   };
   for (const auto& [path, r] : results.modules) {
-    if (!r.weight_method.empty()) {
+    // A fused MoE expert's Linear (fused_experts.h) is no module of the
+    // model: its parameters go to compressed-tensors output only.
+    if (!r.weight_method.empty() &&
+        model.GetTensor(absl::StrCat(path, ".weight")).ok()) {
       RETURN_IF_ERROR(set(path, "weight_scale", r.weight_scale));
       RETURN_IF_ERROR(set(path, "weight_zero_point", r.weight_zero_point));
       RETURN_IF_ERROR(set(path, "weight_g_idx", r.weight_g_idx));

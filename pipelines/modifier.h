@@ -273,10 +273,11 @@ std::string ShortType(absl::string_view type);
 // Stores what `results` holds as buffers of `model`: for a module at P,
 // P.weight_scale, P.weight_zero_point (and P.weight_g_idx) when its weight
 // was quantized or observed, P.input_scale / P.input_zero_point and
-// P.output_scale / P.output_zero_point when those were observed. An attribute
-// already there (a re-calibrated model) is replaced. Adding buffers may replace
-// module objects (GraphModule::SetTensor): create Interpreters for `model`
-// after this, not before.
+// P.output_scale / P.output_zero_point when those were observed (weight
+// parameters only where P.weight exists: not for fused MoE experts). An
+// attribute already there (a re-calibrated model) is replaced. Adding buffers
+// may replace module objects (GraphModule::SetTensor): create Interpreters
+// for `model` after this, not before.
 absl::Status ExportQuantParams(const CalibrationResults& results,
                                runtime::GraphModule& model);
 

@@ -68,7 +68,7 @@ WeightQuantModifier::WeightQuantModifier(WeightQuantOptions options)
 
 bool WeightQuantModifier::WantsModule(absl::string_view path,
                                       absl::string_view type) const {
-  return selected_.count(std::string(path)) > 0;
+  return selected_.count(std::string(path)) > 0 || experts_.IsExperts(path);
 }
 
 absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
@@ -97,7 +97,14 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
   }
-  if (selected_.empty()) {
+  ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name()));
+  if (!experts_.empty() && Distributed()) {
+    return absl::UnimplementedError(absl::StrCat(
+        name(), ": fused MoE experts (", experts_.linears().begin()->first,
+        ", ...) in a data-parallel run are not supported yet; run them in "
+        "one process"));
+  }
+  if (selected_.empty() && experts_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         name(), ": targets [", absl::StrJoin(options_.modules.targets, ", "),
         "] select no Linear (or Conv1D) module (selected: ",
@@ -129,6 +136,14 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
 absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
                                                const ModuleCall& call) {
   std::string path(call.path);
+  if (experts_.IsExperts(path)) {
+    return experts_.ForEachInput(
+        ctx, call,
+        [&](const std::string& linear, const at::Tensor& x) -> absl::Status {
+          if (done_.count(linear) > 0) return absl::OkStatus();
+          return AddInput(ctx, linear, x, x.size(-1), call);
+        });
+  }
   if (done_.count(path) > 0) {
     // A module called again in a later subgraph (shared modules): it is
     // quantized already and its later inputs are not used.
@@ -138,13 +153,19 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
     return absl::InvalidArgumentError(absl::StrCat(
         name(), ": the input of ", path, " (Linear) is not a tensor"));
   }
-  const at::Tensor& x = call.inputs[0].toTensor();
+  ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+  return AddInput(ctx, path, call.inputs[0].toTensor(),
+                  w.size(transposed_.count(path) > 0 ? 0 : 1), call);
+}
+
+absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
+                                           const std::string& path,
+                                           const at::Tensor& x, int64_t columns,
+                                           const ModuleCall& call) {
   Pending& p = pending_[path];
   p.subgraph = call.subgraph;
   if (NeedsHessian() || options_.measure_error) {
     if (p.hessian == nullptr) {
-      ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-      const int64_t columns = w.size(transposed_.count(path) > 0 ? 0 : 1);
       absl::Status made = runtime::TorchCall("", [&]() -> absl::Status {
         p.hessian = std::make_unique<HessianAccumulator>(
             Distributed() ? HessianAccumulator::Summing(columns)
@@ -176,10 +197,15 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
                                            const std::string& path,
                                            Pending* pending) {
   absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+  const bool fused = experts_.FindLinear(path) != nullptr;
   const bool transposed = transposed_.count(path) > 0;
-  at::Tensor original =
-      transposed ? w.detach().t().contiguous() : w.detach().clone();
+  at::Tensor original;
+  if (fused) {
+    ASSIGN_OR_RETURN(original, experts_.Weight(ctx, path));
+  } else {
+    ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+    original = transposed ? w.detach().t().contiguous() : w.detach().clone();
+  }
   // A module no calibration token reached (never called, or called with
   // empty inputs: an MoE expert the router never picks) has no statistics:
   // its H is all zeros, from which GPTQ would zero the whole weight (every
@@ -197,6 +223,7 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
   }
   ModuleRecord& r = ctx.results().Module(path);
   if (const LeafModule* leaf = ctx.FindLeaf(path)) r.type = leaf->type;
+  if (fused) r.type = "torch.nn.modules.linear.Linear";
   if (pending != nullptr) r.subgraph = pending->subgraph;
   r.calibration_tokens = tokens;
   r.weight_method = tokens > 0 ? method() : "rtn";
@@ -224,9 +251,13 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
                                         original, outcome.baseline_weight, h));
     }
   }
-  RETURN_IF_ERROR(ctx.UpdateTensor(
-      WeightPath(path),
-      transposed ? outcome.weight.t().contiguous() : outcome.weight));
+  if (fused) {
+    RETURN_IF_ERROR(experts_.StageWeight(ctx, path, outcome.weight));
+  } else {
+    RETURN_IF_ERROR(ctx.UpdateTensor(
+        WeightPath(path),
+        transposed ? outcome.weight.t().contiguous() : outcome.weight));
+  }
   if (!outcome.warning.empty()) {
     r.notes.push_back(outcome.warning);
     ctx.Warn(absl::StrCat(name(), ": ", path, ": ", outcome.warning));
@@ -255,7 +286,16 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
-  return absl::OkStatus();
+  // Experts the router sent no token to: round-to-nearest, now, while
+  // their weights are loaded.
+  std::set<std::string> leaves(subgraph.leaf_modules.begin(),
+                               subgraph.leaf_modules.end());
+  for (const auto& [path, linear] : experts_.linears()) {
+    if (leaves.contains(linear.experts) && done_.count(path) == 0) {
+      RETURN_IF_ERROR(Compress(ctx, path, nullptr));
+    }
+  }
+  return experts_.Commit(ctx);
 }
 
 absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
@@ -274,7 +314,10 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
     if (done_.count(path) > 0) continue;
     RETURN_IF_ERROR(Compress(ctx, path, nullptr));
   }
-  return absl::OkStatus();
+  for (const auto& [path, linear] : experts_.linears()) {
+    if (done_.count(path) == 0) RETURN_IF_ERROR(Compress(ctx, path, nullptr));
+  }
+  return experts_.Commit(ctx);
 }
 
 absl::StatusOr<c10::IValue> WeightQuantModifier::SaveState() const {

@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "pipelines/fused_experts.h"
 #include "pipelines/gptq.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
@@ -124,6 +125,11 @@ class WeightQuantModifier : public Modifier {
   };
   absl::Status Compress(RunContext& ctx, const std::string& path,
                         Pending* pending);
+  // Adds `x`, an input of the selected Linear at `path` (`columns` input
+  // features), to its statistics.
+  absl::Status AddInput(RunContext& ctx, const std::string& path,
+                        const at::Tensor& x, int64_t columns,
+                        const ModuleCall& call);
   bool Distributed() const;
   // Compresses `paths` (the same list on every rank, sorted) in a
   // data-parallel run; `subgraph` is the finished subgraph (-1 at the end of
@@ -136,6 +142,7 @@ class WeightQuantModifier : public Modifier {
   std::set<std::string> selected_;
   // Selected Conv1D modules: weight stored [in, out], quantized transposed.
   std::set<std::string> transposed_;
+  FusedExperts experts_;
   std::map<std::string, Pending> pending_;  // Called, not yet compressed.
   std::set<std::string> done_;
 };

@@ -13,10 +13,14 @@ the real consumers, per model and scheme:
   calibration (relative error <= 1e-5);
 * every tensor of the source checkpoint is in the output under its own
   name (a quantized weight as its compressed tensors), the unquantized
-  ones bit for bit: MoE experts that transformers fuses on load are
-  written back one by one, as it saves them;
+  ones bit for bit; MoE experts, which transformers fuses on load, are
+  quantized as the per-expert Linears its checkpoints hold;
 * a rerun, and a run stopped after subgraph 1 and resumed, write
   byte-identical files; nothing is left beside OUT_DIR.
+
+For the MoE models also: the --meta export reads the fused experts from
+their pieces, so calibrating it to TorchScript gives exactly the model
+calibrated from an export holding transformers' own loaded weights.
 
     streaming_test.py TRACECUT
 """
@@ -45,7 +49,8 @@ MODELS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", _LM, ["w4g128_sym"]),
     # MoE: transformers 5 saves the experts one by one (block_sparse_moe.
     # experts.E.w1/w2/w3) and fuses them into 3-D parameters when it loads;
-    # the export's checkpoint_layout maps them both ways.
+    # the export's checkpoint_layout maps them both ways, and the experts are
+    # quantized as those per-expert Linears.
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(_LM, num_local_experts=4, num_experts_per_tok=2),
                 ["w4g128_sym", "w8_channel"]),
@@ -196,11 +201,35 @@ def check_model(tracecut, d, name, spec):
   print(f"{name}: rerun and stop-after-1 + resume wrote byte-identical files")
 
 
+def check_moe_pieces(tracecut, d, name):
+  ckpt = os.path.join(d, name)
+  full = os.path.join(d, f"{name}-full.pt2")
+  run([tracecut, "export", ckpt, "-o", full])
+  flags = ["--recipe=" + os.path.join(d, f"{name}-w4g128_sym.textproto"),
+           "--synthetic=16", "--seq-len=16", "--format=torchscript"]
+  from_pieces = os.path.join(d, f"{name}-pieces.pt")
+  from_full = os.path.join(d, f"{name}-full.pt")
+  run([tracecut, "calibrate", ckpt, "-o", from_pieces] + flags)
+  run([tracecut, "calibrate", full, "-o", from_full] + flags)
+  ids = torch.randint(0, 256, (2, 12),
+                      generator=torch.Generator().manual_seed(3))
+  with torch.no_grad():
+    a = torch.jit.load(from_pieces).eval()(ids)
+    b = torch.jit.load(from_full).eval()(ids)
+  a = a if isinstance(a, torch.Tensor) else a[0]
+  b = b if isinstance(b, torch.Tensor) else b[0]
+  assert torch.equal(a, b), (name, (a - b).abs().max())
+  print(f"{name}: experts read from the checkpoint's pieces calibrate to "
+        "exactly the model of transformers' own loaded weights")
+
+
 def main():
   tracecut = sys.argv[1]
   with tempfile.TemporaryDirectory() as d:
     for name, spec in MODELS.items():
       check_model(tracecut, d, name, spec)
+      if name in ("mixtral", "qwen2_moe"):
+        check_moe_pieces(tracecut, d, name)
 
 
 if __name__ == "__main__":
