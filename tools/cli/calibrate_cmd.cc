@@ -102,9 +102,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
   ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
   if (nproc > 1 && !IsLaunchedRank()) {
+    const std::string output = args.Get("output").value_or("");
     return LaunchLocalRanks(
-        static_cast<int>(nproc),
-        {args.Get("output").value_or(""), args.Get("report").value_or("")}, io);
+        static_cast<int>(nproc), {output, args.Get("report").value_or("")},
+        args.Get("run-dir").value_or(output.empty() ? "" : output + ".run"),
+        io);
   }
   std::unique_ptr<pipelines::Collective> collective;
   if (IsLaunchedRank()) {
