@@ -265,9 +265,7 @@ int OtherCheckpointWorldSize(const std::string& run_dir, int world_size) {
 }
 
 std::string WorldDescription(int world_size) {
-  return world_size == 1 ? "one process"
-                         : absl::StrCat("a data-parallel run of ", world_size,
-                                        " ranks");
+  return world_size == 1 ? "1 (one process)" : absl::StrCat(world_size);
 }
 
 // Implements the pipeline's checkpoint synchronisation over `collective`.
@@ -586,9 +584,10 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     const int other = OtherCheckpointWorldSize(base_run_dir, world_size);
     if (other != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume: the checkpoint in ", base_run_dir, " is of ",
-          WorldDescription(other), ", this run is ",
-          WorldDescription(world_size), "; resume with ",
+          "cannot resume: the checkpoint in ", base_run_dir,
+          " was made with world size ", WorldDescription(other),
+          ", this run has world size ", WorldDescription(world_size),
+          "; resume with ",
           other == 1 ? "no --nproc-per-node (and no WORLD_SIZE)"
                      : absl::StrCat("--nproc-per-node=", other,
                                     " (or WORLD_SIZE=", other, ")"),
@@ -611,12 +610,6 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   };
   absl::Cleanup cleanup = [&] {
     if (succeeded || stopped || !partitioned) return;
-    if (distributed && HasCheckpoint(p.run_dir)) {
-      // Only the lock and this process's spill files go.
-      RemoveSpillFiles(absl::StrCat(p.run_dir, "/", kSpillDir), ::getpid());
-      std::remove(absl::StrCat(p.run_dir, "/", kLockFile).c_str());
-      return;
-    }
     if (!run_dir_existed) {
       RemoveRunDir(p.run_dir);
       if (!base_existed) ::rmdir(base_run_dir.c_str());
@@ -672,21 +665,23 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
   absl::StatusOr<PipelineResult> piped = RunPipeline(
       gm, distributed ? shard : data, modifiers, outcome.results, p);
-  // Interrupted, or out of memory: the subgraphs done so far need not be
-  // redone (after freeing memory, or with a smaller cache budget).
-  if ((absl::IsCancelled(piped.status()) ||
-       absl::IsResourceExhausted(piped.status()) ||
-       (distributed && !piped.ok())) &&
-      partitioned && HasCheckpoint(p.run_dir)) {
-    stopped = true;  // Keep the checkpoint.
-    return absl::Status(
-        piped.status().code(),
-        absl::StrCat(piped.status().message(), "; the checkpoint in ",
-                     base_run_dir,
-                     " is kept: rerun the same command with --resume to "
-                     "continue"));
-  }
-  if (!piped.ok()) return piped.status();
+  // Interrupted, out of memory, or (data-parallel) another rank lost: the
+  // subgraphs done so far need not be redone (after freeing memory, with a
+  // smaller cache budget, or once every rank runs again).
+  auto keep_checkpoint = [&](const absl::Status& status) {
+    if ((absl::IsCancelled(status) || absl::IsResourceExhausted(status) ||
+         (distributed && absl::IsUnavailable(status))) &&
+        partitioned && HasCheckpoint(p.run_dir)) {
+      stopped = true;
+      return absl::Status(
+          status.code(),
+          absl::StrCat(status.message(), "; the checkpoint in ", base_run_dir,
+                       " is kept: rerun the same command with --resume to "
+                       "continue"));
+    }
+    return status;
+  };
+  if (!piped.ok()) return keep_checkpoint(piped.status());
   outcome.pipeline = std::move(*piped);
   if (outcome.pipeline.stopped) {
     stopped = true;
@@ -703,12 +698,12 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   }
   if (distributed) {
     // Every rank finished: only then does rank 0 write, and only rank 0.
-    RETURN_IF_ERROR(options.collective->Barrier("the end of calibration"));
+    RETURN_IF_ERROR(keep_checkpoint(
+        options.collective->Barrier("the end of calibration")));
     if (rank != 0) {
-      // The checkpoints stay until rank 0 has written the output (were it
-      // to fail, the run continues with --resume).
-      RETURN_IF_ERROR(
-          options.collective->Barrier("rank 0 writing the output"));
+      // The checkpoints stay until rank 0 has written the output.
+      RETURN_IF_ERROR(keep_checkpoint(
+          options.collective->Barrier("rank 0 writing the output")));
       succeeded = true;
       if (!options.keep_run_dir && partitioned) remove_rank_run_dir();
       if (!streaming) outcome.model.emplace(std::move(gm));

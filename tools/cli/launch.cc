@@ -235,23 +235,26 @@ absl::Status LaunchLocalRanks(int nproc,
     std::filesystem::remove_all(path, ec);
   }
   std::filesystem::remove_all(log_dir, ec);
-  // Ranks keep their checkpoints in RUN_DIR/rank-R-of-N/state.pt.NNNNN.
-  bool checkpointed = false;
+  // Ranks keep their checkpoints in RUN_DIR/rank-R-of-N/state.pt.NNNNN;
+  // the run can continue when every rank kept one.
+  int checkpointed = 0;
   if (!run_dir.empty()) {
-    for (const auto& d : std::filesystem::directory_iterator(run_dir, ec)) {
-      for (const auto& f : std::filesystem::directory_iterator(d.path(), ec)) {
+    for (int r = 0; r < nproc; ++r) {
+      const std::string dir = absl::StrCat(run_dir, "/rank-", r, "-of-", nproc);
+      for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
         if (absl::StartsWith(f.path().filename().string(), "state.pt")) {
-          checkpointed = true;
+          ++checkpointed;
+          break;
         }
       }
     }
-    // Killed ranks leave their lock files behind.
-    if (!checkpointed && run_dir_created) {
+    // What killed ranks left (lock files, a checkpoint of some ranks only).
+    if (checkpointed < nproc && run_dir_created) {
       std::filesystem::remove_all(run_dir, ec);
     }
   }
   std::string resume;
-  if (checkpointed && !absl::StrContains(message, "--resume")) {
+  if (checkpointed == nproc && !absl::StrContains(message, "--resume")) {
     resume = absl::StrCat("; the checkpoints in ", run_dir,
                           " are kept: rerun the same command with --resume "
                           "to continue");
