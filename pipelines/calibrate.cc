@@ -570,8 +570,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   CalibrationData shard;
   std::unique_ptr<CollectiveCheckpointGroup> group;
   if (distributed) {
-    ASSIGN_OR_RETURN(shard,
-                     ShardCalibrationData(data, rank, world_size));
+    ASSIGN_OR_RETURN(shard, ShardCalibrationData(data, rank, world_size));
     if (partitioned) {
       p.run_dir =
           absl::StrCat(base_run_dir, "/", RankDirName(rank, world_size));
@@ -698,8 +697,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   }
   if (distributed) {
     // Every rank finished: only then does rank 0 write, and only rank 0.
-    RETURN_IF_ERROR(keep_checkpoint(
-        options.collective->Barrier("the end of calibration")));
+    RETURN_IF_ERROR(
+        keep_checkpoint(options.collective->Barrier("the end of calibration")));
     if (rank != 0) {
       // The checkpoints stay until rank 0 has written the output.
       RETURN_IF_ERROR(keep_checkpoint(

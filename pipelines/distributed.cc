@@ -268,15 +268,15 @@ absl::StatusOr<int> AgreeOnResumePoint(Collective& collective,
   const int newest = kept.empty() ? 0 : kept.back();
   if (!collective.distributed()) return newest;
   at::Tensor t = at::full({1}, static_cast<int64_t>(newest), at::kLong);
-  RETURN_IF_ERROR(collective.AllReduce(t, ReduceKind::kMin,
-                                       "the subgraphs checkpointed"));
+  RETURN_IF_ERROR(
+      collective.AllReduce(t, ReduceKind::kMin, "the subgraphs checkpointed"));
   const int at = static_cast<int>(t.item<int64_t>());
   const bool have =
       at == 0 || std::find(kept.begin(), kept.end(), at) != kept.end();
   // The first rank that lacks it (world size: none).
   at::Tensor lacking = at::full(
-      {1}, static_cast<int64_t>(have ? collective.world_size()
-                                     : collective.rank()),
+      {1},
+      static_cast<int64_t>(have ? collective.world_size() : collective.rank()),
       at::kLong);
   RETURN_IF_ERROR(collective.AllReduce(lacking, ReduceKind::kMin,
                                        "which ranks keep that checkpoint"));

@@ -379,8 +379,8 @@ absl::StatusOr<int> PartitionedRun::Restore(RunContext& ctx) {
   const int n = static_cast<int>(steps_.size());
   std::optional<int> at;
   if (options_.checkpoint_group != nullptr) {
-    ASSIGN_OR_RETURN(at,
-                     options_.checkpoint_group->AgreeOnResume(checkpoint_->Kept()));
+    ASSIGN_OR_RETURN(
+        at, options_.checkpoint_group->AgreeOnResume(checkpoint_->Kept()));
     if (*at == 0) {
       progress_->Note(absl::StrCat(
           "not every rank has a checkpoint (this one in ", checkpoint_->dir(),
@@ -388,14 +388,14 @@ absl::StatusOr<int> PartitionedRun::Restore(RunContext& ctx) {
       return 0;
     }
   }
-  ASSIGN_OR_RETURN(
-      std::optional<int> next,
-      checkpoint_->Restore(ctx, modifiers_, n,
-                           [this](int64_t batch, const std::string& name,
-                                  const c10::IValue& value) {
-                             return PutTracked(batch, name, value);
-                           },
-                           at));
+  ASSIGN_OR_RETURN(std::optional<int> next,
+                   checkpoint_->Restore(
+                       ctx, modifiers_, n,
+                       [this](int64_t batch, const std::string& name,
+                              const c10::IValue& value) {
+                         return PutTracked(batch, name, value);
+                       },
+                       at));
   if (!next.has_value()) {
     progress_->Note(absl::StrCat("no checkpoint in ", checkpoint_->dir(),
                                  "; starting from the first subgraph"));

@@ -102,7 +102,8 @@ absl::Status WeightStream::Release(const std::string& path) {
 }
 
 absl::Status WeightStream::Resume(int start) {
-  if (start == 0) return writer_ != nullptr ? writer_->Clear() : absl::OkStatus();
+  if (start == 0)
+    return writer_ != nullptr ? writer_->Clear() : absl::OkStatus();
   for (const auto& [path, span] : span_) {
     if (span.first >= start || span.second < start) continue;
     ASSIGN_OR_RETURN(at::Tensor t, model_.GetTensor(path));
