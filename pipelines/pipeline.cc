@@ -396,6 +396,13 @@ absl::StatusOr<int> PartitionedRun::Restore(RunContext& ctx) {
                          return PutTracked(batch, name, value);
                        },
                        at));
+  if (at.has_value() && !next.has_value()) {
+    // The ranks agreed on it a moment ago: it was removed since.
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the checkpoint of the first %d subgraphs in %s "
+                        "vanished while resuming",
+                        *at, checkpoint_->dir()));
+  }
   if (!next.has_value()) {
     progress_->Note(absl::StrCat("no checkpoint in ", checkpoint_->dir(),
                                  "; starting from the first subgraph"));
