@@ -89,6 +89,19 @@ cmp "$tmp/two_a.pt" "$tmp/stop.pt" || fail "stopped and resumed: model differs"
 cmp "$tmp/two_a.json" "$tmp/stop.json" || fail "stopped and resumed: report differs"
 [[ -e "$tmp/stop.pt.run" ]] && fail "run directory left: $(ls -R "$tmp/stop.pt.run")"
 echo "2 ranks stopped after subgraph 1 and resumed: byte-identical"
+# Ranks one subgraph apart (rank 1 killed before its checkpoint after
+# subgraph 1 was written, simulated by removing it): both resume after
+# subgraph 0, rank 0 re-runs subgraph 1; the same bytes.
+"$tracecut" "${args[@]}" --nproc-per-node=2 --stop-after=1 -o "$tmp/apart.pt" \
+  --report="$tmp/apart.json" 2>/dev/null
+rm "$tmp/apart.pt.run/rank-1-of-2/state.pt.00002"
+"$tracecut" "${args[@]}" --nproc-per-node=2 --resume -o "$tmp/apart.pt" \
+  --report="$tmp/apart.json" 2>"$tmp/apart.log"
+grep -q "resuming from .*after subgraph 1/3" "$tmp/apart.log" ||
+  fail "ranks apart: $(cat "$tmp/apart.log")"
+cmp "$tmp/two_a.pt" "$tmp/apart.pt" || fail "ranks apart: model differs"
+cmp "$tmp/two_a.json" "$tmp/apart.json" || fail "ranks apart: report differs"
+echo "ranks one subgraph apart resume from the earlier: byte-identical"
 "$tracecut" "${args[@]}" --nproc-per-node=2 --stop-after=0 -o "$tmp/envr.pt" \
   --report="$tmp/envr.json" 2>"$tmp/envr.log"
 port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
