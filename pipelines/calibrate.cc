@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "pipelines/compressed_output.h"
 #include "pipelines/distributed.h"
@@ -209,6 +210,81 @@ class RunDirLock {
   int fd_;
 };
 
+// Note [Data-parallel checkpoints]
+// Each rank of a data-parallel run checkpoints its own pipeline (its shard
+// of the data, its modifiers' state) into RUN_DIR/rank-R-of-N, keeping its
+// last two states; before each checkpoint the ranks meet at a barrier, and
+// on --resume they all continue after the newest subgraph every one of them
+// has checkpointed (AgreeOnResumePoint), so a rank that got further re-runs
+// a subgraph and the output is byte-identical to an uninterrupted run of
+// the same world size. A checkpoint of another world size (or of one
+// process, which keeps state.pt in RUN_DIR itself) is refused: the shards,
+// and so every rank's state, depend on the world size.
+
+std::string RankDirName(int rank, int world_size) {
+  return absl::StrCat("rank-", rank, "-of-", world_size);
+}
+
+// Whether `dir` holds a pipeline checkpoint (state.pt, or a rank's kept
+// state.pt.NNNNN).
+bool HasCheckpoint(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    bool found = false;
+    while (dirent* e = ::readdir(d)) {
+      if (absl::StartsWith(e->d_name, "state.pt")) found = true;
+    }
+    ::closedir(d);
+    return found;
+  }
+  return false;
+}
+
+// The world size of the checkpoints in `run_dir` other than `world_size`
+// (1: one process's state.pt), or 0 when there are none.
+int OtherCheckpointWorldSize(const std::string& run_dir, int world_size) {
+  if (world_size != 1 &&
+      ::access(absl::StrCat(run_dir, "/state.pt").c_str(), F_OK) == 0) {
+    return 1;
+  }
+  int other = 0;
+  if (DIR* d = ::opendir(run_dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      absl::string_view name(e->d_name);
+      if (!absl::ConsumePrefix(&name, "rank-")) continue;
+      std::vector<absl::string_view> parts = absl::StrSplit(name, "-of-");
+      int rank = 0, world = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) ||
+          !absl::SimpleAtoi(parts[1], &world) || world == world_size) {
+        continue;
+      }
+      if (HasCheckpoint(absl::StrCat(run_dir, "/", e->d_name))) other = world;
+    }
+    ::closedir(d);
+  }
+  return other;
+}
+
+std::string WorldDescription(int world_size) {
+  return world_size == 1 ? "1 (one process)" : absl::StrCat(world_size);
+}
+
+// Implements the pipeline's checkpoint synchronisation over `collective`.
+class CollectiveCheckpointGroup : public CheckpointGroup {
+ public:
+  explicit CollectiveCheckpointGroup(Collective& collective)
+      : collective_(collective) {}
+  absl::StatusOr<int> AgreeOnResume(const std::vector<int>& kept) override {
+    return AgreeOnResumePoint(collective_, kept);
+  }
+  absl::Status BeforeCheckpoint(int i) override {
+    return collective_.Barrier(
+        absl::StrCat("the checkpoint after subgraph ", i));
+  }
+
+ private:
+  Collective& collective_;
+};
+
 PipelineKind KindFromRecipe(recipe::Recipe::Pipeline p) {
   switch (p) {
     case recipe::Recipe::BASIC:
@@ -378,9 +454,6 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
       options.pipeline.value_or(KindFromRecipe(options.recipe.pipeline()));
   const bool want_stream =
       options.stream_weights &&
-      // Data-parallel ranks load the whole model (streaming writes shards
-      // from every process into its run directory; not combined yet).
-      !(options.collective != nullptr && options.collective->distributed()) &&
       options.output_format ==
           CalibrateOptions::OutputFormat::kCompressedTensors &&
       kind != PipelineKind::kBasic && IsDirectory(options.model_path);
@@ -488,35 +561,64 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
 
   const bool distributed =
       options.collective != nullptr && options.collective->distributed();
+  const int rank = distributed ? options.collective->rank() : 0;
+  const int world_size = distributed ? options.collective->world_size() : 1;
+  const bool partitioned = p.kind != PipelineKind::kBasic;
+  // The run directory OUT.run (or --run-dir); a rank's checkpoints go into
+  // its own directory under it (Note [Data-parallel checkpoints]).
+  const std::string base_run_dir = p.run_dir;
   CalibrationData shard;
+  std::unique_ptr<CollectiveCheckpointGroup> group;
   if (distributed) {
-    if (options.resume || options.stop_after_subgraph >= 0) {
-      return absl::UnimplementedError(
-          "--resume and --stop-after are not supported in a data-parallel run");
+    ASSIGN_OR_RETURN(shard, ShardCalibrationData(data, rank, world_size));
+    if (partitioned) {
+      p.run_dir =
+          absl::StrCat(base_run_dir, "/", RankDirName(rank, world_size));
+      p.fingerprint += absl::StrCat("; rank ", rank, " of ", world_size);
+      group = std::make_unique<CollectiveCheckpointGroup>(*options.collective);
+      p.checkpoint_group = group.get();
     }
-    ASSIGN_OR_RETURN(shard,
-                     ShardCalibrationData(data, options.collective->rank(),
-                                          options.collective->world_size()));
-    p.run_dir.clear();  // No checkpoints.
+  }
+  if (partitioned && options.resume) {
+    const int other = OtherCheckpointWorldSize(base_run_dir, world_size);
+    if (other != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume: the checkpoint in ", base_run_dir,
+          " was made with world size ", WorldDescription(other),
+          ", this run has world size ", WorldDescription(world_size),
+          "; resume with ",
+          other == 1 ? "no --nproc-per-node (and no WORLD_SIZE)"
+                     : absl::StrCat("--nproc-per-node=", other,
+                                    " (or WORLD_SIZE=", other, ")"),
+          ", or delete ", base_run_dir, " to start afresh"));
+    }
   }
 
   // A run directory this run creates is removed again if the run fails;
-  // in one it did not create, only the lock and spill files it made go.
-  const bool partitioned = p.kind != PipelineKind::kBasic && !distributed;
+  // in one it did not create, only the lock and spill files it made go. A
+  // data-parallel rank also keeps a checkpoint when it fails (another rank
+  // died): the run continues with --resume.
+  const bool base_existed = !partitioned || IsDirectory(base_run_dir);
   const bool run_dir_existed = !partitioned || IsDirectory(p.run_dir);
   bool succeeded = false;
   bool stopped = false;  // Or interrupted with a checkpoint to resume from.
   std::unique_ptr<RunDirLock> lock;
+  auto remove_rank_run_dir = [&] {
+    RemoveRunDir(p.run_dir);
+    if (distributed) ::rmdir(base_run_dir.c_str());  // When the last is out.
+  };
   absl::Cleanup cleanup = [&] {
     if (succeeded || stopped || !partitioned) return;
     if (!run_dir_existed) {
       RemoveRunDir(p.run_dir);
+      if (!base_existed) ::rmdir(base_run_dir.c_str());
     } else if (lock != nullptr) {
       RemoveSpillFiles(absl::StrCat(p.run_dir, "/", kSpillDir), ::getpid());
       std::remove(absl::StrCat(p.run_dir, "/", kLockFile).c_str());
     }
   };
   if (partitioned) {
+    if (distributed) RETURN_IF_ERROR(util::MakeDirs(base_run_dir));
     int64_t previous_pid = 0;
     ASSIGN_OR_RETURN(lock, RunDirLock::Acquire(p.run_dir, options.output_path,
                                                &previous_pid));
@@ -541,9 +643,13 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     out_options.source_dir = options.model_path;
   if (streaming) {
     out_options.source_dir = loaded.checkpoint_dir;
-    ASSIGN_OR_RETURN(writer, CompressedTensorsWriter::Create(
-                                 out_options, gm.extra_files(),
-                                 absl::StrCat(p.run_dir, "/", kOutputDir)));
+    // Only rank 0 writes; the other ranks release their weights unwritten
+    // (every rank holds the same final weights: owners broadcast them).
+    if (rank == 0) {
+      ASSIGN_OR_RETURN(writer, CompressedTensorsWriter::Create(
+                                   out_options, gm.extra_files(),
+                                   absl::StrCat(p.run_dir, "/", kOutputDir)));
+    }
     ASSIGN_OR_RETURN(
         stream, WeightStream::Create(gm, loaded.deferred, loaded.checkpoint_dir,
                                      writer.get()));
@@ -558,21 +664,23 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   outcome.num_batches = static_cast<int64_t>(data.batches.size());
   absl::StatusOr<PipelineResult> piped = RunPipeline(
       gm, distributed ? shard : data, modifiers, outcome.results, p);
-  // Interrupted, or out of memory: the subgraphs done so far need not be
-  // redone (after freeing memory, or with a smaller cache budget).
-  if ((absl::IsCancelled(piped.status()) ||
-       absl::IsResourceExhausted(piped.status())) &&
-      partitioned &&
-      ::access(absl::StrCat(p.run_dir, "/state.pt").c_str(), F_OK) == 0) {
-    stopped = true;  // Keep the checkpoint.
-    return absl::Status(
-        piped.status().code(),
-        absl::StrCat(piped.status().message(), "; the checkpoint in ",
-                     p.run_dir,
-                     " is kept: rerun the same command with --resume to "
-                     "continue"));
-  }
-  if (!piped.ok()) return piped.status();
+  // Interrupted, out of memory, or (data-parallel) another rank lost: the
+  // subgraphs done so far need not be redone (after freeing memory, with a
+  // smaller cache budget, or once every rank runs again).
+  auto keep_checkpoint = [&](const absl::Status& status) {
+    if ((absl::IsCancelled(status) || absl::IsResourceExhausted(status) ||
+         (distributed && absl::IsUnavailable(status))) &&
+        partitioned && HasCheckpoint(p.run_dir)) {
+      stopped = true;
+      return absl::Status(
+          status.code(),
+          absl::StrCat(status.message(), "; the checkpoint in ", base_run_dir,
+                       " is kept: rerun the same command with --resume to "
+                       "continue"));
+    }
+    return status;
+  };
+  if (!piped.ok()) return keep_checkpoint(piped.status());
   outcome.pipeline = std::move(*piped);
   if (outcome.pipeline.stopped) {
     stopped = true;
@@ -586,16 +694,22 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     outcome.streamed_peak_weight_bytes = stream->peak_loaded_bytes();
   } else {
     RETURN_IF_ERROR(CheckQuantResultsFinite(outcome.results, gm));
-    if (distributed) {
-      // Every rank finished: only then does rank 0 write, and only rank 0.
-      RETURN_IF_ERROR(options.collective->Barrier("the end of calibration"));
-      if (options.collective->rank() != 0) {
-        outcome.model.emplace(std::move(gm));
-        return outcome;
-      }
-    }
-    RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
   }
+  if (distributed) {
+    // Every rank finished: only then does rank 0 write, and only rank 0.
+    RETURN_IF_ERROR(
+        keep_checkpoint(options.collective->Barrier("the end of calibration")));
+    if (rank != 0) {
+      // The checkpoints stay until rank 0 has written the output.
+      RETURN_IF_ERROR(keep_checkpoint(
+          options.collective->Barrier("rank 0 writing the output")));
+      succeeded = true;
+      if (!options.keep_run_dir && partitioned) remove_rank_run_dir();
+      if (!streaming) outcome.model.emplace(std::move(gm));
+      return outcome;
+    }
+  }
+  if (!streaming) RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
   ReportInfo info;
   info.model = options.model_path;
   info.recipe = options.recipe_source;
@@ -644,9 +758,12 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         err, absl::StrCat("cannot write report '", options.report_path, "'"));
   }
   succeeded = true;
-  if (!options.keep_run_dir && partitioned) {
-    RemoveRunDir(p.run_dir);
+  if (distributed) {
+    // The output is complete whatever this says: a rank that fails here
+    // only keeps its checkpoint.
+    (void)options.collective->Barrier("rank 0 writing the output");
   }
+  if (!options.keep_run_dir && partitioned) remove_rank_run_dir();
   if (!streaming) outcome.model.emplace(std::move(gm));
   return outcome;
 }

@@ -137,7 +137,8 @@ struct CalibrateOptions {
   // Data-parallel calibration (not owned; docs/distributed.md): this rank
   // calibrates its shard of the data (ShardCalibrationData), the modifiers
   // combine statistics over all ranks, and only rank 0 writes the output
-  // and the report. No checkpoints (resume is not supported there).
+  // and the report (and, streaming, the shards). Each rank checkpoints into
+  // <run_dir>/rank-R-of-N; resume needs the same world size.
   Collective* collective = nullptr;
 };
 

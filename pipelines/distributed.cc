@@ -263,6 +263,34 @@ void Collective::MaybeInjectFault(int finished_subgraph) const {
   ::_exit(3);
 }
 
+absl::StatusOr<int> AgreeOnResumePoint(Collective& collective,
+                                       const std::vector<int>& kept) {
+  const int newest = kept.empty() ? 0 : kept.back();
+  if (!collective.distributed()) return newest;
+  at::Tensor t = at::full({1}, static_cast<int64_t>(newest), at::kLong);
+  RETURN_IF_ERROR(
+      collective.AllReduce(t, ReduceKind::kMin, "the subgraphs checkpointed"));
+  const int at = static_cast<int>(t.item<int64_t>());
+  const bool have =
+      at == 0 || std::find(kept.begin(), kept.end(), at) != kept.end();
+  // The first rank that lacks it (world size: none).
+  at::Tensor lacking = at::full(
+      {1},
+      static_cast<int64_t>(have ? collective.world_size() : collective.rank()),
+      at::kLong);
+  RETURN_IF_ERROR(collective.AllReduce(lacking, ReduceKind::kMin,
+                                       "which ranks keep that checkpoint"));
+  const int64_t first = lacking.item<int64_t>();
+  if (first < collective.world_size()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot resume the data-parallel run: every rank has checkpointed "
+        "its first %d subgraphs, but rank %d of %d no longer keeps that "
+        "checkpoint; delete the run directory to start afresh",
+        at, first, collective.world_size()));
+  }
+  return at;
+}
+
 absl::StatusOr<CalibrationData> ShardCalibrationData(
     const CalibrationData& data, int rank, int world_size) {
   if (world_size <= 1) return data;

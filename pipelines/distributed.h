@@ -116,6 +116,15 @@ class Collective {
 absl::StatusOr<CalibrationData> ShardCalibrationData(
     const CalibrationData& data, int rank, int world_size);
 
+// Data-parallel resume: `kept` are the subgraphs this rank's checkpoints
+// continue at (ascending; empty: none). Returns the subgraph all ranks
+// continue at: the minimum over the ranks of their newest (0 when one has
+// none: start afresh), so a rank that got further re-runs. Every rank
+// returns the same value, or the same FailedPrecondition naming the first
+// rank that does not keep that checkpoint.
+absl::StatusOr<int> AgreeOnResumePoint(Collective& collective,
+                                       const std::vector<int>& kept);
+
 // Owners of work items: item i (cost costs[i]) goes to the rank with the
 // least cost so far, largest items first, ties by lower index and lower rank
 // (deterministic: every rank computes the same assignment).

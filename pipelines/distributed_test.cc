@@ -199,6 +199,43 @@ TEST(DistributedWorker, PeerFails) {
   if (!s.ok()) ::_exit(4);
 }
 
+// Data-parallel resume: each rank offers the subgraphs its kept
+// checkpoints continue at (RESUME_CASE picks them); all agree on one.
+TEST(DistributedWorker, AgreeOnResume) {
+  if (!IsWorker()) GTEST_SKIP() << "runs as a rank of a test below";
+  std::unique_ptr<Collective> c = Join();
+  ASSERT_NE(c, nullptr);
+  const std::string which = std::getenv("RESUME_CASE");
+  const int r = c->rank();
+  std::vector<int> kept;
+  if (which == "apart") {
+    // Killed while rank 0 was one subgraph behind: all continue at 2.
+    kept = r == 0 ? std::vector<int>{1, 2} : std::vector<int>{2, 3};
+    absl::StatusOr<int> at = AgreeOnResumePoint(*c, kept);
+    ASSERT_OK(at.status());
+    EXPECT_EQ(*at, 2);
+  } else if (which == "none") {
+    // The last rank has no checkpoint: all start afresh.
+    if (r != c->world_size() - 1) kept = {4, 5};
+    absl::StatusOr<int> at = AgreeOnResumePoint(*c, kept);
+    ASSERT_OK(at.status());
+    EXPECT_EQ(*at, 0);
+  } else if (which == "lost") {
+    // Rank 0 no longer keeps the checkpoint all others stop at: one error,
+    // naming it, on every rank.
+    kept = r == 0 ? std::vector<int>{3, 4} : std::vector<int>{1, 2};
+    EXPECT_THAT(
+        AgreeOnResumePoint(*c, kept),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 HasSubstr(absl::StrCat(
+                     "every rank has checkpointed its first 2 subgraphs, but "
+                     "rank 0 of ",
+                     c->world_size(), " no longer keeps that checkpoint"))));
+  } else {
+    FAIL() << "RESUME_CASE " << which;
+  }
+}
+
 // --- Tests (the parent side).
 
 TEST(DistributedTest, CollectivesTwoAndThreeRanks) {
@@ -232,6 +269,28 @@ TEST(DistributedTest, HungRankFailsTheOthersWithinTheTimeout) {
   std::vector<Exit> e = RunRanks("PeerFails", 2, {"FAULT_HANG=1"});
   EXPECT_EQ(e[0].code, 4);
   EXPECT_LT(e[0].seconds, 3.0 + 10.0);  // The 3 s timeout and start-up.
+}
+
+TEST(DistributedTest, RanksAgreeOnTheSubgraphToResumeAt) {
+  if (IsWorker()) GTEST_SKIP();
+  for (const char* which : {"apart", "none", "lost"}) {
+    for (int world : {2, 3}) {
+      for (const Exit& e : RunRanks("AgreeOnResume", world,
+                                    {absl::StrCat("RESUME_CASE=", which)})) {
+        EXPECT_EQ(e.code, 0) << which << ", " << world << " ranks";
+      }
+    }
+  }
+}
+
+TEST(DistributedTest, LocalResumesAtItsNewestCheckpoint) {
+  std::unique_ptr<Collective> c = Collective::Local();
+  absl::StatusOr<int> at = AgreeOnResumePoint(*c, {3, 4});
+  ASSERT_OK(at.status());
+  EXPECT_EQ(*at, 4);
+  at = AgreeOnResumePoint(*c, {});
+  ASSERT_OK(at.status());
+  EXPECT_EQ(*at, 0);
 }
 
 TEST(DistributedTest, LocalDoesNothing) {

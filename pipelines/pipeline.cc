@@ -377,13 +377,32 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
 
 absl::StatusOr<int> PartitionedRun::Restore(RunContext& ctx) {
   const int n = static_cast<int>(steps_.size());
-  ASSIGN_OR_RETURN(
-      std::optional<int> next,
-      checkpoint_->Restore(ctx, modifiers_, n,
-                           [this](int64_t batch, const std::string& name,
-                                  const c10::IValue& value) {
-                             return PutTracked(batch, name, value);
-                           }));
+  std::optional<int> at;
+  if (options_.checkpoint_group != nullptr) {
+    ASSIGN_OR_RETURN(
+        at, options_.checkpoint_group->AgreeOnResume(checkpoint_->Kept()));
+    if (*at == 0) {
+      progress_->Note(absl::StrCat(
+          "not every rank has a checkpoint (this one in ", checkpoint_->dir(),
+          "); starting from the first subgraph"));
+      return 0;
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<int> next,
+                   checkpoint_->Restore(
+                       ctx, modifiers_, n,
+                       [this](int64_t batch, const std::string& name,
+                              const c10::IValue& value) {
+                         return PutTracked(batch, name, value);
+                       },
+                       at));
+  if (at.has_value() && !next.has_value()) {
+    // The ranks agreed on it a moment ago: it was removed since.
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the checkpoint of the first %d subgraphs in %s "
+                        "vanished while resuming",
+                        *at, checkpoint_->dir()));
+  }
   if (!next.has_value()) {
     progress_->Note(absl::StrCat("no checkpoint in ", checkpoint_->dir(),
                                  "; starting from the first subgraph"));
@@ -426,11 +445,13 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
 
   int start = 0;
   if (!options_.run_dir.empty()) {
-    checkpoint_.emplace(options_.run_dir, RunIdentity());
+    checkpoint_.emplace(options_.run_dir, RunIdentity(),
+                        /*keep_previous=*/options_.checkpoint_group != nullptr);
     if (options_.resume) {
       ASSIGN_OR_RETURN(start, Restore(ctx));
     }
     RETURN_IF_ERROR(checkpoint_->CreateDir());
+    RETURN_IF_ERROR(checkpoint_->DiscardAfter(start));
   }
   if (options_.weights != nullptr) {
     RETURN_IF_ERROR(options_.weights->Resume(start));
@@ -456,6 +477,9 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
   progress_->Begin(units);
   for (int i = start; i < n; ++i) {
     RETURN_IF_ERROR(RunStep(i, ctx, hooks));
+    if (checkpoint_.has_value() && options_.checkpoint_group != nullptr) {
+      RETURN_IF_ERROR(options_.checkpoint_group->BeforeCheckpoint(i));
+    }
     if (checkpoint_.has_value()) {
       RETURN_IF_ERROR(checkpoint_->Write(i + 1, ctx, modifiers_, *cache_));
     }

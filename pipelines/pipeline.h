@@ -99,6 +99,24 @@ class SubgraphWeights {
   virtual absl::Status LoadRest() = 0;
 };
 
+// The processes of a data-parallel run, as the pipeline sees them around
+// checkpoints (calibrate.cc implements it over a Collective). With one, each
+// process keeps its last two checkpoints (RunCheckpoint's keep_previous) and
+// all resume from one subgraph.
+class CheckpointGroup {
+ public:
+  virtual ~CheckpointGroup() = default;
+  // `kept`: the subgraphs this process's checkpoints continue at
+  // (ascending; empty: none). Returns the subgraph every process continues
+  // at (0: start afresh), the same on all; an error on all when one of them
+  // lacks that checkpoint.
+  virtual absl::StatusOr<int> AgreeOnResume(const std::vector<int>& kept) = 0;
+  // Before the checkpoint after subgraph `i`: returns once every process
+  // has finished subgraph i, so no process's newest checkpoint is more than
+  // one subgraph ahead of another's.
+  virtual absl::Status BeforeCheckpoint(int i) = 0;
+};
+
 struct PipelineOptions {
   PipelineKind kind = PipelineKind::kSequential;
   // Sequential targets (e.g. {"LlamaDecoderLayer"}) and modules never split
@@ -127,6 +145,8 @@ struct PipelineOptions {
   std::string expert_pattern = kDefaultExpertPattern;
   // Not owned; nullptr: the model holds all its weights.
   SubgraphWeights* weights = nullptr;
+  // Not owned; nullptr: this process checkpoints on its own.
+  CheckpointGroup* checkpoint_group = nullptr;
   Progress* progress = nullptr;  // nullptr: silent.
 };
 

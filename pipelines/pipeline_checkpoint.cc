@@ -4,6 +4,8 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <string>
@@ -11,9 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
 #include "util/status_macros.h"
@@ -41,6 +45,13 @@ namespace {
 // back exactly the values it held, and modifiers continue from the state
 // they had, so a resumed run computes exactly what an uninterrupted one
 // does.
+//
+// A rank of a data-parallel run keeps its states as state.pt.NNNNN (NNNNN:
+// next_subgraph), the last two of them: ranks synchronise before each
+// checkpoint (CheckpointGroup in pipeline.h), so when a run dies their
+// newest states are at most one subgraph apart, and every rank still holds
+// the older of the two. The weight files a later state added are rewritten
+// when the run continues from an earlier one.
 
 constexpr char kCheckpointFormat[] = "tracecut-calibration-checkpoint";
 constexpr int64_t kCheckpointVersion = 1;
@@ -66,8 +77,46 @@ absl::Status WritePickle(const std::string& path, const std::vector<char>& b) {
 
 }  // namespace
 
-RunCheckpoint::RunCheckpoint(std::string dir, std::string identity)
-    : dir_(std::move(dir)), identity_(std::move(identity)) {}
+RunCheckpoint::RunCheckpoint(std::string dir, std::string identity,
+                             bool keep_previous)
+    : dir_(std::move(dir)),
+      identity_(std::move(identity)),
+      keep_previous_(keep_previous) {}
+
+std::string RunCheckpoint::StatePath(int next) const {
+  if (!keep_previous_) return absl::StrCat(dir_, "/", kStateFile);
+  return absl::StrFormat("%s/%s.%05d", dir_, kStateFile, next);
+}
+
+std::vector<int> RunCheckpoint::Kept() const {
+  std::vector<int> out;
+  if (!keep_previous_) return out;
+  std::error_code ec;
+  const std::string prefix = absl::StrCat(kStateFile, ".");
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+    std::string name = e.path().filename().string();
+    absl::string_view digits(name);
+    int next = 0;
+    // Not the temporaries of a write that was cut short (".state.pt...").
+    if (!absl::ConsumePrefix(&digits, prefix) || digits.size() != 5 ||
+        !absl::SimpleAtoi(digits, &next)) {
+      continue;
+    }
+    out.push_back(next);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status RunCheckpoint::DiscardAfter(int start) const {
+  for (int next : Kept()) {
+    if (next > start && std::remove(StatePath(next).c_str()) != 0) {
+      return util::ErrnoError(errno,
+                              absl::StrCat("cannot remove ", StatePath(next)));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RunCheckpoint::CreateDir() const { return util::MakeDirs(dir_); }
 
@@ -118,13 +167,23 @@ absl::Status RunCheckpoint::Write(int next, RunContext& ctx,
                    runtime::TorchCall("checkpoint state", [&] {
                      return torch::jit::pickle_save(state);
                    }));
-  return WritePickle(absl::StrCat(dir_, "/", kStateFile), bytes);
+  RETURN_IF_ERROR(WritePickle(StatePath(next), bytes));
+  if (keep_previous_) {
+    // The new one is safely on disk: all but it and the one before go.
+    for (int kept : Kept()) {
+      if (kept < next - 1) std::remove(StatePath(kept).c_str());
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<int>> RunCheckpoint::Restore(
     RunContext& ctx, absl::Span<Modifier* const> modifiers, int num_subgraphs,
-    const PutFn& put) {
-  const std::string path = absl::StrCat(dir_, "/", kStateFile);
+    const PutFn& put, std::optional<int> at) {
+  if (keep_previous_ && !at.has_value()) {
+    return absl::InternalError("RunCheckpoint: which kept state to restore?");
+  }
+  const std::string path = StatePath(at.value_or(0));
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
   auto damaged = [&](absl::string_view why) {
@@ -191,6 +250,7 @@ absl::StatusOr<std::optional<int>> RunCheckpoint::Restore(
     return damaged("has a bad next_subgraph");
   }
   const int next = static_cast<int>(next_v.toInt());
+  if (at.has_value() && next != *at) return damaged("has a bad next_subgraph");
 
   ASSIGN_OR_RETURN(c10::IValue files, field("weight_files"));
   if (!files.isList()) return damaged("has a bad weight_files list");

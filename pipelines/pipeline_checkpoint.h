@@ -38,8 +38,12 @@ class RunCheckpoint {
 
   // `identity` says what made the run (pipeline, subgraphs, data,
   // modifiers, the caller's fingerprint); Restore refuses a checkpoint made
-  // with another.
-  RunCheckpoint(std::string dir, std::string identity);
+  // with another. `keep_previous` (a rank of a data-parallel run): the
+  // state is written as state.pt.NNNNN (NNNNN: the next subgraph) and the
+  // one before it is kept, so that ranks whose last checkpoints are one
+  // subgraph apart can all resume from the earlier one.
+  RunCheckpoint(std::string dir, std::string identity,
+                bool keep_previous = false);
 
   const std::string& dir() const { return dir_; }
 
@@ -53,18 +57,31 @@ class RunCheckpoint {
                      absl::Span<Modifier* const> modifiers,
                      IntermediatesCache& cache);
 
+  // With keep_previous: the subgraphs the kept states continue at,
+  // ascending (empty: none), from their file names.
+  std::vector<int> Kept() const;
+  // With keep_previous: removes the kept states that continue after
+  // subgraph `start` (left by an earlier run that got further), so Kept()
+  // only ever names states of this run.
+  absl::Status DiscardAfter(int start) const;
+
   // Loads the checkpoint in the run directory: its weights into ctx's model,
   // its results into ctx.results(), each modifier's state, and every cached
   // value through `put`. Returns the subgraph to continue at, or nullopt when
   // the directory holds no checkpoint. DataLoss for a damaged checkpoint,
-  // FailedPrecondition for one of another version or another run.
+  // FailedPrecondition for one of another version or another run. With
+  // keep_previous, `at` picks the kept state that continues at subgraph
+  // `at` (one of Kept()); without, the state is state.pt.
   absl::StatusOr<std::optional<int>> Restore(
       RunContext& ctx, absl::Span<Modifier* const> modifiers, int num_subgraphs,
-      const PutFn& put);
+      const PutFn& put, std::optional<int> at = std::nullopt);
 
  private:
+  std::string StatePath(int next) const;
+
   std::string dir_;
   std::string identity_;
+  bool keep_previous_;
   std::vector<std::string> weight_files_;  // Relative to dir_, in order.
 };
 

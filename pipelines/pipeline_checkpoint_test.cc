@@ -142,6 +142,45 @@ TEST(RunCheckpointTest, RestoreGivesBackWhatWriteSaved) {
   EXPECT_TRUE(at::equal(put.at({1, "hidden"}).toTensor(), cached));
 }
 
+// A rank of a data-parallel run keeps its last two states and restores the
+// one the ranks agree on.
+TEST(RunCheckpointTest, KeepPreviousKeepsTheLastTwoStates) {
+  const std::string dir = FreshDir("keep_previous");
+  Model run;
+  ASSERT_OK_AND_ASSIGN(IntermediatesCache cache,
+                       IntermediatesCache::Create({}));
+  Counter counter;
+  std::vector<Modifier*> modifiers = {&counter};
+  RunCheckpoint checkpoint(dir, kIdentity, /*keep_previous=*/true);
+  ASSERT_OK(checkpoint.CreateDir());
+  EXPECT_TRUE(checkpoint.Kept().empty());
+  for (int next = 1; next <= 3; ++next) {
+    counter.count = 10 * next;
+    ASSERT_OK(checkpoint.Write(next, run.ctx, modifiers, cache));
+  }
+  EXPECT_EQ(checkpoint.Kept(), (std::vector<int>{2, 3}));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/state.pt"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/state.pt.00001"));
+
+  auto ignore = [](int64_t, const std::string&, const c10::IValue&) {
+    return absl::OkStatus();
+  };
+  Model again;
+  Counter restored;
+  std::vector<Modifier*> restored_modifiers = {&restored};
+  RunCheckpoint reader(dir, kIdentity, /*keep_previous=*/true);
+  ASSERT_OK_AND_ASSIGN(
+      std::optional<int> next,
+      reader.Restore(again.ctx, restored_modifiers, 5, ignore, /*at=*/2));
+  EXPECT_EQ(next, 2);
+  EXPECT_EQ(restored.count, 20);  // The earlier state, not the newest.
+  EXPECT_THAT(reader.Restore(again.ctx, restored_modifiers, 5, ignore),
+              StatusIs(absl::StatusCode::kInternal));
+  // Continuing after subgraph 2: the state after 3 is of the run that died.
+  ASSERT_OK(reader.DiscardAfter(2));
+  EXPECT_EQ(reader.Kept(), (std::vector<int>{2}));
+}
+
 TEST(RunCheckpointTest, RefusesAnotherRunAndDamagedFiles) {
   const std::string dir = FreshDir("refused");
   {

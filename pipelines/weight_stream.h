@@ -56,7 +56,8 @@ class WeightStream : public SubgraphWeights {
  public:
   // `deferred`: model path -> where it is in the checkpoint in
   // `checkpoint_dir` (tracer::LoadedModel::deferred). `writer` (not owned)
-  // receives each subgraph's final tensors.
+  // receives each subgraph's final tensors; nullptr: they are released
+  // unwritten (a data-parallel rank other than the one that writes).
   static absl::StatusOr<std::unique_ptr<WeightStream>> Create(
       runtime::GraphModule& model,
       std::map<std::string, tracer::exported::DeferredTensor> deferred,

@@ -102,9 +102,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
   ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
   if (nproc > 1 && !IsLaunchedRank()) {
+    const std::string output = args.Get("output").value_or("");
     return LaunchLocalRanks(
-        static_cast<int>(nproc),
-        {args.Get("output").value_or(""), args.Get("report").value_or("")}, io);
+        static_cast<int>(nproc), {output, args.Get("report").value_or("")},
+        args.Get("run-dir").value_or(output.empty() ? "" : output + ".run"),
+        io);
   }
   std::unique_ptr<pipelines::Collective> collective;
   if (IsLaunchedRank()) {
@@ -303,7 +305,14 @@ Subcommand CalibrateCommand() {
       "is an error and nothing is written.\n\n"
       "After each subgraph a checkpoint goes to OUT.pt.run/ (--run-dir); a "
       "killed run continues with --resume and gives byte-identical output. "
-      "A run that fails removes what it wrote.";
+      "A run that fails removes what it wrote.\n\n"
+      "--nproc-per-node=N (or torchrun's RANK / WORLD_SIZE / MASTER_ADDR / "
+      "MASTER_PORT) calibrates data-parallel: each rank on its share of the "
+      "samples, statistics combined over c10d, only rank 0 writing "
+      "(docs/distributed.md). Streaming works there as in one process. Each "
+      "rank checkpoints into OUT.pt.run/rank-R-of-N/; a killed run continues "
+      "with --resume and the same world size (another is refused), with the "
+      "bytes of an uninterrupted run of that size.";
   c.flags = {
       FlagSpec::Value("recipe", "FILE",
                       "calibration recipe (pipelines/recipe.proto, text "
@@ -335,7 +344,8 @@ Subcommand CalibrateCommand() {
                       "with a checkpoint directory MODEL (its .pt2 "
                       "exported with --meta) and compressed-tensors "
                       "output: read each subgraph's weights when it runs "
-                      "and release them after (default true)"),
+                      "and release them after, also on every rank of a "
+                      "data-parallel run (default true)"),
       FlagSpec::Value("targets", "TYPE,...",
                       "sequential targets (default: the recipe's, else the "
                       "HF config's)"),
@@ -357,14 +367,15 @@ Subcommand CalibrateCommand() {
       FlagSpec::Bool("keep-run-dir", "keep the checkpoints after success"),
       FlagSpec::Value("stop-after", "K",
                       "stop after subgraph K (0-based) as if killed there, "
-                      "leaving its checkpoint (for testing --resume)"),
+                      "leaving its checkpoint (for testing --resume; every "
+                      "rank of a data-parallel run stops there)"),
       FlagSpec::Bool("json", "print the report on stdout"),
       FlagSpec::Value("nproc-per-node", "N",
                       "data-parallel calibration: run N ranks on this "
                       "machine, each on its share of the samples "
                       "(docs/distributed.md); with torchrun's RANK / "
                       "WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, this "
-                      "process is one rank"),
+                      "process is one rank; --resume needs the same N"),
       FlagSpec::Value("dist-timeout", "SECONDS",
                       "data-parallel: how long a rank waits for the others "
                       "in one collective before failing (300)"),

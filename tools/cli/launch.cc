@@ -108,7 +108,8 @@ bool IsLaunchedRank() {
 }
 
 absl::Status LaunchLocalRanks(int nproc,
-                              const std::vector<std::string>& outputs, Io& io) {
+                              const std::vector<std::string>& outputs,
+                              const std::string& run_dir, Io& io) {
   absl::StatusOr<std::vector<std::string>> args = OwnCommandLine();
   if (!args.ok()) return args.status();
   absl::StatusOr<int> port = FreePort();
@@ -117,6 +118,7 @@ absl::Status LaunchLocalRanks(int nproc,
   for (const std::string& o : outputs) {
     if (!o.empty() && !Exists(o)) created.push_back(o);
   }
+  const bool run_dir_created = !run_dir.empty() && !Exists(run_dir);
   char dir_template[] = "/tmp/tracecut-ranks-XXXXXX";
   if (::mkdtemp(dir_template) == nullptr) {
     return util::ErrnoError(errno, "cannot create a directory for rank logs");
@@ -233,11 +235,35 @@ absl::Status LaunchLocalRanks(int nproc,
     std::filesystem::remove_all(path, ec);
   }
   std::filesystem::remove_all(log_dir, ec);
+  // Ranks keep their checkpoints in RUN_DIR/rank-R-of-N/state.pt.NNNNN;
+  // the run can continue when every rank kept one.
+  int checkpointed = 0;
+  if (!run_dir.empty()) {
+    for (int r = 0; r < nproc; ++r) {
+      const std::string dir = absl::StrCat(run_dir, "/rank-", r, "-of-", nproc);
+      for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+        if (absl::StartsWith(f.path().filename().string(), "state.pt")) {
+          ++checkpointed;
+          break;
+        }
+      }
+    }
+    // What killed ranks left (lock files, a checkpoint of some ranks only).
+    if (checkpointed < nproc && run_dir_created) {
+      std::filesystem::remove_all(run_dir, ec);
+    }
+  }
+  std::string resume;
+  if (checkpointed == nproc && !absl::StrContains(message, "--resume")) {
+    resume = absl::StrCat("; the checkpoints in ", run_dir,
+                          " are kept: rerun the same command with --resume "
+                          "to continue");
+  }
   return absl::UnavailableError(absl::StrFormat(
       "rank %d of %d failed (%s)%s; the other ranks were stopped and no "
-      "output was written",
+      "output was written%s",
       cause, nproc, DescribeExit(ranks[cause].status),
-      message.empty() ? "" : absl::StrCat(": ", message)));
+      message.empty() ? "" : absl::StrCat(": ", message), resume));
 }
 
 }  // namespace tracecut::cli

@@ -22,9 +22,13 @@ namespace tracecut::cli {
 bool IsLaunchedRank();
 
 // `outputs`: files or directories the run writes; those that did not exist
-// before are removed when it fails.
+// before are removed when it fails. `run_dir` (may be empty): where the
+// ranks keep their checkpoints; when a failed run left some there, the
+// error says to rerun with --resume, and when it left none the directory
+// goes if the run created it.
 absl::Status LaunchLocalRanks(int nproc,
-                              const std::vector<std::string>& outputs, Io& io);
+                              const std::vector<std::string>& outputs,
+                              const std::string& run_dir, Io& io);
 
 }  // namespace tracecut::cli
 
