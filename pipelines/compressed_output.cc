@@ -268,6 +268,18 @@ QuantizedModules(const CalibrationResults& results, const std::string& where) {
   return quantized;
 }
 
+// Appends `weight` of the quantized Linear at `module` as compressed-tensors'
+// packed tensors; its scheme's arguments.
+absl::StatusOr<checkpoint::CtWeightArgs> AppendPacked(
+    const at::Tensor& weight, const std::string& module,
+    const ModuleRecord& record, Tensors& out) {
+  ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                   QuantizedLinear(weight, module, record));
+  ASSIGN_OR_RETURN(Tensors packed, checkpoint::CompressLinear(linear));
+  for (auto& entry : packed) out.push_back(std::move(entry));
+  return linear.args;
+}
+
 // The weight at `name`: the model's, or its piece of a fused model tensor
 // (an MoE expert's Linear) in the checkpoint's [out, in] shape.
 absl::StatusOr<at::Tensor> WeightOf(const runtime::GraphModule& gm,
@@ -322,11 +334,9 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
           if (!IsQuantRecord(record)) continue;
           ASSIGN_OR_RETURN(at::Tensor weight,
                            WeightOf(gm, layout, path + ".weight"));
-          ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                           QuantizedLinear(weight, path, record));
-          ASSIGN_OR_RETURN(Tensors packed, checkpoint::CompressLinear(linear));
-          for (auto& entry : packed) tensors.push_back(std::move(entry));
-          quantized.emplace_back(path, linear.args);
+          ASSIGN_OR_RETURN(checkpoint::CtWeightArgs args,
+                           AppendPacked(weight, path, record, tensors));
+          quantized.emplace_back(path, args);
           replaced.insert(path + ".weight");
           for (const char* buffer : kQuantBuffers) {
             replaced.insert(absl::StrCat(path, ".", buffer));
@@ -458,48 +468,39 @@ absl::Status CompressedTensorsWriter::WriteShard(
   RETURN_IF_ERROR(runtime::TorchCall(
       absl::StrCat(where_, ": shard ", index), [&]() -> absl::Status {
         for (const auto& [name, value] : tensors) {
-          const std::string module = ModuleOfWeight(name);
-          const ModuleRecord* r =
-              module.empty() ? nullptr : results.FindModule(module);
-          if (r != nullptr && IsQuantRecord(*r)) {
-            RETURN_IF_ERROR(CheckQuantRecordFinite(module, *r, value));
-            ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                             QuantizedLinear(value, module, *r));
-            ASSIGN_OR_RETURN(Tensors packed,
-                             checkpoint::CompressLinear(linear));
-            for (auto& entry : packed) out.push_back(std::move(entry));
-            continue;
-          }
-          // Dense: only the checkpoint's own names, in its stored dtype
-          // (a bf16 checkpoint traced in fp32 gives its bf16 values back
-          // exactly); a tensor it stores in pieces, as those.
-          if (const auto* pieces = layout_.Find(name)) {
+          // As the checkpoint stores it: itself, or its pieces (a fused
+          // tensor's in their checkpoint shapes).
+          Tensors stored;
+          const std::vector<checkpoint::Piece>* pieces = layout_.Find(name);
+          if (pieces == nullptr) {
+            stored.emplace_back(name, value);
+          } else {
             for (const checkpoint::Piece& p : *pieces) {
               ASSIGN_OR_RETURN(checkpoint::TensorInfo info,
                                source_->Info(p.name));
               ASSIGN_OR_RETURN(at::Tensor t,
                                checkpoint::PieceOf(value, p, info.shape));
-              const std::string expert = ModuleOfWeight(p.name);
-              const ModuleRecord* er =
-                  expert.empty() ? nullptr : results.FindModule(expert);
-              if (er != nullptr && IsQuantRecord(*er)) {
-                RETURN_IF_ERROR(CheckQuantRecordFinite(expert, *er, t));
-                ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                                 QuantizedLinear(t, expert, *er));
-                ASSIGN_OR_RETURN(Tensors packed,
-                                 checkpoint::CompressLinear(linear));
-                for (auto& entry : packed) out.push_back(std::move(entry));
-              } else if (pieces->size() > 1) {
-                return UnquantizedExpert(where_, p.name, name);
-              } else {
-                out.emplace_back(p.name, t.to(info.dtype));
-              }
+              stored.emplace_back(p.name, std::move(t));
             }
-            continue;
           }
-          if (!source_->Has(name)) continue;
-          ASSIGN_OR_RETURN(checkpoint::TensorInfo info, source_->Info(name));
-          out.emplace_back(name, value.to(info.dtype).contiguous());
+          for (const auto& [stored_name, t] : stored) {
+            const std::string module = ModuleOfWeight(stored_name);
+            const ModuleRecord* r =
+                module.empty() ? nullptr : results.FindModule(module);
+            if (r != nullptr && IsQuantRecord(*r)) {
+              RETURN_IF_ERROR(CheckQuantRecordFinite(module, *r, t));
+              RETURN_IF_ERROR(AppendPacked(t, module, *r, out).status());
+            } else if (pieces != nullptr && pieces->size() > 1) {
+              return UnquantizedExpert(where_, stored_name, name);
+            } else if (source_->Has(stored_name)) {
+              // Dense: only the checkpoint's own names, in its stored dtype
+              // (a bf16 checkpoint traced in fp32 gives its bf16 values
+              // back exactly).
+              ASSIGN_OR_RETURN(checkpoint::TensorInfo info,
+                               source_->Info(stored_name));
+              out.emplace_back(stored_name, t.to(info.dtype).contiguous());
+            }
+          }
         }
         return absl::OkStatus();
       }));
