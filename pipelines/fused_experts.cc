@@ -93,6 +93,10 @@ absl::StatusOr<FusedExperts> FusedExperts::Find(RunContext& ctx,
             break;
           }
           const int e = static_cast<int>(p->offsets[0]);
+          if (t != m.down && seen[e] >= 2) {  // Not two pieces per expert.
+            ok = false;
+            break;
+          }
           const int slot = t == m.down ? 2 : seen[e]++;
           m.pieces[e][slot] = *p;
           m.linears[e][slot] =

@@ -309,7 +309,6 @@ def checkpoint_layout(model, shapes):
   reshaped). A renamed tensor is one piece covering it; MoE experts saved
   one by one are stacked (MergeModulelist) and gate/up concatenated
   (Concatenate). Other conversion operations are refused."""
-  import torch
   try:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import (WeightConverter,
