@@ -321,6 +321,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.act_order = g.actorder();
       o.static_groups = g.static_groups();
       o.weights.collective = collective;
+      o.weights.all_expert_tokens = recipe.calibrate_all_experts();
       out.push_back(std::make_unique<GptqModifier>(std::move(o)));
     } else if (m.has_rtn()) {
       const recipe::RtnModifier& r = m.rtn();
@@ -328,6 +329,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.modules = Selector(r.targets(), r.ignore());
       o.scheme = ToQuantScheme(r.scheme());
       o.collective = collective;
+      o.all_expert_tokens = recipe.calibrate_all_experts();
       out.push_back(std::make_unique<RtnModifier>(std::move(o)));
     } else if (m.has_observer()) {
       const recipe::ObserverModifier& r = m.observer();
@@ -503,7 +505,11 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
 
   std::vector<std::unique_ptr<Modifier>> owned;
   if (!extras_only) {
-    ASSIGN_OR_RETURN(owned, BuildModifiers(options.recipe, options.collective));
+    recipe::Recipe with_flags = options.recipe;
+    if (options.calibrate_all_experts.has_value()) {
+      with_flags.set_calibrate_all_experts(*options.calibrate_all_experts);
+    }
+    ASSIGN_OR_RETURN(owned, BuildModifiers(with_flags, options.collective));
   }
   std::vector<Modifier*> modifiers;
   for (const auto& m : owned) modifiers.push_back(m.get());

@@ -38,8 +38,10 @@ bool IsExpertRows(const checkpoint::Piece& p,
 
 absl::StatusOr<FusedExperts> FusedExperts::Find(RunContext& ctx,
                                                 const ModuleSelector& selector,
-                                                absl::string_view owner) {
+                                                absl::string_view owner,
+                                                bool all_tokens) {
   FusedExperts out;
+  out.all_tokens_ = all_tokens;
   ASSIGN_OR_RETURN(
       checkpoint::Layout layout,
       checkpoint::Layout::FromExtraFiles(ctx.model().extra_files()));
@@ -180,7 +182,11 @@ absl::Status FusedExperts::ForEachInput(
     if (!m.checked) recomputed = at::zeros_like(hidden);
     for (int e = 0; e < static_cast<int>(m.linears.size()); ++e) {
       at::Tensor routed = index.eq(e);
-      at::Tensor rows = routed.any(1).nonzero().squeeze(1);
+      // The tokens the expert sees: those routed to it, or all of them.
+      at::Tensor rows =
+          all_tokens_
+              ? at::arange(hidden.size(0), index.options().dtype(at::kLong))
+              : routed.any(1).nonzero().squeeze(1);
       if (rows.numel() == 0) continue;
       at::Tensor x = hidden.index_select(0, rows);
       auto weight = [&](const at::Tensor& fused, int slot) {

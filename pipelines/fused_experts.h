@@ -58,9 +58,13 @@ class FusedExperts {
   // Linears, with the Linears `selector` selects (matched by their
   // checkpoint path and type Linear). Fused parameters that are not a
   // gate/up and down pair per expert are left out with a warning.
+  // With `all_tokens`, every expert's Linears get all the tokens of the
+  // call (llm-compressor's calibrate_all_experts), not only those routed to
+  // it; the module's output, and so the model's, is unchanged.
   static absl::StatusOr<FusedExperts> Find(RunContext& ctx,
                                            const ModuleSelector& selector,
-                                           absl::string_view owner);
+                                           absl::string_view owner,
+                                           bool all_tokens = false);
 
   bool empty() const { return linears_.empty(); }
   bool IsExperts(absl::string_view module) const {
@@ -99,6 +103,7 @@ class FusedExperts {
                      const at::Tensor& hidden, const at::Tensor& index,
                      const at::Tensor& weights);
 
+  bool all_tokens_ = false;
   std::map<std::string, Module> modules_;
   std::map<std::string, FusedLinear> linears_;  // Selected ones.
   std::map<std::string, at::Tensor> staged_;    // Fused path -> new value.

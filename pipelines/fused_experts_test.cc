@@ -175,6 +175,27 @@ TEST(FusedExpertsTest, InputsAreTheTokensRoutedToEachExpert) {
   EXPECT_EQ(got.size(), 6u);
 }
 
+TEST(FusedExpertsTest, AllTokensGivesEveryExpertTheWholeBlock) {
+  Fixture f;
+  ASSERT_OK_AND_ASSIGN(FusedExperts experts,
+                       FusedExperts::Find(*f.ctx, ModuleSelector(), "gptq",
+                                          /*all_tokens=*/true));
+  std::map<std::string, torch::Tensor> got;
+  ASSERT_OK(experts.ForEachInput(
+      *f.ctx, f.Call(),
+      [&](const std::string& path, const at::Tensor& x) -> absl::Status {
+        got[path] = x;
+        return absl::OkStatus();
+      }));
+  const torch::Tensor& hidden = f.inputs[1].toTensor();
+  EXPECT_EQ(got.size(), 3u * kExperts);  // Expert 2 too.
+  for (int e = 0; e < kExperts; ++e) {
+    EXPECT_TRUE(
+        torch::equal(got.at(absl::StrCat("moe.experts.", e, ".w1")), hidden))
+        << e;
+  }
+}
+
 TEST(FusedExpertsTest, AModuleThatComputesSomethingElseIsAnError) {
   Fixture f("torch.relu");
   ASSERT_OK_AND_ASSIGN(FusedExperts experts,

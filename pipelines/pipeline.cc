@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/layout.h"
 #include "partition/subgraph.h"
 #include "pipelines/expert_calibration.h"
 #include "pipelines/interrupt.h"
@@ -559,7 +560,11 @@ absl::StatusOr<PipelineResult> RunPipeline(
     // an expert that cannot run on all tokens, fails before any work.
     ASSIGN_OR_RETURN(std::vector<ExpertRegion> experts,
                      FindExpertRegions(model.graph(), options.expert_pattern));
-    if (experts.empty()) {
+    // Experts fused into 3-D parameters are no modules: the weight
+    // quantization modifiers give them all the tokens (fused_experts.h).
+    ASSIGN_OR_RETURN(checkpoint::Layout layout,
+                     checkpoint::Layout::FromExtraFiles(model.extra_files()));
+    if (experts.empty() && layout.FirstSplit() == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "calibrate_all_experts: no module of the model matches the expert "
           "pattern '",

@@ -97,7 +97,8 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
   }
-  ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name()));
+  ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name(),
+                                                options_.all_expert_tokens));
   if (!experts_.empty() && Distributed()) {
     return absl::UnimplementedError(absl::StrCat(
         name(), ": fused MoE experts (", experts_.linears().begin()->first,

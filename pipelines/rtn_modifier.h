@@ -57,6 +57,10 @@ struct WeightQuantOptions {
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
   bool measure_error = true;
+  // MoE experts fused into 3-D parameters (fused_experts.h) calibrate on all
+  // the tokens of their block, not only those routed to them: the recipe's
+  // calibrate_all_experts for experts that are no modules of their own.
+  bool all_expert_tokens = false;
   // Data-parallel calibration (distributed.h; not owned): each rank
   // accumulates the sums of its shard, every module gets an owner rank that
   // solves it from the sum over all ranks and broadcasts the result
