@@ -503,13 +503,14 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
                                                options.batch_size, source));
   }
 
+  // The recipe with the flag the modifiers read too: one value for both.
+  recipe::Recipe r = options.recipe;
+  if (options.calibrate_all_experts.has_value()) {
+    r.set_calibrate_all_experts(*options.calibrate_all_experts);
+  }
   std::vector<std::unique_ptr<Modifier>> owned;
   if (!extras_only) {
-    recipe::Recipe with_flags = options.recipe;
-    if (options.calibrate_all_experts.has_value()) {
-      with_flags.set_calibrate_all_experts(*options.calibrate_all_experts);
-    }
-    ASSIGN_OR_RETURN(owned, BuildModifiers(with_flags, options.collective));
+    ASSIGN_OR_RETURN(owned, BuildModifiers(r, options.collective));
   }
   std::vector<Modifier*> modifiers;
   for (const auto& m : owned) modifiers.push_back(m.get());
@@ -520,7 +521,6 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   }
 
   // Pipeline options.
-  const recipe::Recipe& r = options.recipe;
   PipelineOptions p;
   p.kind = kind;
   p.propagate_error = options.propagate_error.value_or(r.propagate_error());
@@ -540,8 +540,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         "or use the basic pipeline"));
   }
   p.partition.targets = targets;
-  p.calibrate_all_experts =
-      options.calibrate_all_experts.value_or(r.calibrate_all_experts());
+  p.calibrate_all_experts = r.calibrate_all_experts();
   if (r.has_expert_modules()) p.expert_pattern = r.expert_modules();
   if (r.has_cache()) {
     ASSIGN_OR_RETURN(p.cache.offload_device,

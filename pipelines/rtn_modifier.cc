@@ -142,7 +142,7 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
         ctx, call,
         [&](const std::string& linear, const at::Tensor& x) -> absl::Status {
           if (done_.count(linear) > 0) return absl::OkStatus();
-          return AddInput(ctx, linear, x, x.size(-1), call);
+          return AddInput(ctx, linear, x, call);
         });
   }
   if (done_.count(path) > 0) {
@@ -154,19 +154,25 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
     return absl::InvalidArgumentError(absl::StrCat(
         name(), ": the input of ", path, " (Linear) is not a tensor"));
   }
-  ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-  return AddInput(ctx, path, call.inputs[0].toTensor(),
-                  w.size(transposed_.count(path) > 0 ? 0 : 1), call);
+  return AddInput(ctx, path, call.inputs[0].toTensor(), call);
 }
 
 absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
                                            const std::string& path,
-                                           const at::Tensor& x, int64_t columns,
+                                           const at::Tensor& x,
                                            const ModuleCall& call) {
   Pending& p = pending_[path];
   p.subgraph = call.subgraph;
   if (NeedsHessian() || options_.measure_error) {
     if (p.hessian == nullptr) {
+      // Input features: the weight's [out, in] (Conv1D's [in, out]).
+      int64_t columns;
+      if (const FusedLinear* fused = experts_.FindLinear(path)) {
+        columns = fused->shape[1];
+      } else {
+        ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
+        columns = w.size(transposed_.count(path) > 0 ? 0 : 1);
+      }
       absl::Status made = runtime::TorchCall("", [&]() -> absl::Status {
         p.hessian = std::make_unique<HessianAccumulator>(
             Distributed() ? HessianAccumulator::Summing(columns)

@@ -129,11 +129,10 @@ class WeightQuantModifier : public Modifier {
   };
   absl::Status Compress(RunContext& ctx, const std::string& path,
                         Pending* pending);
-  // Adds `x`, an input of the selected Linear at `path` (`columns` input
-  // features), to its statistics.
+  // Adds `x`, an input of the selected Linear at `path`, to its
+  // statistics.
   absl::Status AddInput(RunContext& ctx, const std::string& path,
-                        const at::Tensor& x, int64_t columns,
-                        const ModuleCall& call);
+                        const at::Tensor& x, const ModuleCall& call);
   bool Distributed() const;
   // Compresses `paths` (the same list on every rank, sorted) in a
   // data-parallel run; `subgraph` is the finished subgraph (-1 at the end of
