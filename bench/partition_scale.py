@@ -15,8 +15,10 @@ Times //partition:partition_bench, one process per graph and run, on
 
 and prints a Markdown table: per graph the median over runs of each run's
 median partition time (partition_bench --reps), the fastest run's min, time
-per node; then the growth rows (time ratio / node ratio, target <= 1.1) and
-the 1M-node rows (target < 1 s), each with its verdict.
+per node, and the same on one thread (--threads=1; a graph of 4096 nodes or
+more is otherwise partitioned on two); then the growth rows (time ratio /
+node ratio, target <= 1.1) and the 1M-node rows (target < 1 s), each with
+its verdict.
 
 --ref also times llm-compressor's partitioning on torch.fx
 (bench/reference/partition_ref.py) on the same traced Llama graphs.
@@ -42,8 +44,23 @@ def run_json(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def time_graph(bench, args, runs, reps):
-    rows = [run_json([bench] + args + [f"--reps={reps}"]) for _ in range(runs)]
+def time_graph(bench, args, runs, reps, one_thread=True):
+    """Median over `runs` processes; with one_thread, the same graph is also
+    timed with --threads=1 (the process-to-process alternation keeps the
+    two comparable on a machine whose speed drifts), under "one"."""
+    rows, ones = [], []
+    for _ in range(runs):
+        rows.append(run_json([bench] + args + [f"--reps={reps}"]))
+        if one_thread:
+            ones.append(run_json([bench] + args + [f"--reps={reps}",
+                                                   "--threads=1"]))
+    out = summarize(rows)
+    if ones:
+        out["one"] = summarize(ones)
+    return out
+
+
+def summarize(rows):
     return {
         "nodes": rows[0]["nodes"],
         "subgraphs": rows[0]["subgraphs"],
@@ -88,7 +105,8 @@ def main():
                            capture_output=True)
         reps = 20 if n <= 32 else 10
         ours = time_graph(a.bench, [ir], runs, reps)
-        before = time_graph(a.before, [ir], runs, reps) if a.before else None
+        before = (time_graph(a.before, [ir], runs, reps, one_thread=False)
+                  if a.before else None)
         ref = None
         if a.ref:
             js = os.path.join(work, f"llama_{n}.json")
@@ -114,25 +132,28 @@ def main():
                                 f"--write_graph={txt}"], check=True,
                                capture_output=True)
             before = time_graph(a.before, [txt, "--targets=MixtralDecoderLayer"],
-                                max(1, runs // 2), reps)
+                                max(1, runs // 2), reps, one_thread=False)
         results.append((f"MoE {layers_} layers x {experts} experts", "moe",
                         (layers_, experts), ours, before, None))
         print(f"moe {spec}: {ours}", file=sys.stderr)
 
     print("| graph | nodes | subgraphs | ours: median | ours: fastest | "
-          "ours: CPU (median) | µs/node (median) | "
+          "ours: CPU (median) | µs/node (median) | one thread: median | "
+          "one thread: µs/node | "
           + ("before: median | before: CPU | speed-up (median) | "
              if a.before else "")
           + ("llm-compressor (partition_ref.py) | ours / ref |" if a.ref
              else ""))
-    print("|---|---:|---:|---:|---:|---:|---:|"
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|"
           + ("---:|---:|---:|" if a.before else "")
           + ("---:|---:|" if a.ref else ""))
     for name, _, _, ours, before, ref in results:
         row = (f"| {name} | {ours['nodes']} | {ours['subgraphs']} | "
                f"{fmt_ms(ours['median_s'])} | {fmt_ms(ours['min_s'])} | "
                f"{fmt_ms(ours['cpu_s'])} | "
-               f"{1e6 * ours['median_s'] / ours['nodes']:.3f} |")
+               f"{1e6 * ours['median_s'] / ours['nodes']:.3f} | "
+               f"{fmt_ms(ours['one']['median_s'])} | "
+               f"{1e6 * ours['one']['median_s'] / ours['nodes']:.3f} |")
         if a.before:
             row += (f" {fmt_ms(before['median_s'])} | "
                     f"{fmt_ms(before['cpu_s'])} | "
@@ -150,11 +171,17 @@ def main():
     print("|---|---:|---:|---:|---|---|")
 
     def growth(label, first, last, key):
-        # Wall time (median), and thread CPU time (steadier on a busy
-        # machine: no waiting for a core in it).
-        for what, t in (("wall", "median_s"), ("CPU", "cpu_s")):
+        # Wall time (median), process CPU time (steadier on a busy machine:
+        # no waiting for a core in it), and both on one thread.
+        for what, get in (
+                ("wall", lambda r: r["median_s"]),
+                ("CPU", lambda r: r["cpu_s"]),
+                ("one thread, wall", lambda r: r["one"]["median_s"]),
+                ("one thread, CPU", lambda r: r["one"]["cpu_s"])):
+            if "one" in what and "one" not in first[key]:
+                continue
             nr = last[key]["nodes"] / first[key]["nodes"]
-            tr = last[key][t] / first[key][t]
+            tr = get(last[key]) / get(first[key])
             g = tr / nr
             print(f"| {label}, {what} | {nr:.1f} | {tr:.1f} | {g:.2f} | ≤ 1.1 "
                   f"| {'yes' if g <= 1.1 else '**no**'} |")
@@ -180,7 +207,9 @@ def main():
         if kind == "moe" and ours["nodes"] >= 1_000_000:
             for what, s in (("wall, median", ours["median_s"]),
                             ("wall, fastest", ours["min_s"]),
-                            ("CPU, median", ours["cpu_s"])):
+                            ("CPU, median", ours["cpu_s"]),
+                            ("one thread, wall, median",
+                             ours["one"]["median_s"])):
                 print(f"| {name}: {ours['nodes']} nodes, {what} | — | — | "
                       f"{s:.3f} s | < 1 s | {'yes' if s < 1 else '**no**'} |")
     print()

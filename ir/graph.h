@@ -274,8 +274,17 @@ class Node {
 
   const Scope& scope() const { return scope_; }
   void set_scope(Scope scope) { scope_ = std::move(scope); }
-  NodeMeta& meta() { return meta_; }
-  const NodeMeta& meta() const { return meta_; }
+  // A node's meta is shared copy-on-write with the nodes it was copied to
+  // by ShareMetaOf or Graph::Clone (partitioning copies every node of a
+  // graph; its meta is most of a node). The mutable accessor first makes
+  // this node's meta its own, so writes never reach another node; a
+  // reference it returned is only good until the meta is shared again.
+  NodeMeta& meta();
+  const NodeMeta& meta() const {
+    return meta_ != nullptr ? *meta_ : EmptyMeta();
+  }
+  // Gives this node the same meta as `other` without copying it.
+  void ShareMetaOf(const Node& other) { meta_ = other.meta_; }
 
   Graph* graph() const { return graph_; }
   // Distinct nodes this node reads, in order of first reference.
@@ -324,7 +333,10 @@ class Node {
   std::vector<Argument> args_;
   Kwargs kwargs_;
   Scope scope_;
-  NodeMeta meta_;
+  static const NodeMeta& EmptyMeta();
+
+  // Null while empty; see meta().
+  std::shared_ptr<NodeMeta> meta_;
   std::vector<Node*> users_;
   // Neighbours in the graph's intrusive list (no list node of its own to
   // allocate per node).
@@ -446,6 +458,23 @@ class Graph {
   // takes it out of the list, keeping it.
   void Link(Node* node, Node* before);
   void Unlink(Node* node);
+
+  // Storage for nodes (Note [Node slabs] in graph.cc): constructs a node in
+  // a slot of the newest slab, or in one a destroyed node left free.
+  template <typename... Args>
+  Node* NewNode(Args&&... args);
+  void DestroyNode(Node* node);
+
+  // Slabs of node-sized slots, each twice the size of the one before up to
+  // kMaxSlabNodes; `slab_used_` slots of the last are taken. Freed slots are
+  // chained through their first bytes.
+  struct alignas(Node) NodeSlot {
+    unsigned char bytes[sizeof(Node)];
+  };
+  std::vector<std::unique_ptr<NodeSlot[]>> slabs_;
+  size_t slab_size_ = 0;
+  size_t slab_used_ = 0;
+  NodeSlot* free_slots_ = nullptr;
 
   // The nodes, owned, in an intrusive doubly linked list.
   Node* first_ = nullptr;

@@ -1,7 +1,13 @@
 #include "ir/graph.h"
 
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "ir/verifier.h"
 #include "util/status_macros.h"
 #include "util/testing/status_matchers.h"
 
@@ -125,6 +131,70 @@ TEST(GraphTest, CloneIsDeepAndEqual) {
   EXPECT_THAT(map.at(s.x)->users(), ElementsAre(map.at(s.relu), map.at(s.add)));
   map.at(s.relu)->meta().outputs.clear();
   EXPECT_FALSE(StructurallyEqual(s.g, *c));
+}
+
+// Meta is shared copy-on-write: a write through meta() reaches only the
+// node written to, whichever of the sharing nodes it is.
+TEST(GraphTest, SharedMetaIsCopiedOnWrite) {
+  Small s;
+  s.relu->meta().outputs.push_back({{2, 3}, "float32", "cpu"});
+  s.relu->meta().source = SourceLocation{"m.py", 7, "y = relu(x)"};
+  Graph other;
+  Node* copy = *other.Placeholder("copy");
+  copy->ShareMetaOf(*s.relu);
+  const Node* shared = copy;
+  EXPECT_EQ(&shared->meta(), &std::as_const(*s.relu).meta());
+  copy->meta().outputs[0].shape = {4};
+  EXPECT_THAT(s.relu->meta().outputs[0].shape, ElementsAre(2, 3));
+  EXPECT_THAT(copy->meta().outputs[0].shape, ElementsAre(4));
+  EXPECT_EQ(copy->meta().source->line, 7);
+
+  // The other way round, and with a node whose meta is empty.
+  copy->ShareMetaOf(*s.relu);
+  s.relu->meta().source->line = 8;
+  EXPECT_EQ(copy->meta().source->line, 7);
+  copy->ShareMetaOf(*s.x);
+  EXPECT_TRUE(copy->meta() == NodeMeta());
+  copy->meta().transforms.push_back({"p", {}});
+  EXPECT_TRUE(std::as_const(*s.x).meta() == NodeMeta());
+
+  // A clone shares until written, then keeps its own.
+  std::unique_ptr<Graph> c = s.g.Clone();
+  s.relu->meta().outputs.clear();
+  EXPECT_THAT(c->FindNode(s.relu->name())->meta().outputs,
+              ::testing::SizeIs(1));
+}
+
+// Nodes live in slabs: many of them (past the largest slab) keep their
+// addresses, an erased node's slot is reused, and everything is freed
+// (ASan checks) whether erased or not.
+TEST(GraphTest, ManyNodesAndErasedSlotsReused) {
+  Graph g;
+  Node* x = *g.Placeholder("x");
+  std::vector<Node*> nodes;
+  Node* prev = x;
+  for (int i = 0; i < 10000; ++i) {
+    prev = *g.CallFunction("aten::relu", {Argument::Ref(prev)}, {},
+                           absl::StrCat("r", i));
+    nodes.push_back(prev);
+  }
+  Node* out = *g.Output(Argument::Ref(prev));
+  g.SetInsertBefore(out);
+  EXPECT_EQ(g.size(), 10002u);
+  int k = 0;
+  for (Node* n : g.nodes()) {
+    if (n->op() != OpKind::kCallFunction) continue;
+    EXPECT_EQ(n, nodes[k++]);
+  }
+  EXPECT_EQ(nodes[5000]->args()[0].node(), nodes[4999]);
+  Node* dead = *g.CallFunction("aten::neg", {Argument::Ref(x)}, {}, "dead");
+  ASSERT_OK(g.Erase(dead));
+  Node* again = *g.CallFunction("aten::neg", {Argument::Ref(x)}, {}, "again");
+  EXPECT_EQ(again, dead);
+  EXPECT_EQ(g.FindNode("dead"), nullptr);
+  EXPECT_EQ(g.FindNode("again"), again);
+  EXPECT_THAT(x->users(), ElementsAre(nodes[0], again));
+  EXPECT_OK(Verify(g));
 }
 
 TEST(ScopeTest, DemanglesAndShortens) {

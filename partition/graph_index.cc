@@ -106,7 +106,12 @@ void Prefetch(const std::vector<const ir::Node*>& nodes, int i) {
   }
   if (i + kAhead / 2 < n) {
     const ir::Node* node = nodes[i + kAhead / 2];
-    __builtin_prefetch(node->args().data());
+    // An operand list spans a line or a few (48-byte Arguments).
+    const char* args = reinterpret_cast<const char*>(node->args().data());
+    const size_t args_bytes = node->args().size() * sizeof(ir::Argument);
+    for (size_t off = 0; off < args_bytes; off += 64) {
+      __builtin_prefetch(args + off);
+    }
     __builtin_prefetch(&node->scope().stack());
     __builtin_prefetch(node->target().data());
   }
@@ -131,6 +136,9 @@ absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
   a.ref.reserve(2 * n);
   a.in.reserve(2 * n);
   g.leaf_in_stack.assign(n, 0);
+  g.shared_depth.assign(n, 0);
+  static const std::vector<ir::ScopeEntry> kNoStack;
+  const std::vector<ir::ScopeEntry>* prev_stack = &kNoStack;
   ParamReads& params = g.params;
   params.node_param.assign(n, -1);
   absl::flat_hash_map<absl::string_view, int> param_id;
@@ -146,6 +154,12 @@ absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
     g.ops.push_back(op);
     g.stacks.push_back(&stack);
     if (node == g.output) g.out = i;
+    if (IsCompute(op)) {
+      g.shared_depth[i] = &stack == prev_stack
+                              ? static_cast<int>(stack.size())
+                              : CommonPrefix(*prev_stack, stack);
+      prev_stack = &stack;
+    }
     if (op == ir::OpKind::kGetAttr || op == ir::OpKind::kCallModule) {
       auto [it, inserted] = param_id.try_emplace(
           node->target(), static_cast<int>(params.size.size()));

@@ -4,6 +4,7 @@
 #include <climits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,7 +53,21 @@ namespace tracecut::partition {
 //
 // Every step is one pass over nodes and their use lists.
 
+// Note [Partitioning on two threads]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Copying the nodes into the subgraphs is about half of partitioning a large
+// graph. Two other passes need nothing it produces: the self-check
+// (CheckTargetPlacement, which walks the original's scope stacks against
+// the placement and the subgraphs' module_paths, both fixed before copying
+// starts) and filling Partition::home (a map as large as the graph). On a
+// graph of kTwoThreadsMinNodes nodes or more they run on a second thread
+// while this one copies; both only read the original graph, and they write
+// no field BuildSubgraphs touches. The result is the same either way; a
+// smaller graph is not worth starting a thread for (tens of microseconds).
+
 namespace {
+
+constexpr int kTwoThreadsMinNodes = 4096;
 
 using partitioner_internal::BuildOutputGraph;
 using partitioner_internal::BuildSubgraphs;
@@ -472,15 +487,34 @@ absl::StatusOr<Partition> PartitionGraph(const ir::Graph& graph,
   Homes homes = AssignHomes(g, slots.slot, grouping);
 
   Partition partition;
-  RETURN_IF_ERROR(BuildSubgraphs(g, params, homes, &partition));
+  partition.subgraphs.resize(grouping.num_sg);
+  for (int s = 0; s < grouping.num_sg; ++s) partition.subgraphs[s].index = s;
   for (int s = 1; s < slots.num_slots; ++s) {
     partition.subgraphs[grouping.slot_to_sg[s]].module_paths.push_back(
         t.instances[s - 1].path);
   }
+  // The self-check and Partition::home read the placement and the original
+  // graph only, so on a large graph they run beside the copying (Note
+  // [Partitioning on two threads]).
+  absl::Status checked;
+  auto check_and_fill_homes = [&] {
+    checked = partitioner_internal::CheckTargetPlacement(g, homes.home,
+                                                         partition.subgraphs);
+    if (checked.ok()) FillHomeMap(g, homes.home, &partition);
+  };
+  absl::Status built;
+  if (options.threads != 1 && g.size() >= kTwoThreadsMinNodes) {
+    std::thread helper(check_and_fill_homes);
+    built = BuildSubgraphs(g, params, homes, &partition);
+    helper.join();
+  } else {
+    built = BuildSubgraphs(g, params, homes, &partition);
+    if (built.ok()) check_and_fill_homes();
+  }
+  RETURN_IF_ERROR(built);
+  RETURN_IF_ERROR(checked);
   RETURN_IF_ERROR(BuildOutputGraph(g, graph, &partition));
   AddTargetsUsedAndWarnings(options, t.instances, params, &partition);
-  RETURN_IF_ERROR(
-      partitioner_internal::CheckTargetPlacement(g, homes.home, partition));
   return partition;
 }
 
@@ -492,8 +526,8 @@ class PlacementChecker {
   using Stack = std::vector<ir::ScopeEntry>;
 
   // Fails when a target path is in two subgraphs' module_paths.
-  absl::Status Init(const Partition& partition) {
-    for (const Subgraph& sub : partition.subgraphs) {
+  absl::Status Init(const std::vector<Subgraph>& subgraphs) {
+    for (const Subgraph& sub : subgraphs) {
       for (const std::string& path : sub.module_paths) {
         auto [it, inserted] = owner_.try_emplace(path, sub.index);
         if (!inserted) {
@@ -506,20 +540,18 @@ class PlacementChecker {
     return absl::OkStatus();
   }
 
-  // `home(n)` gives n's subgraph; only called for nodes inside a target.
+  // Checks compute node `n`. `home(n)` gives n's subgraph; only called for
+  // nodes inside a target. `shared_depth`: how many leading entries `stack`
+  // shares with the previous compute node's (IndexedGraph::shared_depth).
   // `leaf_in_stack`: a call_module whose stack ends with the module it
   // calls (the leaf needs no lookup of its own).
   template <typename HomeFn>
   absl::Status Check(const ir::Node* n, ir::OpKind op, const Stack* stack,
-                     bool leaf_in_stack, HomeFn&& home) {
-    if (!IsCompute(op)) {
-      return absl::OkStatus();  // Inputs, parameter reads and the output
-                                // live anywhere.
-    }
+                     int shared_depth, bool leaf_in_stack, HomeFn&& home) {
     // The innermost instance: with Nesting::kInnermost an outer target
     // keeps only its own nodes (with kOutermost inner ones are no
     // instances at all).
-    Advance(stack);
+    Advance(stack, shared_depth);
     Owner found = level_.back();
     if (op == ir::OpKind::kCallModule && !leaf_in_stack) {
       if (auto it = owner_.find(n->target()); it != owner_.end()) {
@@ -545,9 +577,8 @@ class PlacementChecker {
 
   // Makes level_ describe `stack`, looking up only the entries past those
   // it shares with the previous node's stack.
-  void Advance(const Stack* stack) {
+  void Advance(const Stack* stack, int k) {
     if (stack == cur_) return;
-    const int k = partitioner_internal::CommonPrefix(*cur_, *stack);
     level_.resize(k + 1);
     for (size_t d = k; d < stack->size(); ++d) {
       const ir::ScopeEntry& e = (*stack)[d];
@@ -572,15 +603,21 @@ class PlacementChecker {
 absl::Status CheckTargetPlacement(const ir::Graph& graph,
                                   const Partition& partition) {
   PlacementChecker checker;
-  RETURN_IF_ERROR(checker.Init(partition));
+  RETURN_IF_ERROR(checker.Init(partition.subgraphs));
   auto home = [&](const ir::Node* n) {
     return partition.SubgraphOf(n->name());
   };
+  const PlacementChecker::Stack* prev = nullptr;
   for (const ir::Node* n : graph.nodes()) {
+    // Inputs, parameter reads and the output live anywhere.
+    if (!IsCompute(n)) continue;
     const auto& stack = n->scope().stack();
+    const int shared =
+        prev == nullptr ? 0 : partitioner_internal::CommonPrefix(*prev, stack);
+    prev = &stack;
     RETURN_IF_ERROR(checker.Check(
-        n, n->op(), &stack, !stack.empty() && stack.back().path == n->target(),
-        home));
+        n, n->op(), &stack, shared,
+        !stack.empty() && stack.back().path == n->target(), home));
   }
   return absl::OkStatus();
 }
@@ -589,13 +626,15 @@ namespace partitioner_internal {
 
 absl::Status CheckTargetPlacement(const IndexedGraph& g,
                                   const std::vector<int>& home,
-                                  const Partition& partition) {
+                                  const std::vector<Subgraph>& subgraphs) {
   PlacementChecker checker;
-  RETURN_IF_ERROR(checker.Init(partition));
+  RETURN_IF_ERROR(checker.Init(subgraphs));
   for (int i = 0; i < g.size(); ++i) {
+    if (!IsCompute(g.op(i))) continue;
     auto home_of = [&](const ir::Node*) { return home[i]; };
     RETURN_IF_ERROR(checker.Check(g.nodes[i], g.op(i), g.stacks[i],
-                                  g.leaf_in_stack[i], home_of));
+                                  g.shared_depth[i], g.leaf_in_stack[i],
+                                  home_of));
   }
   return absl::OkStatus();
 }

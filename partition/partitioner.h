@@ -102,6 +102,10 @@ struct PartitionOptions {
   // Parameter sizes. When unset, get_attr sizes come from the node's meta
   // (shape and dtype) and leaf modules count as unknown.
   ParamBytesFn param_bytes;
+  // 1: partition on the calling thread only. Otherwise a graph of a few
+  // thousand nodes or more is partitioned on two threads (the result is the
+  // same); `param_bytes` is only called from the calling thread.
+  int threads = 0;
 };
 
 // "outermost" / "innermost".

@@ -72,6 +72,12 @@ struct IndexedGraph {
   // call_module node i's stack ends with the module it calls (as traced
   // graphs scope their leaves), so matching its stack covers the leaf.
   std::vector<char> leaf_in_stack;
+  // For a compute node: how many leading entries its stack shares with the
+  // stack of the compute node before it (CommonPrefix; the full depth for
+  // the same stack). Target matching and the self-check both walk the
+  // compute nodes' stacks this way; comparing the entries once saves the
+  // second pass reading them (on a large graph, a cache miss per string).
+  std::vector<int> shared_depth;
   Adjacency adj;
   ParamReads params;
   const ir::Node* output = nullptr;
@@ -172,8 +178,14 @@ struct Homes {
 
 // Builds partition->subgraphs (graphs, inputs, outputs, last uses,
 // parameter reads and sizes) from the placement.
+// partition->subgraphs must already have one entry per subgraph; fills
+// everything but their module_paths and partition->home.
 absl::Status BuildSubgraphs(const IndexedGraph& g, const ParamReads& params,
                             const Homes& homes, Partition* partition);
+
+// Fills partition->home from the placement (node i runs in home[i]).
+void FillHomeMap(const IndexedGraph& g, const std::vector<int>& home,
+                 Partition* partition);
 
 // Sets partition->model_inputs, model_outputs and output_graph: the graph
 // that reads the model's outputs from the subgraphs' results.
@@ -182,9 +194,11 @@ absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
 
 // partition::CheckTargetPlacement with each node's home from `home` (node i
 // runs in subgraph home[i]) instead of looking up partition->home by name.
+// Reads only the subgraphs' index and module_paths, so it can run while
+// BuildSubgraphs fills in the rest.
 absl::Status CheckTargetPlacement(const IndexedGraph& g,
                                   const std::vector<int>& home,
-                                  const Partition& partition);
+                                  const std::vector<Subgraph>& subgraphs);
 
 }  // namespace tracecut::partition::partitioner_internal
 

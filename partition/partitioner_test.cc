@@ -874,6 +874,29 @@ TEST(PartitionerTest, LargeMoeGraph) {
   }
   EXPECT_OK(CheckTargetPlacement(*g, *p));
   EXPECT_OK(VerifyPartition(*g, *p));
+
+  // Partitioned on one thread (Note [Partitioning on two threads]): the
+  // same result.
+  o.threads = 1;
+  auto one = PartitionGraph(*g, o);
+  ASSERT_OK(one);
+  ASSERT_EQ(one->subgraphs.size(), p->subgraphs.size());
+  for (size_t s = 0; s < p->subgraphs.size(); ++s) {
+    const Subgraph& a = p->subgraphs[s];
+    const Subgraph& b = one->subgraphs[s];
+    EXPECT_TRUE(ir::StructurallyEqual(*a.graph, *b.graph)) << s;
+    EXPECT_EQ(a.index, b.index);
+    EXPECT_EQ(a.module_paths, b.module_paths);
+    EXPECT_EQ(a.input_names, b.input_names);
+    EXPECT_EQ(a.output_names, b.output_names);
+    EXPECT_EQ(a.last_use, b.last_use);
+    EXPECT_EQ(a.param_targets, b.param_targets);
+    EXPECT_EQ(a.leaf_modules, b.leaf_modules);
+    EXPECT_EQ(a.node_count, b.node_count);
+  }
+  EXPECT_TRUE(p->home == one->home);
+  EXPECT_EQ(p->home.size(), g->size());
+  EXPECT_TRUE(ir::StructurallyEqual(*p->output_graph, *one->output_graph));
 }
 
 }  // namespace

@@ -310,7 +310,7 @@ absl::StatusOr<std::unique_ptr<ir::Graph>> Reassemble(
                                               {}, {}, name));
     if (p != nullptr) {
       q->set_scope(p->scope());
-      q->meta() = p->meta();
+      q->ShareMetaOf(*p);
     }
     values[name] = q;
   }
@@ -361,7 +361,7 @@ absl::StatusOr<std::unique_ptr<ir::Graph>> Reassemble(
                          copy.status().message()));
       }
       (*copy)->set_scope(n->scope());
-      (*copy)->meta() = n->meta();
+      (*copy)->ShareMetaOf(*n);
       local[n] = *copy;
       if (n->op() == ir::OpKind::kGetAttr) {
         attrs[{n->name(), n->target()}] = *copy;
@@ -406,7 +406,7 @@ absl::StatusOr<std::unique_ptr<ir::Graph>> Reassemble(
       ASSIGN_OR_RETURN(copy, g->AddNode(n->op(), n->target(), std::move(args),
                                         std::move(kwargs), n->name()));
       copy->set_scope(n->scope());
-      copy->meta() = n->meta();
+      copy->ShareMetaOf(*n);
     }
     local[n] = copy;
   }

@@ -30,7 +30,7 @@ absl::StatusOr<ir::Node*> AddInputPlaceholder(ir::Graph& g, const ir::Node* m) {
                 {}, {}, m->name()));
   if (model_input) {
     p->set_scope(m->scope());
-    p->meta() = m->meta();
+    p->ShareMetaOf(*m);
   } else {
     p->meta().outputs = m->meta().outputs;
   }
@@ -60,9 +60,7 @@ ir::Argument CopyArgument(const ir::Argument& a, const int*& refs,
 constexpr size_t kPrefetchAhead = 8;
 
 void Prefetch(const std::vector<const ir::Node*>& nodes,
-              const std::vector<int>& members, const std::vector<int>& home,
-              int s, absl::flat_hash_map<std::string, int>& home_map,
-              size_t k) {
+              const std::vector<int>& members, size_t k) {
   if (k + kPrefetchAhead < members.size()) {
     const char* p =
         reinterpret_cast<const char*>(nodes[members[k + kPrefetchAhead]]);
@@ -75,18 +73,10 @@ void Prefetch(const std::vector<const ir::Node*>& nodes,
     __builtin_prefetch(n->args().data());
     __builtin_prefetch(n->name().data());
     __builtin_prefetch(n->target().data());
-    __builtin_prefetch(n->meta().outputs.data());
-    if (n->meta().source.has_value()) {
-      __builtin_prefetch(n->meta().source->file.data());
-    }
-    // The stack's reference count sits next to it (one allocation).
-    __builtin_prefetch(&n->scope().stack());
-  }
-  // Its entry of Partition::home, a random place in a table as large as
-  // the graph.
-  if (k + kPrefetchAhead / 4 < members.size()) {
-    const int i = members[k + kPrefetchAhead / 4];
-    if (home[i] == s) home_map.prefetch(nodes[i]->name());
+    // The meta's and the stack's reference counts sit next to them (one
+    // allocation each); copying the node increments both.
+    __builtin_prefetch(&n->meta(), 1);
+    __builtin_prefetch(&n->scope().stack(), 1);
   }
 }
 
@@ -103,8 +93,6 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
   auto op = [&](int i) { return indexed.op(i); };
   const std::vector<int>& home = homes.home;
   const std::vector<int>& node_param = params.node_param;
-  partition->subgraphs.resize(num_sg);
-  partition->home.reserve(num_nodes);
   std::vector<int> seen(num_nodes, -1);
   std::vector<int> param_stamp(params.size.size(), -1);
   // copy[j] is node j's counterpart in the subgraph being built (valid
@@ -114,7 +102,6 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
   std::vector<int> inputs;
   for (int s = 0; s < num_sg; ++s) {
     Subgraph& sub = partition->subgraphs[s];
-    sub.index = s;
     inputs.clear();
     for (int i : homes.members[s]) {
       for (int j : adj.Inputs(i)) {
@@ -144,7 +131,7 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
     int64_t bytes = 0;
     const std::vector<int>& members = homes.members[s];
     for (size_t k = 0; k < members.size(); ++k) {
-      Prefetch(nodes, members, home, s, partition->home, k);
+      Prefetch(nodes, members, k);
       const int i = members[k];
       const ir::Node* n = nodes[i];
       const int* refs = adj.Refs(i);
@@ -179,11 +166,9 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
                                                 "' in subgraph ", s));
       }
       c->set_scope(n->scope());
-      c->meta() = n->meta();
+      c->ShareMetaOf(*n);
       copy[i] = c;
       copied_in[i] = s;
-      // While the name is in cache (get_attr copies are not homes).
-      if (home[i] == s) partition->home.emplace(n->name(), s);
       if (node_param[i] >= 0) {
         int id = node_param[i];
         if (param_stamp[id] != s) {
@@ -218,12 +203,20 @@ absl::Status BuildSubgraphs(const IndexedGraph& indexed,
   }
   for (int i = 0; i < num_nodes; ++i) {
     ++partition->subgraphs[home[i]].node_count;
-    // Nobody's members.
-    if (op(i) == ir::OpKind::kPlaceholder || i == out) {
-      partition->home.emplace(nodes[i]->name(), home[i]);
-    }
   }
   return absl::OkStatus();
+}
+
+void FillHomeMap(const IndexedGraph& g, const std::vector<int>& home,
+                 Partition* partition) {
+  constexpr int kAhead = 8;
+  const int n = g.size();
+  partition->home.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    // The names are scattered over the original graph.
+    if (i + kAhead < n) __builtin_prefetch(g.nodes[i + kAhead]->name().data());
+    partition->home.emplace(g.nodes[i]->name(), home[i]);
+  }
 }
 
 absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
@@ -248,7 +241,7 @@ absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
     ASSIGN_OR_RETURN(ir::Node * a, og->AddNode(ir::OpKind::kGetAttr,
                                                m->target(), {}, {}, m->name()));
     a->set_scope(m->scope());
-    a->meta() = m->meta();
+    a->ShareMetaOf(*m);
     og_map[m] = a;
   }
   auto og_remap = [&](ir::Node* n) -> ir::Node* {
@@ -268,7 +261,7 @@ absl::Status BuildOutputGraph(const IndexedGraph& g, const ir::Graph& graph,
       og->AddNode(ir::OpKind::kOutput, output->target(), std::move(og_args),
                   std::move(og_kwargs), output->name()));
   og_out->set_scope(output->scope());
-  og_out->meta() = output->meta();
+  og_out->ShareMetaOf(*output);
   og->meta() = graph.meta();
   partition->output_graph = std::move(og);
   return absl::OkStatus();

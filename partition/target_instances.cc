@@ -136,7 +136,7 @@ TargetInstances FindTargetInstances(const IndexedGraph& g,
     if (!IsCompute(g.op(i))) continue;
     const Stack* stack = g.stacks[i];
     if (stack != cur) {
-      const int k = CommonPrefix(*cur, *stack);
+      const int k = g.shared_depth[i];
       level.resize(k + 1);
       inst_at.resize(k);
       for (size_t d = k; d < stack->size(); ++d) {
