@@ -17,6 +17,10 @@
 #include "absl/strings/strip.h"
 #include "ir/names.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace tracecut::ir {
 namespace {
 
@@ -448,7 +452,26 @@ std::string Graph::UniqueName(absl::string_view hint) const {
   }
 }
 
+// Under AddressSanitizer an erased node's slot is poisoned past the free
+// list's link until reused, so a use after Erase is still reported.
+#if defined(__SANITIZE_ADDRESS__)
+#define TRACECUT_POISON_SLOT(p)                                         \
+  ASAN_POISON_MEMORY_REGION(reinterpret_cast<char*>(p) + sizeof(void*), \
+                            sizeof(Node) - sizeof(void*))
+#define TRACECUT_UNPOISON_SLOT(p) ASAN_UNPOISON_MEMORY_REGION(p, sizeof(Node))
+#else
+#define TRACECUT_POISON_SLOT(p)
+#define TRACECUT_UNPOISON_SLOT(p)
+#endif
+
 Graph::~Graph() {
+  // Slots erased nodes left: the slabs are freed whole.
+  for (NodeSlot* slot = free_slots_; slot != nullptr;) {
+    NodeSlot* next;
+    std::memcpy(&next, slot, sizeof(NodeSlot*));
+    TRACECUT_UNPOISON_SLOT(slot);
+    slot = next;
+  }
   for (Node* n = first_; n != nullptr;) {
     Node* next = n->next_;
     n->~Node();
@@ -478,6 +501,7 @@ Node* Graph::NewNode(Args&&... args) {
   if (free_slots_ != nullptr) {
     slot = free_slots_;
     std::memcpy(&free_slots_, slot, sizeof(NodeSlot*));
+    TRACECUT_UNPOISON_SLOT(slot);
   } else {
     if (slab_used_ == slab_size_) {
       slab_size_ = slabs_.empty() ? kFirstSlabNodes
@@ -495,6 +519,7 @@ void Graph::DestroyNode(Node* node) {
   node->~Node();
   std::memcpy(static_cast<void*>(node), &free_slots_, sizeof(NodeSlot*));
   free_slots_ = reinterpret_cast<NodeSlot*>(node);
+  TRACECUT_POISON_SLOT(node);
 }
 
 void Graph::Link(Node* node, Node* before) {

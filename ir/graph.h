@@ -228,7 +228,8 @@ struct TransformMark {
   }
 };
 
-// Typed, serializable per-node metadata. Copied with the node.
+// Typed, serializable per-node metadata. Shared copy-on-write between a
+// node and its copies (see Node::meta()).
 struct NodeMeta {
   // One entry per tensor the node produces (several for tuple outputs);
   // empty when unknown or not a tensor.
