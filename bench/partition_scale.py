@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Partition at scale (issue 17): PartitionGraph's growth curve.
 
-    bench/partition_scale.sh [--runs=N] [--ref] [--before=BIN] [--quick]
+    bench/partition_scale.sh [--runs=N] [--cold] [--ref] [--before=BIN]
+                             [--quick]
 
 (the .sh builds partition_bench with -c opt and calls this with its path).
 Times //partition:partition_bench, one process per graph and run, on
@@ -20,6 +21,9 @@ more is otherwise partitioned on two); then the growth rows (time ratio /
 node ratio, target <= 1.1) and the 1M-node rows (target < 1 s), each with
 its verdict.
 
+--cold flushes the caches before each timed partition (partition_bench
+--cold), as a single partition right after loading a graph runs, instead of
+a loop re-partitioning a small graph that stays in the core's L2.
 --ref also times llm-compressor's partitioning on torch.fx
 (bench/reference/partition_ref.py) on the same traced Llama graphs.
 --before=BIN times another partition_bench build (e.g. main's) on the same
@@ -44,16 +48,19 @@ def run_json(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
+COLD = []  # ["--cold"] with --cold.
+
+
 def time_graph(bench, args, runs, reps, one_thread=True):
     """Median over `runs` processes; with one_thread, the same graph is also
     timed with --threads=1 (the process-to-process alternation keeps the
     two comparable on a machine whose speed drifts), under "one"."""
     rows, ones = [], []
     for _ in range(runs):
-        rows.append(run_json([bench] + args + [f"--reps={reps}"]))
+        rows.append(run_json([bench] + args + [f"--reps={reps}"] + COLD))
         if one_thread:
             ones.append(run_json([bench] + args + [f"--reps={reps}",
-                                                   "--threads=1"]))
+                                                   "--threads=1"] + COLD))
     out = summarize(rows)
     if ones:
         out["one"] = summarize(ones)
@@ -86,7 +93,12 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="8/16 layers and the smallest MoE, 2 runs")
     ap.add_argument("--work", default="")
+    ap.add_argument("--cold", action="store_true",
+                    help="partition_bench --cold: caches flushed before "
+                    "each timed partition")
     a = ap.parse_args()
+    if a.cold:
+        COLD.append("--cold")
     layers = LLAMA_LAYERS[:2] if a.quick else LLAMA_LAYERS
     moe = MOE[:1] if a.quick else MOE
     runs = 2 if a.quick else a.runs

@@ -2,7 +2,7 @@
 # Partition at scale (issue 17): builds partition_bench with -c opt and runs
 # bench/partition_scale.py (see its docstring) over the growth curve.
 #
-#   bench/partition_scale.sh [--runs=N] [--ref] [--before=BIN] [--quick]
+#   bench/partition_scale.sh [--runs=N] [--cold] [--ref] [--before=BIN] [--quick]
 #
 # TRACECUT=path/to/tracecut to trace the Llama graphs with an existing
 # binary; otherwise //tools:tracecut is built (default configuration: only

@@ -4,7 +4,7 @@
 // can be checked to produce identical partitions (diff two dumps).
 //
 //   partition_bench GRAPH.txt [--targets=LlamaDecoderLayer] [--reps=N]
-//                   [--threads=N] [--dump=FILE]
+//                   [--threads=N] [--cold] [--dump=FILE]
 //   partition_bench --moe=LAYERSxEXPERTS [--write_graph=FILE] [...]
 //                   (targets default to MixtralDecoderLayer)
 //
@@ -74,6 +74,7 @@ int Main(int argc, char** argv) {
   std::string targets, dump, path, write_graph;
   int reps = 20;
   int threads = 0;
+  bool cold = false;
   int moe_layers = 0, moe_experts = 0;
   for (int i = 1; i < argc; ++i) {
     absl::string_view a = argv[i];
@@ -94,6 +95,8 @@ int Main(int argc, char** argv) {
       targets = std::string(a);
     } else if (absl::ConsumePrefix(&a, "--reps=")) {
       if (!absl::SimpleAtoi(a, &reps) || reps < 1) reps = 1;
+    } else if (a == "--cold") {
+      cold = true;
     } else if (absl::ConsumePrefix(&a, "--threads=")) {
       if (!absl::SimpleAtoi(a, &threads) || threads < 0) {
         std::fprintf(stderr, "partition_bench: --threads=N, got %s\n", argv[i]);
@@ -158,8 +161,16 @@ int Main(int argc, char** argv) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t)
         .count();
   };
+  // --cold: before each timed call, write a buffer twice the size of this
+  // machine's last-level cache, so that no call finds the graph (or the
+  // previous result's memory) in cache: what a single partition right after
+  // loading a large graph sees, rather than a loop re-partitioning a small
+  // one that stays in L2.
+  std::vector<char> evict(cold ? 64 << 20 : 0);
   std::vector<double> times, cpu, destroy;
   for (int i = 0; i < reps; ++i) {
+    for (size_t k = 0; k < evict.size(); k += 64)
+      evict[k] = static_cast<char>(i);
     auto start = std::chrono::steady_clock::now();
     double cpu_start = cpu_now();
     std::optional<Partition> q = run();
