@@ -137,8 +137,8 @@ absl::StatusOr<IndexedGraph> IndexGraph(const ir::Graph& graph,
   a.in.reserve(2 * n);
   g.leaf_in_stack.assign(n, 0);
   g.shared_depth.assign(n, 0);
-  static const std::vector<ir::ScopeEntry> kNoStack;
-  const std::vector<ir::ScopeEntry>* prev_stack = &kNoStack;
+  static const auto* const kNoStack = new std::vector<ir::ScopeEntry>();
+  const std::vector<ir::ScopeEntry>* prev_stack = kNoStack;
   ParamReads& params = g.params;
   params.node_param.assign(n, -1);
   absl::flat_hash_map<absl::string_view, int> param_id;

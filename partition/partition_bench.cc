@@ -169,8 +169,9 @@ int Main(int argc, char** argv) {
   std::vector<char> evict(cold ? 64 << 20 : 0);
   std::vector<double> times, cpu, destroy;
   for (int i = 0; i < reps; ++i) {
-    for (size_t k = 0; k < evict.size(); k += 64)
+    for (size_t k = 0; k < evict.size(); k += 64) {
       evict[k] = static_cast<char>(i);
+    }
     auto start = std::chrono::steady_clock::now();
     double cpu_start = cpu_now();
     std::optional<Partition> q = run();
