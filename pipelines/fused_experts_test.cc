@@ -8,11 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ir/text.h"
 #include "runtime/graph_module.h"
+#include "util/status_macros.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
@@ -117,6 +120,19 @@ struct Fixture {
     call.output = &output;
     return call;
   }
+
+  // Each Linear's calibration input for one call, by checkpoint path.
+  absl::StatusOr<std::map<std::string, torch::Tensor>> Inputs(
+      FusedExperts& experts) const {
+    std::map<std::string, torch::Tensor> got;
+    RETURN_IF_ERROR(experts.ForEachInput(
+        *ctx, Call(),
+        [&](const std::string& path, const at::Tensor& x) -> absl::Status {
+          got[path] = x;
+          return absl::OkStatus();
+        }));
+    return got;
+  }
 };
 
 TEST(FusedExpertsTest, FindsEachExpertsLinearsAsTheCheckpointStoresThem) {
@@ -148,13 +164,7 @@ TEST(FusedExpertsTest, InputsAreTheTokensRoutedToEachExpert) {
   Fixture f;
   ASSERT_OK_AND_ASSIGN(FusedExperts experts,
                        FusedExperts::Find(*f.ctx, ModuleSelector(), "gptq"));
-  std::map<std::string, torch::Tensor> got;
-  ASSERT_OK(experts.ForEachInput(
-      *f.ctx, f.Call(),
-      [&](const std::string& path, const at::Tensor& x) -> absl::Status {
-        got[path] = x;
-        return absl::OkStatus();
-      }));
+  ASSERT_OK_AND_ASSIGN(auto got, f.Inputs(experts));
   const torch::Tensor& index = f.inputs[0].toTensor();
   const torch::Tensor& hidden = f.inputs[1].toTensor();
   ASSERT_OK_AND_ASSIGN(torch::Tensor gate_up,
@@ -180,13 +190,7 @@ TEST(FusedExpertsTest, AllTokensGivesEveryExpertTheWholeBlock) {
   ASSERT_OK_AND_ASSIGN(FusedExperts experts,
                        FusedExperts::Find(*f.ctx, ModuleSelector(), "gptq",
                                           /*all_tokens=*/true));
-  std::map<std::string, torch::Tensor> got;
-  ASSERT_OK(experts.ForEachInput(
-      *f.ctx, f.Call(),
-      [&](const std::string& path, const at::Tensor& x) -> absl::Status {
-        got[path] = x;
-        return absl::OkStatus();
-      }));
+  ASSERT_OK_AND_ASSIGN(auto got, f.Inputs(experts));
   const torch::Tensor& hidden = f.inputs[1].toTensor();
   EXPECT_EQ(got.size(), 3u * kExperts);  // Expert 2 too.
   for (int e = 0; e < kExperts; ++e) {
