@@ -454,6 +454,7 @@ std::string PartitionSection(const Report& r) {
   if (any_sizes) {
     ChartOptions o;
     o.format = [](double v) { return Bytes(static_cast<int64_t>(v)); };
+    o.binary_ticks = true;
     o.axis_label = "parameter bytes read by the subgraph";
     absl::StrAppend(&out, BarChart("Parameters per subgraph",
                                    {{"parameters", 0}}, rows, o));
@@ -610,29 +611,35 @@ std::string MemorySection(const Report& r) {
                          "spills / reloads"));
   }
   absl::StrAppend(&out, "</div>\n");
-  std::vector<Row> rows;
-  bool any = false;
+  // Two charts: the process's memory dwarfs the cache's.
+  auto d = [](const std::optional<int64_t>& v) {
+    return v.has_value() ? static_cast<double>(*v) : kNaN;
+  };
+  std::vector<Row> rss_rows, cache_rows;
   for (const auto& [i, s] : r.runs) {
-    auto d = [](const std::optional<int64_t>& v) {
-      return v.has_value() ? static_cast<double>(*v) : kNaN;
-    };
-    if (!s.rss.has_value() && !s.cache_held.has_value()) continue;
-    any = true;
-    rows.push_back({SubgraphLabel(r, i),
-                    "",
-                    {d(s.rss), d(s.cache_held), d(s.cache_on_disk)}});
+    if (s.rss.has_value()) {
+      rss_rows.push_back({SubgraphLabel(r, i), "", {d(s.rss)}});
+    }
+    if (s.cache_held.has_value()) {
+      cache_rows.push_back(
+          {SubgraphLabel(r, i), "", {d(s.cache_held), d(s.cache_on_disk)}});
+    }
   }
-  if (any) {
-    ChartOptions o;
-    o.format = [](double v) { return Bytes(static_cast<int64_t>(v)); };
-    o.axis_label = "bytes, after each subgraph";
+  ChartOptions o;
+  o.format = [](double v) { return Bytes(static_cast<int64_t>(v)); };
+  o.binary_ticks = true;
+  o.axis_label = "bytes, after each subgraph";
+  if (!rss_rows.empty()) {
+    absl::StrAppend(&out, BarChart("Resident memory after each subgraph",
+                                   {{"resident memory", 0}}, rss_rows, o));
+  }
+  if (!cache_rows.empty()) {
     absl::StrAppend(&out,
-                    BarChart("Over the run",
-                             {{"resident memory", 0},
-                              {"cache in memory", 1},
-                              {"cache on disk", 2}},
-                             rows, o));
-  } else {
+                    BarChart("Intermediates cache after each subgraph",
+                             {{"in memory", 1}, {"on disk", 2}}, cache_rows,
+                             o));
+  }
+  if (rss_rows.empty() && cache_rows.empty()) {
     absl::StrAppend(&out,
                     "<p class=\"note\">Memory after each subgraph is not in "
                     "this report (written by a tracecut before it was "

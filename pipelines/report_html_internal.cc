@@ -304,7 +304,12 @@ std::string BarChart(absl::string_view caption,
       ticks.push_back(std::pow(10.0, lo + d));
     }
   } else {
-    const double step = max > 0 ? NiceStep(max) : 0.25;
+    double step = max > 0 ? NiceStep(max) : 0.25;
+    if (options.binary_ticks && max >= 1024) {
+      const double unit = std::pow(
+          1024.0, std::floor(std::log(max) / std::log(1024.0)));
+      step = NiceStep(max / unit) * unit;
+    }
     hi = max > 0 ? std::ceil(max / step - 1e-9) * step : 1;
     for (int i = 0; i * step <= hi * (1 + 1e-9); ++i) ticks.push_back(i * step);
   }

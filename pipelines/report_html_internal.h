@@ -94,6 +94,8 @@ struct ChartOptions {
     return Num(v);
   };
   std::string axis_label;
+  // Ticks at round numbers of KiB / MiB / GiB (for byte counts).
+  bool binary_ticks = false;
 };
 
 // A horizontal bar chart as an inline <svg> (with a <title> per bar), in a
