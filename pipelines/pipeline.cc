@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-
 #include <unistd.h>
 
 #include <algorithm>

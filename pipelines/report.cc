@@ -218,7 +218,8 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
     }
     rusage usage{};
     if (getrusage(RUSAGE_SELF, &usage) == 0) {
-      run["peak_rss_bytes"] = Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
+      run["peak_rss_bytes"] =
+          Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
     }
     if (info.streamed_peak_weight_bytes.has_value()) {
       run["streamed_peak_weight_bytes"] =

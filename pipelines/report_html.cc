@@ -1,5 +1,6 @@
 #include "pipelines/report_html.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -92,12 +93,12 @@ absl::StatusOr<Report> Read(const Json& j, const Fields& f) {
   ASSIGN_OR_RETURN(std::optional<std::string> format,
                    f.String(j, "", "format"));
   if (format != "tracecut-calibration-report") {
-    return f.Error("format",
-                   absl::StrCat("expected \"tracecut-calibration-report\", "
-                                "got ",
-                                format.has_value()
-                                    ? absl::StrCat("\"", *format, "\"")
-                                    : std::string("nothing")));
+    return f.Error(
+        "format",
+        absl::StrCat("expected \"tracecut-calibration-report\", "
+                     "got ",
+                     format.has_value() ? absl::StrCat("\"", *format, "\"")
+                                        : std::string("nothing")));
   }
   auto str = [&](const Json& o, absl::string_view field, absl::string_view key,
                  std::string& out) -> absl::Status {
@@ -165,8 +166,7 @@ absl::StatusOr<Report> Read(const Json& j, const Fields& f) {
     ASSIGN_OR_RETURN(r.weights_quantized,
                      f.Int(*summary, sf, "weights_quantized"));
     ASSIGN_OR_RETURN(r.measured, f.Int(*summary, sf, "measured_modules"));
-    ASSIGN_OR_RETURN(r.mean_error,
-                     f.Number(*summary, sf, "mean_output_error"));
+    ASSIGN_OR_RETURN(r.mean_error, f.Number(*summary, sf, "mean_output_error"));
     ASSIGN_OR_RETURN(r.max_error, f.Number(*summary, sf, "max_output_error"));
     ASSIGN_OR_RETURN(r.compared, f.Int(*summary, sf, "rtn_compared_modules"));
     ASSIGN_OR_RETURN(r.mean_compared,
@@ -221,8 +221,7 @@ absl::StatusOr<Report> Read(const Json& j, const Fields& f) {
         return f.Error(tf, absl::StrCat("expected an object, got ",
                                         util::JsonTypeName(t)));
       }
-      ASSIGN_OR_RETURN(std::optional<int64_t> index,
-                       f.Int(t, tf, "subgraph"));
+      ASSIGN_OR_RETURN(std::optional<int64_t> index, f.Int(t, tf, "subgraph"));
       if (!index.has_value()) return f.Error(tf, "has no subgraph");
       SubgraphRun& s = r.runs[*index];
       ASSIGN_OR_RETURN(std::optional<double> v,
@@ -241,8 +240,7 @@ absl::StatusOr<Report> Read(const Json& j, const Fields& f) {
         return f.Error(tf, absl::StrCat("expected an object, got ",
                                         util::JsonTypeName(t)));
       }
-      ASSIGN_OR_RETURN(std::optional<int64_t> index,
-                       f.Int(t, tf, "subgraph"));
+      ASSIGN_OR_RETURN(std::optional<int64_t> index, f.Int(t, tf, "subgraph"));
       if (!index.has_value()) return f.Error(tf, "has no subgraph");
       SubgraphRun& s = r.runs[*index];
       ASSIGN_OR_RETURN(s.nodes, f.Int(t, tf, "nodes"));
@@ -278,7 +276,8 @@ std::string SubgraphLabel(const Report& r, int64_t i) {
 // A module's name inside its subgraph: "self_attn.q_proj" in
 // "model.layers.0".
 std::string ShortPath(const Report& r, const Module& m) {
-  if (m.subgraph >= 0 && m.subgraph < static_cast<int64_t>(r.subgraphs.size())) {
+  if (m.subgraph >= 0 &&
+      m.subgraph < static_cast<int64_t>(r.subgraphs.size())) {
     const std::string prefix = absl::StrCat(r.subgraphs[m.subgraph], ".");
     if (absl::StartsWith(m.path, prefix) && m.path.size() > prefix.size()) {
       return m.path.substr(prefix.size());
@@ -307,11 +306,13 @@ std::string NoRun(absl::string_view what) {
 std::string SummarySection(const Report& r) {
   std::string out = "<section id=\"summary\">\n<h2>The run</h2>\n";
   std::vector<std::string> data;
-  if (r.samples.has_value()) data.push_back(absl::StrCat(*r.samples, " samples"));
+  if (r.samples.has_value())
+    data.push_back(absl::StrCat(*r.samples, " samples"));
   if (r.seq_len.value_or(0) > 0) {
     data.push_back(absl::StrCat(*r.seq_len, " tokens each"));
   }
-  if (r.batches.has_value()) data.push_back(absl::StrCat(*r.batches, " batches"));
+  if (r.batches.has_value())
+    data.push_back(absl::StrCat(*r.batches, " batches"));
   absl::StrAppend(
       &out, "<p class=\"meta\">model ", Code(r.model), "<br>recipe ",
       Code(r.recipe), ", pipeline ", Code(r.pipeline),
@@ -319,10 +320,9 @@ std::string SummarySection(const Report& r) {
           ? absl::StrCat(", error propagation ",
                          *r.propagate_error ? "on" : "off")
           : "",
-      r.targets.empty()
-          ? ""
-          : absl::StrCat(", sequential targets ",
-                         Code(absl::StrJoin(r.targets, ", "))),
+      r.targets.empty() ? ""
+                        : absl::StrCat(", sequential targets ",
+                                       Code(absl::StrJoin(r.targets, ", "))),
       "<br>data ", Code(r.data_source), ": ",
       HtmlEscape(absl::StrJoin(data, ", ")),
       r.fingerprint.empty()
@@ -334,20 +334,19 @@ std::string SummarySection(const Report& r) {
   absl::StrAppend(&out, "</p>\n<div class=\"cards\">\n");
   absl::StrAppend(&out, Card(absl::StrCat(r.modules.size()), "modules"));
   if (r.weights_quantized.has_value()) {
-    absl::StrAppend(&out, Card(absl::StrCat(*r.weights_quantized),
-                               "weights quantized"));
+    absl::StrAppend(
+        &out, Card(absl::StrCat(*r.weights_quantized), "weights quantized"));
   }
   if (r.compared.value_or(0) > 0) {
     absl::StrAppend(
         &out,
         Card(Num(r.mean_compared),
-             absl::StrCat("mean output error over ", *r.compared,
-                          " modules")),
+             absl::StrCat("mean output error over ", *r.compared, " modules")),
         Card(Num(r.mean_rtn), "round-to-nearest on the same modules"));
   } else if (r.measured.value_or(0) > 0) {
-    absl::StrAppend(&out, Card(Num(r.mean_error),
-                               absl::StrCat("mean output error over ",
-                                            *r.measured, " modules")));
+    absl::StrAppend(
+        &out, Card(Num(r.mean_error), absl::StrCat("mean output error over ",
+                                                   *r.measured, " modules")));
   }
   if (r.max_error.has_value()) {
     absl::StrAppend(&out, Card(Num(r.max_error), "max output error"));
@@ -385,8 +384,7 @@ std::string WarningsSection(const Report& r) {
   }
   for (const Uncalibrated& u : r.uncalibrated) {
     items.push_back(absl::StrCat(
-        Code(u.path),
-        ": no calibration token reached it; quantized ",
+        Code(u.path), ": no calibration token reached it; quantized ",
         HtmlEscape(MethodName(u.method)),
         " from its weights alone, not counted in the means"));
   }
@@ -412,8 +410,8 @@ std::string WarningsSection(const Report& r) {
 
 std::string PartitionSection(const Report& r) {
   std::string out = absl::StrCat(
-      "<section id=\"partition\">\n<h2>Partition</h2>\n<p>",
-      r.subgraphs.size(), " subgraphs",
+      "<section id=\"partition\">\n<h2>Partition</h2>\n<p>", r.subgraphs.size(),
+      " subgraphs",
       r.targets.empty()
           ? ""
           : absl::StrCat(", split at ", Code(absl::StrJoin(r.targets, ", "))),
@@ -446,7 +444,8 @@ std::string PartitionSection(const Report& r) {
         "</td><td class=\"n\">", c.first, "</td><td class=\"n\">", c.second,
         "</td></tr>\n");
     if (sized) {
-      rows.push_back({SubgraphLabel(r, static_cast<int64_t>(i)), "",
+      rows.push_back({SubgraphLabel(r, static_cast<int64_t>(i)),
+                      "",
                       {static_cast<double>(*s->param_bytes)}});
     }
   }
@@ -495,15 +494,22 @@ std::string ErrorsSection(const Report& r) {
         methods.push_back(name);
       }
     }
+    // A round-to-nearest run has no baseline of its own: one bar each.
+    bool baseline = false;
+    for (const Module* m : modules) {
+      baseline = baseline || std::isfinite(m->rtn_error);
+    }
     std::vector<Row> rows;
     for (const Module* m : modules) {
       rows.push_back({ShortPath(r, *m), m->path, {m->error, m->rtn_error}});
+      if (!baseline) rows.back().values.pop_back();
     }
+    std::vector<Series> series = {{absl::StrJoin(methods, " / "), 0}};
+    if (baseline) series.push_back({"round-to-nearest", 1});
     absl::StrAppend(
         &out,
-        BarChart(absl::StrCat("Subgraph ", SubgraphLabel(r, sub)),
-                 {{absl::StrJoin(methods, " / "), 0}, {"round-to-nearest", 1}},
-                 rows, ChartOptions{.axis_label = "relative output error"}));
+        BarChart(absl::StrCat("Subgraph ", SubgraphLabel(r, sub)), series, rows,
+                 ChartOptions{.axis_label = "relative output error"}));
   }
   absl::StrAppend(
       &out,
@@ -562,17 +568,19 @@ std::string TimeSection(const Report& r) {
   o.stacked = true;
   o.format = Seconds;
   o.axis_label = "seconds";
-  absl::StrAppend(&out, BarChart("Calibrate / compress / propagate / I/O",
-                                 series, rows, o),
-                  table);
   absl::StrAppend(
-      &out, "<p class=\"note\">calibrate: the pass over all batches with the "
-            "modifiers' hooks; compress: the modifiers' quantization step "
-            "(GPTQ's solve); propagate: the pass with the compressed weights "
-            "whose outputs feed the next subgraph; weight I/O: reading the "
-            "subgraph's weights from the checkpoint and writing its shard ",
-      any_io ? "(streamed runs)" : "(not recorded: the weights were not "
-                                   "streamed, or the report predates it)",
+      &out, BarChart("Calibrate / compress / propagate / I/O", series, rows, o),
+      table);
+  absl::StrAppend(
+      &out,
+      "<p class=\"note\">calibrate: the pass over all batches with the "
+      "modifiers' hooks; compress: the modifiers' quantization step "
+      "(GPTQ's solve); propagate: the pass with the compressed weights "
+      "whose outputs feed the next subgraph; weight I/O: reading the "
+      "subgraph's weights from the checkpoint and writing its shard ",
+      any_io ? "(streamed runs)"
+             : "(not recorded: the weights were not "
+               "streamed, or the report predates it)",
       ".</p>\n</section>\n");
   return out;
 }
@@ -605,10 +613,9 @@ std::string MemorySection(const Report& r) {
     absl::StrAppend(&out, Card(Bytes(*r.cache_spilled), "spilled to disk"));
   }
   if (r.spill_count.has_value()) {
-    absl::StrAppend(&out,
-                    Card(absl::StrCat(*r.spill_count, " / ",
-                                      r.reload_count.value_or(0)),
-                         "spills / reloads"));
+    absl::StrAppend(&out, Card(absl::StrCat(*r.spill_count, " / ",
+                                            r.reload_count.value_or(0)),
+                               "spills / reloads"));
   }
   absl::StrAppend(&out, "</div>\n");
   // Two charts: the process's memory dwarfs the cache's.
@@ -634,10 +641,9 @@ std::string MemorySection(const Report& r) {
                                    {{"resident memory", 0}}, rss_rows, o));
   }
   if (!cache_rows.empty()) {
-    absl::StrAppend(&out,
-                    BarChart("Intermediates cache after each subgraph",
-                             {{"in memory", 1}, {"on disk", 2}}, cache_rows,
-                             o));
+    absl::StrAppend(
+        &out, BarChart("Intermediates cache after each subgraph",
+                       {{"in memory", 1}, {"on disk", 2}}, cache_rows, o));
   }
   if (rss_rows.empty() && cache_rows.empty()) {
     absl::StrAppend(&out,

@@ -105,8 +105,7 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
                      f.Number(s, field, "cumulative_max_abs"));
     ASSIGN_OR_RETURN(step.cumulative_rel,
                      f.Number(s, field, "cumulative_max_rel"));
-    ASSIGN_OR_RETURN(std::optional<int64_t> v,
-                     f.Int(s, field, "violations"));
+    ASSIGN_OR_RETURN(std::optional<int64_t> v, f.Int(s, field, "violations"));
     step.violations = v.value_or(0);
     ASSIGN_OR_RETURN(std::vector<std::string> touched,
                      f.Strings(s, field, "touched_nodes"));
@@ -131,10 +130,9 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
         mismatch.has_value()
             ? absl::StrCat(": outputs changed: ", HtmlEscape(*mismatch))
             : "",
-        worst.has_value()
-            ? absl::StrCat("; worst element <code>", HtmlEscape(*worst),
-                           "</code>")
-            : "",
+        worst.has_value() ? absl::StrCat("; worst element <code>",
+                                         HtmlEscape(*worst), "</code>")
+                          : "",
         ".</p>\n");
   } else {
     verdict = "<p>Every pass kept every subgraph within the tolerance.</p>\n";
@@ -143,8 +141,9 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
   std::string out = html_internal::PageStart("tracecut debug report");
   absl::StrAppend(
       &out, "<h1>Transform debugger report</h1>\n<p class=\"meta\"><code>",
-      HtmlEscape(source), "</code><br>tolerance |after &minus; before| "
-                          "&le; atol + rtol&middot;|before|, atol ",
+      HtmlEscape(source),
+      "</code><br>tolerance |after &minus; before| "
+      "&le; atol + rtol&middot;|before|, atol ",
       Num(atol), ", rtol ", Num(rtol), "</p>\n<section id=\"verdict\">\n",
       verdict, "</section>\n");
 
@@ -173,9 +172,9 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
     o.log_scale = true;
     o.format = Sci;
     o.axis_label = "max relative error";
-    absl::StrAppend(&out, BarChart(absl::StrCat("Subgraph ", Label(paths, sub)),
-                                   {{"step", 0}, {"cumulative", 1}},
-                                   chart_rows, o));
+    absl::StrAppend(&out,
+                    BarChart(absl::StrCat("Subgraph ", Label(paths, sub)),
+                             {{"step", 0}, {"cumulative", 1}}, chart_rows, o));
   }
   if (by_subgraph.empty()) {
     absl::StrAppend(&out, "<p>The report has no steps.</p>\n");

@@ -150,9 +150,9 @@ absl::StatusOr<std::vector<std::string>> Fields::Strings(
   for (size_t i = 0; i < (*a)->size(); ++i) {
     const Json& v = (**a)[i];
     if (!v.is_string()) {
-      return Error(absl::StrCat(Member(field, key), "[", i, "]"),
-                   absl::StrCat("expected a string, got ",
-                                util::JsonTypeName(v)));
+      return Error(
+          absl::StrCat(Member(field, key), "[", i, "]"),
+          absl::StrCat("expected a string, got ", util::JsonTypeName(v)));
     }
     out.push_back(v.get<std::string>());
   }
@@ -306,8 +306,8 @@ std::string BarChart(absl::string_view caption,
   } else {
     double step = max > 0 ? NiceStep(max) : 0.25;
     if (options.binary_ticks && max >= 1024) {
-      const double unit = std::pow(
-          1024.0, std::floor(std::log(max) / std::log(1024.0)));
+      const double unit =
+          std::pow(1024.0, std::floor(std::log(max) / std::log(1024.0)));
       step = NiceStep(max / unit) * unit;
     }
     hi = max > 0 ? std::ceil(max / step - 1e-9) * step : 1;
@@ -340,10 +340,9 @@ std::string BarChart(absl::string_view caption,
   const int plot_bottom = kLegendH + static_cast<int>(rows.size()) * row_h;
   for (double t : ticks) {
     const std::string x = F(x_of(t));
-    absl::StrAppend(&svg, "<line class=\"grid\" x1=\"", x, "\" y1=\"",
-                    plot_top, "\" x2=\"", x, "\" y2=\"", plot_bottom,
-                    "\"/><text x=\"", x, "\" y=\"", plot_bottom + 14,
-                    "\" text-anchor=\"middle\">",
+    absl::StrAppend(&svg, "<line class=\"grid\" x1=\"", x, "\" y1=\"", plot_top,
+                    "\" x2=\"", x, "\" y2=\"", plot_bottom, "\"/><text x=\"", x,
+                    "\" y=\"", plot_bottom + 14, "\" text-anchor=\"middle\">",
                     HtmlEscape(options.format(t)), "</text>\n");
   }
   absl::StrAppend(&svg, "<line class=\"axis\" x1=\"", kPlotX, "\" y1=\"",
@@ -359,12 +358,12 @@ std::string BarChart(absl::string_view caption,
     const Row& row = rows[r];
     const int y0 = plot_top + static_cast<int>(r) * row_h + kRowGap / 2;
     const int bars_h = bars * (kBarH + kBarGap) - kBarGap;
-    absl::StrAppend(
-        &svg, "<text", row.flagged ? " class=\"flag\"" : "", " x=\"",
-        kLabelRight, "\" y=\"", y0 + bars_h / 2 + 4,
-        "\" text-anchor=\"end\"><title>",
-        HtmlEscape(row.tooltip.empty() ? row.label : row.tooltip), "</title>",
-        HtmlEscape(Truncate(row.label, kMaxLabel)), "</text>\n");
+    absl::StrAppend(&svg, "<text", row.flagged ? " class=\"flag\"" : "",
+                    " x=\"", kLabelRight, "\" y=\"", y0 + bars_h / 2 + 4,
+                    "\" text-anchor=\"end\"><title>",
+                    HtmlEscape(row.tooltip.empty() ? row.label : row.tooltip),
+                    "</title>", HtmlEscape(Truncate(row.label, kMaxLabel)),
+                    "</text>\n");
     double start = 0;
     for (size_t s = 0; s < series.size() && s < row.values.size(); ++s) {
       const double v = row.values[s];
@@ -387,9 +386,8 @@ std::string BarChart(absl::string_view caption,
                       F(std::max(x1 - x0, 0.0)), "\" height=\"", kBarH,
                       "\"><title>", HtmlEscape(tip), "</title></rect>\n");
       if (!stacked) {
-        absl::StrAppend(&svg, "<text x=\"", F(x1 + 4), "\" y=\"",
-                        y + kBarH - 2, "\">", HtmlEscape(options.format(v)),
-                        "</text>\n");
+        absl::StrAppend(&svg, "<text x=\"", F(x1 + 4), "\" y=\"", y + kBarH - 2,
+                        "\">", HtmlEscape(options.format(v)), "</text>\n");
       }
     }
     if (stacked) {

@@ -50,9 +50,9 @@ class Fields {
                                            absl::string_view field,
                                            absl::string_view key) const;
   // The strings of an array (each checked).
-  absl::StatusOr<std::vector<std::string>> Strings(
-      const util::Json& object, absl::string_view field,
-      absl::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> Strings(const util::Json& object,
+                                                   absl::string_view field,
+                                                   absl::string_view key) const;
 
  private:
   std::string source_;
@@ -90,9 +90,7 @@ struct ChartOptions {
   bool log_scale = false;  // Zero and negative values draw no bar.
   bool stacked = false;    // Values of a row end to end (linear only).
   // Text of a value (at the bar's end and on the axis).
-  std::function<std::string(double)> format = [](double v) {
-    return Num(v);
-  };
+  std::function<std::string(double)> format = [](double v) { return Num(v); };
   std::string axis_label;
   // Ticks at round numbers of KiB / MiB / GiB (for byte counts).
   bool binary_ticks = false;

@@ -63,8 +63,7 @@ Json SampleReport() {
   data["batches"] = 8;
   data["fingerprint"] = "00000000deadbeef";
   r["data"] = data;
-  r["subgraphs"] =
-      Json::array({"(head)", "model.layers.0", "model.layers.1"});
+  r["subgraphs"] = Json::array({"(head)", "model.layers.0", "model.layers.1"});
   Json modules = Json::array();
   modules.push_back(
       Module("model.layers.0.mlp.down_proj", 1, "gptq", 0.0625, 0.125, 1024));
@@ -144,9 +143,8 @@ TEST(HtmlEscapeTest, EscapesMarkupQuotesAndControls) {
 
 TEST(CalibrationReportHtmlTest, EverySectionIsPresent) {
   const std::string html = Render(SampleReport());
-  for (const char* id :
-       {"summary", "warnings", "partition", "errors", "time", "memory",
-        "recipe"}) {
+  for (const char* id : {"summary", "warnings", "partition", "errors", "time",
+                         "memory", "recipe"}) {
     EXPECT_THAT(html, HasSubstr(absl::StrCat("<section id=\"", id, "\">")))
         << id;
   }

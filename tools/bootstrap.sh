@@ -21,6 +21,8 @@ packages=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev
   libgloo-dev
   python3 python3-venv graphviz
+  # Headless Chromium renders the HTML reports in //tests/report (tests only).
+  chromium
 )
 # npm installs buildifier; Debian's nodejs and npm only when npm is missing.
 need_buildifier=0

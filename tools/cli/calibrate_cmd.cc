@@ -221,10 +221,10 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     io.out << util::DumpJson(out.report, 2) << "\n";
   }
   if (!html_path.empty()) {
-    ASSIGN_OR_RETURN(std::string html,
-                     pipelines::CalibrationReportHtml(
-                         out.report, o.report_path.empty() ? o.output_path
-                                                           : o.report_path));
+    ASSIGN_OR_RETURN(
+        std::string html,
+        pipelines::CalibrationReportHtml(
+            out.report, o.report_path.empty() ? o.output_path : o.report_path));
     RETURN_IF_ERROR(WriteOutput(html_path, html, io));
   }
   const Json* summary = util::FindMember(out.report, "summary");

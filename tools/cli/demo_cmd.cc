@@ -5,10 +5,9 @@
 // the HTML report. `demo --torchscript`: the older flow on the bundled
 // TorchScript fixture.
 
-#include <torch/script.h>
-
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/script.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -268,8 +267,8 @@ absl::Status RunChild(const std::vector<std::string>& argv,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
   pid_t pid = 0;
-  const int err = posix_spawn(&pid, c_argv[0], &actions, nullptr,
-                              c_argv.data(), environ);
+  const int err =
+      posix_spawn(&pid, c_argv[0], &actions, nullptr, c_argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (err != 0) {
     return absl::InternalError(
@@ -291,7 +290,8 @@ absl::Status RunChild(const std::vector<std::string>& argv,
 }
 
 std::string Elapsed(absl::Time start) {
-  return absl::StrFormat("(%.1f s)", absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::StrFormat("(%.1f s)",
+                         absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 // A number from the compare step's JSON.
@@ -339,9 +339,9 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   t = absl::Now();
   text << "== tracecut export " << ckpt << " -o " << program << " --meta\n"
        << std::flush;
-  RETURN_IF_ERROR(RunChild({python, export_script, ckpt, "-o", program,
-                            "--meta"},
-                           "tracecut export", io));
+  RETURN_IF_ERROR(
+      RunChild({python, export_script, ckpt, "-o", program, "--meta"},
+               "tracecut export", io));
   text << "exported " << Elapsed(t) << "\n\n";
 
   // 3. Partition at the config's decoder layers.
@@ -370,10 +370,18 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
     std::optional<pipelines::CalibrateOutcome> outcome;
   };
   Run runs[] = {
-      {"gptq", "GPTQ", kGptqRecipe, absl::StrCat(out_dir, "/llama-gptq-w4a16"),
-       absl::StrCat(out_dir, "/llama-gptq-w4a16.report.json"), {}},
-      {"rtn", "RTN ", kRtnRecipe, absl::StrCat(out_dir, "/llama-rtn-w4a16"),
-       absl::StrCat(out_dir, "/llama-rtn-w4a16.report.json"), {}},
+      {"gptq",
+       "GPTQ",
+       kGptqRecipe,
+       absl::StrCat(out_dir, "/llama-gptq-w4a16"),
+       absl::StrCat(out_dir, "/llama-gptq-w4a16.report.json"),
+       {}},
+      {"rtn",
+       "RTN ",
+       kRtnRecipe,
+       absl::StrCat(out_dir, "/llama-rtn-w4a16"),
+       absl::StrCat(out_dir, "/llama-rtn-w4a16.report.json"),
+       {}},
   };
   for (Run& run : runs) {
     t = absl::Now();
@@ -402,9 +410,9 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   // 5. The page: GPTQ's report (it holds RTN's error per module too).
   const std::string html_path =
       absl::StrCat(out_dir, "/llama-gptq-w4a16.report.html");
-  ASSIGN_OR_RETURN(std::string html, pipelines::CalibrationReportHtml(
-                                         runs[0].outcome->report,
-                                         runs[0].report));
+  ASSIGN_OR_RETURN(std::string html,
+                   pipelines::CalibrationReportHtml(runs[0].outcome->report,
+                                                    runs[0].report));
   RETURN_IF_ERROR(WriteOutput(html_path, html, io));
 
   const pipelines::CalibrationResults& g = runs[0].outcome->results;
@@ -424,10 +432,10 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   text << "== transformers: AutoModelForCausalLM.from_pretrained(...) of the "
           "original and both outputs\n"
        << std::flush;
-  RETURN_IF_ERROR(RunChild({python, demo_script, "compare", ckpt,
-                            runs[0].dir, runs[1].dir,
-                            absl::StrCat("--json-out=", errors_path)},
-                           "loading the outputs with transformers", io));
+  RETURN_IF_ERROR(
+      RunChild({python, demo_script, "compare", ckpt, runs[0].dir, runs[1].dir,
+                absl::StrCat("--json-out=", errors_path)},
+               "loading the outputs with transformers", io));
   ASSIGN_OR_RETURN(std::string errors_text, util::ReadFile(errors_path));
   ASSIGN_OR_RETURN(Json errors, util::ParseJson(errors_text, errors_path));
   const Json* outputs = util::FindMember(errors, "outputs");
@@ -451,7 +459,8 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
                : std::string("GPTQ did not beat RTN on this data"))
        << " (8 x 32 held-out tokens) " << Elapsed(t) << "\n\n";
 
-  text << "outputs in " << out_dir << "/ (" << Elapsed(demo_start) << " in all)\n"
+  text << "outputs in " << out_dir << "/ (" << Elapsed(demo_start)
+       << " in all)\n"
        << "  llama/                      the generated checkpoint, its "
           "model.pt2 (export --meta)\n"
        << "  llama-gptq-w4a16/           compressed-tensors checkpoint, GPTQ\n"
@@ -489,8 +498,7 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
 Subcommand DemoCommand() {
   Subcommand c;
   c.name = "demo";
-  c.synopsis =
-      "[--torchscript [--model=FILE]] [--samples=N] [-o DIR] [--json]";
+  c.synopsis = "[--torchscript [--model=FILE]] [--samples=N] [-o DIR] [--json]";
   c.summary =
       "The main job on a generated transformers Llama, with an HTML report.";
   c.description =

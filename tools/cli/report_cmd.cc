@@ -71,8 +71,9 @@ Subcommand ReportCommand() {
       "writes to stdout.";
   c.flags = {
       FlagSpec::Value("output", "FILE", "where to write the page").Short('o'),
-      FlagSpec::Bool("json", "print {\"report\", \"html\", \"bytes\"} on "
-                             "stdout"),
+      FlagSpec::Bool("json",
+                     "print {\"report\", \"html\", \"bytes\"} on "
+                     "stdout"),
   };
   c.min_positional = 1;
   c.max_positional = 1;

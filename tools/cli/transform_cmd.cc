@@ -403,8 +403,8 @@ Subcommand DebugCommand() {
       "cumulative error per subgraph as bar charts, and the table. Exits 0 "
       "either way.";
   c.flags = TraceFlags();
-  c.flags.push_back(FlagSpec::Value(
-      "html", "FILE", "write the report as an HTML page here"));
+  c.flags.push_back(
+      FlagSpec::Value("html", "FILE", "write the report as an HTML page here"));
   for (FlagSpec& f : CompareFlags(/*tolerance_alias=*/true)) {
     c.flags.push_back(std::move(f));
   }
