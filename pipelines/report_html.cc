@@ -486,6 +486,15 @@ std::string ErrorsSection(const Report& r) {
                     "<p>No module's weights were quantized.</p>\n</section>\n");
     return out;
   }
+  // One scale for every layer's chart.
+  double largest = 0;
+  for (const auto& [sub, modules] : by_subgraph) {
+    for (const Module* m : modules) {
+      for (double v : {m->error, m->rtn_error}) {
+        if (std::isfinite(v)) largest = std::max(largest, v);
+      }
+    }
+  }
   for (const auto& [sub, modules] : by_subgraph) {
     std::vector<std::string> methods;
     for (const Module* m : modules) {
@@ -509,7 +518,8 @@ std::string ErrorsSection(const Report& r) {
     absl::StrAppend(
         &out,
         BarChart(absl::StrCat("Subgraph ", SubgraphLabel(r, sub)), series, rows,
-                 ChartOptions{.axis_label = "relative output error"}));
+                 ChartOptions{.axis_label = "relative output error",
+                              .include_max = largest}));
   }
   absl::StrAppend(
       &out,

@@ -2,6 +2,7 @@
 // DebugReport::ToJson): which pass changed which layer's outputs, by how
 // much.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -159,6 +160,15 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
       "scale; an exact 0 draws no bar. Red: over the tolerance.</p>\n");
   std::map<int64_t, std::vector<const Step*>> by_subgraph;
   for (const Step& s : steps) by_subgraph[s.subgraph].push_back(&s);
+  // One scale for every subgraph's chart.
+  double largest = 0, smallest = 0;
+  for (const Step& s : steps) {
+    for (const std::optional<double>& v : {s.max_rel, s.cumulative_rel}) {
+      if (!v.has_value() || !std::isfinite(*v) || *v <= 0) continue;
+      largest = std::max(largest, *v);
+      smallest = smallest == 0 ? *v : std::min(smallest, *v);
+    }
+  }
   for (const auto& [sub, list] : by_subgraph) {
     std::vector<Row> chart_rows;
     for (const Step* s : list) {
@@ -172,6 +182,8 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
     o.log_scale = true;
     o.format = Sci;
     o.axis_label = "max relative error";
+    o.include_max = largest;
+    o.include_min_positive = smallest;
     absl::StrAppend(&out,
                     BarChart(absl::StrCat("Subgraph ", Label(paths, sub)),
                              {{"step", 0}, {"cumulative", 1}}, chart_rows, o));

@@ -184,7 +184,7 @@ h1{font-size:22px;margin:8px 0 4px}
 h2{font-size:18px;margin:28px 0 8px;padding-top:8px;border-top:1px solid #d8dce6}
 h3{font-size:15px;margin:16px 0 4px}
 .meta{color:#4a5263;margin:0 0 12px}
-.meta code,td code,li code{font:12px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;word-break:break-all}
+.meta code,td code,li code{font:12px/1.3 ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}
 .card{border:1px solid #d8dce6;border-radius:6px;padding:8px 12px;min-width:150px}
 .card .v{font-size:20px;font-weight:600}
@@ -192,7 +192,7 @@ h3{font-size:15px;margin:16px 0 4px}
 table{border-collapse:collapse;margin:8px 0;font-size:13px}
 th,td{border-bottom:1px solid #e4e7ee;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f3f5f9}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.bad td{background:#fdecea}
 .note{color:#4a5263}
 .warn{color:#8a3b00}
@@ -286,6 +286,10 @@ std::string BarChart(absl::string_view caption,
       }
     }
     if (stacked) max = std::max(max, sum);
+  }
+  max = std::max(max, options.include_max);
+  if (options.include_min_positive > 0) {
+    min_pos = std::min(min_pos, options.include_min_positive);
   }
   std::vector<double> ticks;
   double lo = 0, hi = 1;  // Linear: [0, hi]; log: decades [lo, hi].

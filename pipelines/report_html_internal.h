@@ -94,6 +94,10 @@ struct ChartOptions {
   std::string axis_label;
   // Ticks at round numbers of KiB / MiB / GiB (for byte counts).
   bool binary_ticks = false;
+  // When > 0, the domain covers these too: charts that share them share
+  // their scale (the layers of one report side by side).
+  double include_max = 0;
+  double include_min_positive = 0;  // Log scale.
 };
 
 // A horizontal bar chart as an inline <svg> (with a <title> per bar), in a
