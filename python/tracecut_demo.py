@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 EVAL_SEED = 1234
 EVAL_BATCH = 8
@@ -118,6 +119,11 @@ def main(argv=None):
   os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
   os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+  # compressed-tensors' per-module progress bars, and transformers' note
+  # that the checkpoint's own quantization_config wins (it does: only
+  # run_compressed=False, decompress on load, is taken from ours).
+  os.environ.setdefault("TQDM_DISABLE", "1")
+  warnings.filterwarnings("ignore", message="You passed `quantization_config`")
   try:
     if args.command == "make":
       make(args.ckpt, args.seed)

@@ -10,6 +10,7 @@
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -367,27 +368,32 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
     const char* recipe;
     std::string dir;
     std::string report;
+    int64_t samples;
     std::optional<pipelines::CalibrateOutcome> outcome;
   };
+  // Round-to-nearest's weights do not depend on data: one batch, only for
+  // its report.
   Run runs[] = {
       {"gptq",
        "GPTQ",
        kGptqRecipe,
        absl::StrCat(out_dir, "/llama-gptq-w4a16"),
        absl::StrCat(out_dir, "/llama-gptq-w4a16.report.json"),
+       samples,
        {}},
       {"rtn",
        "RTN ",
        kRtnRecipe,
        absl::StrCat(out_dir, "/llama-rtn-w4a16"),
        absl::StrCat(out_dir, "/llama-rtn-w4a16.report.json"),
+       std::min<int64_t>(samples, 8),
        {}},
   };
   for (Run& run : runs) {
     t = absl::Now();
     text << "== tracecut calibrate " << ckpt << " (" << run.name
          << " W4A16: int4 weights, symmetric, group 128) --synthetic="
-         << samples << " -o " << run.dir << "\n"
+         << run.samples << " -o " << run.dir << "\n"
          << std::flush;
     pipelines::CalibrateOptions o;
     o.model_path = ckpt;
@@ -395,7 +401,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
         o.recipe,
         pipelines::ParseRecipe(run.recipe, absl::StrCat(run.name, " recipe")));
     o.recipe_source = absl::StrCat("(built-in ", run.name, " W4A16 g128)");
-    o.synthetic_samples = samples;
+    o.synthetic_samples = run.samples;
     o.synthetic_seq_len = 32;
     o.batch_size = 8;
     o.output_format =
@@ -459,8 +465,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
                : std::string("GPTQ did not beat RTN on this data"))
        << " (8 x 32 held-out tokens) " << Elapsed(t) << "\n\n";
 
-  text << "outputs in " << out_dir << "/ (" << Elapsed(demo_start)
-       << " in all)\n"
+  text << "outputs in " << out_dir << "/ " << Elapsed(demo_start) << "\n"
        << "  llama/                      the generated checkpoint, its "
           "model.pt2 (export --meta)\n"
        << "  llama-gptq-w4a16/           compressed-tensors checkpoint, GPTQ\n"
