@@ -21,6 +21,7 @@ packages=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev
   libgloo-dev
   python3 python3-venv graphviz
+  strace zip
 )
 # npm installs buildifier; Debian's nodejs and npm only when npm is missing.
 need_buildifier=0
