@@ -13,9 +13,10 @@
 // `max_shard_bytes` with model.safetensors.index.json): every quantized
 // Linear's packed weight and parameters, and the model's other tensors as
 // they are; the source checkpoint's other files (tokenizer, generation
-// config) copied through; and recipe.yaml, when the options carry one. With a source checkpoint, exactly its tensor names
-// are written (a quantized weight as its compressed tensors), so buffers
-// transformers does not save (rotary caches, lifted constants) stay out.
+// config) copied through; and recipe.yaml, when the options carry one. With a
+// source checkpoint, exactly its tensor names are written (a quantized weight
+// as its compressed tensors), so buffers transformers does not save (rotary
+// caches, lifted constants) stay out.
 //
 // The directory is built next to OUT_DIR and renamed into place: a failed
 // run leaves nothing, and an earlier compressed-tensors output at OUT_DIR is

@@ -70,8 +70,7 @@ class RecipeReader {
         return r_.Error(e.key_node, p,
                         "unsupported key (modifier groups end in _modifiers)");
       }
-      ASSIGN_OR_RETURN(std::vector<Reader::Entry> mods,
-                       r_.Entries(e.value, p));
+      ASSIGN_OR_RETURN(std::vector<Reader::Entry> mods, r_.Entries(e.value, p));
       for (const Reader::Entry& m : mods) {
         RETURN_IF_ERROR(ReadModifier(m, Reader::Join(p, m.key)));
       }
@@ -193,9 +192,9 @@ class RecipeReader {
       if (!v.IsNull()) {
         ASSIGN_OR_RETURN(std::string obs, r_.String(v, p));
         if (!IsMinMaxObserver(obs)) {
-          return r_.Error(v, p,
-                          absl::StrCat("observer ", obs,
-                                       " not supported yet (minmax is)"));
+          return r_.Error(
+              v, p,
+              absl::StrCat("observer ", obs, " not supported yet (minmax is)"));
         }
       }
     } else if (e.key == "observer") {
@@ -258,8 +257,7 @@ class RecipeReader {
       if (gptq && e.key == "block_size") {
         ASSIGN_OR_RETURN(block_size, r_.Int(v, p));
         if (block_size <= 0) {
-          return r_.Error(v, p,
-                          absl::StrCat("must be > 0, got ", block_size));
+          return r_.Error(v, p, absl::StrCat("must be > 0, got ", block_size));
         }
       } else if (gptq && e.key == "dampening_frac") {
         ASSIGN_OR_RETURN(dampening_frac, r_.Double(v, p));
@@ -464,9 +462,9 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
                        : m.has_rtn() ? "QuantizationModifier"
                                      : nullptr;
     if (type == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "recipe: modifiers[", i,
-          "] (an observer) has no llm-compressor recipe form"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe: modifiers[", i,
+                       "] (an observer) has no llm-compressor recipe form"));
     }
     if (m.has_gptq() && m.gptq().actorder() && !m.gptq().static_groups() &&
         m.gptq().scheme().group_size() > 0 && !m.gptq().scheme().per_tensor()) {

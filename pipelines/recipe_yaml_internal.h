@@ -38,8 +38,8 @@ class Reader {
     if (!mark.is_null()) {
       absl::StrAppend(&where, ":", mark.line + 1, ":", mark.column + 1);
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", path.empty() ? "recipe" : path, ": ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", path.empty() ? "recipe" : path, ": ", what));
   }
 
   struct Entry {

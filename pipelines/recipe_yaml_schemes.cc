@@ -27,19 +27,18 @@ namespace {
 // asymmetric. The other presets quantize activations or use float grids,
 // which tracecut's recipes cannot express yet.
 constexpr Preset kPresets[] = {
-    {"W2A16", 2, true}, {"W3A16", 3, true}, {"W4A16", 4, true},
+    {"W2A16", 2, true},       {"W3A16", 3, true}, {"W4A16", 4, true},
     {"W4A16_ASYM", 4, false}, {"W5A16", 5, true}, {"W6A16", 6, true},
-    {"W7A16", 7, true}, {"W8A16", 8, true},
+    {"W7A16", 7, true},       {"W8A16", 8, true},
 };
 constexpr int64_t kPresetGroupSize = 128;
 
 // Every other preset name compressed-tensors knows, for a clearer refusal.
 constexpr const char* kOtherPresets[] = {
-    "UNQUANTIZED", "W2A4",    "W2A8",     "W3A4",    "W3A8",
-    "W4A4",        "W4A8",    "W4AFP8",   "W5A8",    "W6A8",
-    "W7A8",        "W8A8",    "INT8",     "INT8_W8A8", "FP8",
-    "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4",  "NVFP4A16", "MXFP4",
-    "MXFP4A16",    "MXFP8",   "MXFP8A16",
+    "UNQUANTIZED", "W2A4",      "W2A8",     "W3A4",        "W3A8",      "W4A4",
+    "W4A8",        "W4AFP8",    "W5A8",     "W6A8",        "W7A8",      "W8A8",
+    "INT8",        "INT8_W8A8", "FP8",      "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4",
+    "NVFP4A16",    "MXFP4",     "MXFP4A16", "MXFP8",       "MXFP8A16",
 };
 
 const Preset* FindPreset(absl::string_view name) {
@@ -125,9 +124,9 @@ absl::StatusOr<Group> ParseWeights(const Reader& r, const YAML::Node& node,
       if (!v.IsNull()) {
         ASSIGN_OR_RETURN(std::string obs, r.String(v, p));
         if (!IsMinMaxObserver(obs)) {
-          return r.Error(v, p,
-                         absl::StrCat("observer ", obs,
-                                      " not supported yet (minmax is)"));
+          return r.Error(
+              v, p,
+              absl::StrCat("observer ", obs, " not supported yet (minmax is)"));
         }
       }
     } else if (e.key == "observer_kwargs") {
@@ -140,9 +139,10 @@ absl::StatusOr<Group> ParseWeights(const Reader& r, const YAML::Node& node,
       if (!v.IsNull()) {
         ASSIGN_OR_RETURN(std::string dt, r.String(v, p));
         if (dt != "torch.int8" && dt != "int8") {
-          return r.Error(v, p, absl::StrCat("zp_dtype ", dt,
-                                            " not supported (null or "
-                                            "torch.int8)"));
+          return r.Error(v, p,
+                         absl::StrCat("zp_dtype ", dt,
+                                      " not supported (null or "
+                                      "torch.int8)"));
         }
       }
     } else if (e.key == "block_structure" || e.key == "scale_dtype") {
@@ -192,14 +192,12 @@ absl::StatusOr<Group> ParseConfigGroup(const Reader& r, const YAML::Node& node,
     } else if (e.key == "weights") {
       if (e.value.IsNull()) continue;
       ASSIGN_OR_RETURN(g, ParseWeights(r, e.value, p));
-    } else if (e.key == "input_activations" ||
-               e.key == "output_activations") {
-      RETURN_IF_ERROR(r.NullOr(
-          e.value, p, "activation quantization not supported yet"));
-    } else if (e.key == "format") {
+    } else if (e.key == "input_activations" || e.key == "output_activations") {
       RETURN_IF_ERROR(
-          r.NullOr(e.value, p,
-                   "tracecut picks the format the scheme calls for; null"));
+          r.NullOr(e.value, p, "activation quantization not supported yet"));
+    } else if (e.key == "format") {
+      RETURN_IF_ERROR(r.NullOr(
+          e.value, p, "tracecut picks the format the scheme calls for; null"));
     } else {
       return r.Error(e.key_node, p, "unsupported field");
     }
@@ -223,14 +221,14 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
   if (p == nullptr) {
     bool known = false;
     for (const char* other : kOtherPresets) known |= name == other;
-    return r.Error(at, path,
-                   known ? absl::StrCat("scheme ", name,
-                                        " not supported yet (supported: ",
-                                        SupportedPresets(), ")")
-                         : absl::StrCat("scheme ", name,
-                                        " is not a compressed-tensors preset "
-                                        "(supported: ",
-                                        SupportedPresets(), ")"));
+    return r.Error(
+        at, path,
+        known ? absl::StrCat("scheme ", name, " not supported yet (supported: ",
+                             SupportedPresets(), ")")
+              : absl::StrCat("scheme ", name,
+                             " is not a compressed-tensors preset "
+                             "(supported: ",
+                             SupportedPresets(), ")"));
   }
   Group g;
   g.scheme = SchemeOf(*p);
@@ -287,8 +285,8 @@ absl::StatusOr<std::vector<Group>> ResolveGroups(const Reader& r,
   if (has_scheme) {
     const std::string p = Reader::Join(path, "scheme");
     if (f.scheme.IsScalar()) {
-      ASSIGN_OR_RETURN(Group g, PresetGroup(r, f.scheme, p, f.scheme.Scalar(),
-                                            f.targets));
+      ASSIGN_OR_RETURN(
+          Group g, PresetGroup(r, f.scheme, p, f.scheme.Scalar(), f.targets));
       out.push_back(std::move(g));
     } else {
       ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,

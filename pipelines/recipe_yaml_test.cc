@@ -29,8 +29,8 @@ std::string ErrorOf(const std::string& text) {
 
 // One GPTQModifier with `fields` (indented 6).
 std::string Gptq(const std::string& fields) {
-  return absl::StrCat(
-      "quant_stage:\n  quant_modifiers:\n    GPTQModifier:\n", fields);
+  return absl::StrCat("quant_stage:\n  quant_modifiers:\n    GPTQModifier:\n",
+                      fields);
 }
 
 recipe::Recipe Textproto(const std::string& text) {
@@ -137,8 +137,9 @@ TEST(RecipeYamlTest, SchemeForms) {
 TEST(RecipeYamlTest, ActOrderResolvesAsGptqModifierDoes) {
   auto actorder = [](const std::string& modifier, const std::string& weights) {
     absl::StatusOr<recipe::Recipe> r = ParseRecipeYaml(Gptq(absl::StrCat(
-        modifier, "      config_groups:\n        g:\n          targets: "
-                  "[Linear]\n          weights: {num_bits: 4, group_size: 32",
+        modifier,
+        "      config_groups:\n        g:\n          targets: "
+        "[Linear]\n          weights: {num_bits: 4, group_size: 32",
         weights, "}\n")));
     if (!r.ok()) return std::string(r.status().message());
     return std::string(r->modifiers(0).gptq().actorder() ? "act" : "none");
@@ -170,18 +171,19 @@ TEST(RecipeYamlTest, PipelineArgsAndLegacySequentialTargets) {
 }
 
 TEST(RecipeYamlTest, StagesAndGroupsKeepTheirOrder) {
-  ASSERT_OK_AND_ASSIGN(recipe::Recipe r,
-                       ParseRecipeYaml("first_stage:\n"
-                                       "  a_modifiers:\n"
-                                       "    QuantizationModifier:\n"
-                                       "      targets: lm_head\n"
-                                       "      scheme: W8A16\n"
-                                       "second_stage:\n"
-                                       "  b_modifiers:\n"
-                                       "    GPTQModifier: {scheme: W4A16}\n"
-                                       "  c_modifiers:\n"
-                                       "    QuantizationModifier: "
-                                       "{scheme: W2A16, targets: [Embedding]}\n"));
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml("first_stage:\n"
+                      "  a_modifiers:\n"
+                      "    QuantizationModifier:\n"
+                      "      targets: lm_head\n"
+                      "      scheme: W8A16\n"
+                      "second_stage:\n"
+                      "  b_modifiers:\n"
+                      "    GPTQModifier: {scheme: W4A16}\n"
+                      "  c_modifiers:\n"
+                      "    QuantizationModifier: "
+                      "{scheme: W2A16, targets: [Embedding]}\n"));
   ASSERT_EQ(r.modifiers_size(), 3);
   EXPECT_EQ(r.modifiers(0).rtn().targets(0), "lm_head");
   EXPECT_TRUE(r.modifiers(1).has_gptq());
@@ -189,9 +191,10 @@ TEST(RecipeYamlTest, StagesAndGroupsKeepTheirOrder) {
 }
 
 TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
-  EXPECT_EQ(ErrorOf(Gptq("      scheme: W4A16\n      offload_hessians: true\n")),
-            "recipe.yaml:5:7: quant_stage.quant_modifiers.GPTQModifier."
-            "offload_hessians: unsupported field");
+  EXPECT_EQ(
+      ErrorOf(Gptq("      scheme: W4A16\n      offload_hessians: true\n")),
+      "recipe.yaml:5:7: quant_stage.quant_modifiers.GPTQModifier."
+      "offload_hessians: unsupported field");
   EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier: {}\n"),
             "recipe.yaml:3:5: quant_stage.quant_modifiers.AWQModifier: "
             "AWQModifier not supported yet (tracecut runs GPTQModifier and "
@@ -200,10 +203,11 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
             "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
             "unsupported modifier (tracecut runs GPTQModifier and "
             "QuantizationModifier)");
-  EXPECT_EQ(ErrorOf(Gptq("      scheme: FP8\n")),
-            "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
-            "scheme FP8 not supported yet (supported: W2A16, W3A16, W4A16, "
-            "W4A16_ASYM, W5A16, W6A16, W7A16, W8A16)");
+  EXPECT_EQ(
+      ErrorOf(Gptq("      scheme: FP8\n")),
+      "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
+      "scheme FP8 not supported yet (supported: W2A16, W3A16, W4A16, "
+      "W4A16_ASYM, W5A16, W6A16, W7A16, W8A16)");
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W8A8\n")),
               HasSubstr("scheme W8A8 not supported yet"));
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
@@ -226,8 +230,9 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
                            "{num_bits: 8}\n")),
               HasSubstr("kv cache quantization not supported yet"));
-  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      weight_observer: mse\n")),
-              HasSubstr("observer mse not supported yet"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      scheme: W4A16\n      weight_observer: mse\n")),
+      HasSubstr("observer mse not supported yet"));
   EXPECT_THAT(
       ErrorOf(Gptq("      scheme: W4A16\n      bypass_divisibility_checks: "
                    "true\n")),
@@ -247,7 +252,8 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
 
 TEST(RecipeYamlTest, MalformedRecipesAreRefusedClearly) {
   EXPECT_EQ(ErrorOf(""), "recipe.yaml: recipe: is empty");
-  EXPECT_THAT(ErrorOf("quant_stage: [\n"), HasSubstr("recipe.yaml:2:1: not YAML"));
+  EXPECT_THAT(ErrorOf("quant_stage: [\n"),
+              HasSubstr("recipe.yaml:2:1: not YAML"));
   EXPECT_EQ(ErrorOf("version: 1\n"),
             "recipe.yaml:1:1: version: unsupported key (stages end in _stage; "
             "args)");
@@ -366,26 +372,23 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
 TEST(RecipeYamlTest, WrittenFormIsLlmCompressors) {
   ASSERT_OK_AND_ASSIGN(
       std::string yaml,
-      RecipeToYaml(Textproto(R"pb(modifiers {
-                                    gptq {
-                                      scheme {
-                                        bits: 4
-                                        symmetric: true
-                                        group_size: 128
-                                      }
-                                      targets: "Linear"
-                                      ignore: "lm_head"
-                                      actorder: true
-                                      static_groups: true
-                                    }
-                                  }
-                                  modifiers {
-                                    gptq {
-                                      scheme { bits: 8 }
-                                      targets: "lm_head"
-                                    }
-                                  }
-                                  sequential_targets: "LlamaDecoderLayer")pb")));
+      RecipeToYaml(
+          Textproto(R"pb(modifiers {
+                           gptq {
+                             scheme { bits: 4 symmetric: true group_size: 128 }
+                             targets: "Linear"
+                             ignore: "lm_head"
+                             actorder: true
+                             static_groups: true
+                           }
+                         }
+                         modifiers {
+                           gptq {
+                             scheme { bits: 8 }
+                             targets: "lm_head"
+                           }
+                         }
+                         sequential_targets: "LlamaDecoderLayer")pb")));
   EXPECT_EQ(yaml,
             "default_stage:\n"
             "  default_modifiers:\n"
@@ -419,9 +422,7 @@ TEST(RecipeYamlTest, WrittenFormIsLlmCompressors) {
 
 TEST(RecipeYamlTest, RecipesWithoutAnLlmCompressorFormAreRefused) {
   EXPECT_THAT(RecipeToYaml(Textproto(R"pb(modifiers {
-                                            observer {
-                                              targets: "Linear"
-                                            }
+                                            observer { targets: "Linear" }
                                           })pb")),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("modifiers[0] (an observer) has no "
