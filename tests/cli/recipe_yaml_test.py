@@ -10,7 +10,7 @@ GPTQ W4A16, QuantizationModifier W4A16_ASYM, GPTQ with config_groups):
 * llm-compressor's `Recipe.create_instance` parses OUT_DIR/recipe.yaml, and
   its modifiers resolve to the same quantization config (per group: bits,
   type, symmetric, strategy, group size, act order), targets, ignore and
-  GPTQ settings as the recipe given;
+  GPTQ settings as llm-compressor reads from the recipe given;
 * calibrating again with OUT_DIR/recipe.yaml reproduces OUT_DIR: the same
   bytes in every file.
 
@@ -55,6 +55,12 @@ def recipes():
   }
 
 
+def actorder(value):
+  """"static" is an alias of "weight" (compressed-tensors' Aliasable)."""
+  value = getattr(value, "value", value)
+  return {"static": "weight"}.get(value, value)
+
+
 def summary(recipe):
   """What a recipe makes llm-compressor compute, modifier by modifier."""
   out = []
@@ -63,7 +69,7 @@ def summary(recipe):
     for g in m.resolved_config.config_groups.values():
       w = g.weights
       groups.append((sorted(g.targets), w.num_bits, str(w.type), w.symmetric,
-                     str(w.strategy), w.group_size, str(w.actorder),
+                     str(w.strategy), w.group_size, actorder(w.actorder),
                      g.input_activations, g.output_activations))
     extra = ()
     if isinstance(m, GPTQModifier):
@@ -92,9 +98,12 @@ def main():
     flags = ["--synthetic=8", "--seq-len=16"]
 
     for name, modifiers in recipes().items():
-      given = Recipe.from_modifiers(modifiers)
       path = os.path.join(d, name + ".yaml")
-      given.yaml(file_path=path)
+      Recipe.from_modifiers(modifiers).yaml(file_path=path)
+      # What llm-compressor itself reads from that file (its YAML leaves
+      # out None values: GPTQModifier(actorder=None) reads back as the
+      # default, "static").
+      given = Recipe.create_instance(path)
       out = os.path.join(d, name)
       run([tracecut, "calibrate", ckpt, "--recipe=" + path, "-o", out]
           + flags)
