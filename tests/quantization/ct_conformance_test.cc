@@ -3,22 +3,30 @@
 // scales, zero points, global scales, fake-quantized values and stored codes
 // of every preset's weights on random tensors with edge cases (all-zero
 // groups, a huge outlier, subnormals, bf16/fp16, exact rounding ties), with
-// the minmax and mse observers, and dynamic / static activations. Also: every
+// the minmax and mse observers, and dynamic / static activations; the
+// format compressed-tensors infers for each scheme and the tensors its
+// compressor stores (packed int32 / fp4, fp8, e8m0 scales). Also: every
 // preset's JSON equals compressed-tensors' model_dump, and a
 // quantization_config round-trips.
 
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <iostream>
 #include <map>
+#include <memory>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "quantization/compressors.h"
 #include "quantization/fake_quant.h"
 #include "quantization/observers.h"
 #include "quantization/quant_args.h"
@@ -165,6 +173,24 @@ TEST_F(CtConformance, EveryCaseBitExact) {
       absl::StatusOr<at::Tensor> codes = Quantize(w, theirs, *args, dtype);
       ASSERT_THAT(codes, IsOk());
       Check(name, "quantize", *codes, c["codes"]);
+      // The format compressed-tensors infers, and what its compressor
+      // stores.
+      absl::StatusOr<QuantizationScheme> scheme =
+          QuantizationScheme::FromJson(c["scheme"], name);
+      ASSERT_THAT(scheme, IsOk());
+      const CompressionFormat format = InferFormat(*scheme);
+      EXPECT_EQ(FormatName(format), c["format"].get<std::string>());
+      absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> stored =
+          CompressWeight(w, theirs, *scheme, format);
+      ASSERT_THAT(stored, IsOk());
+      std::set<std::string> names;
+      for (const auto& [key, tensor] : *stored) {
+        names.insert(key);
+        ASSERT_TRUE(c["compressed"].contains(key)) << key;
+        Check(name, absl::StrCat("compressed ", key), tensor,
+              c["compressed"][key]);
+      }
+      EXPECT_EQ(names.size(), c["compressed"].size());
     } else if (kind == "dynamic_act") {
       at::Tensor x = Get(c["input"][0]);
       at::Tensor gs =

@@ -9,7 +9,9 @@ the Python stack computes on the CPU; OUT_DIR/ct_cases.json lists the cases:
   {"name", "kind": "weight" | "dynamic_act" | "static_act",
    "args": QuantizationArgs.model_dump(mode="json"),
    "input": KEY (weight) | [KEY, ...] (activation batches),
-   "scale", "zero_point", "global_scale", "fake", "codes": KEY or null}
+   "scale", "zero_point", "global_scale", "fake", "codes": KEY or null,
+   weights also "scheme", "format" (infer_module_format) and "compressed":
+   {name: KEY} (the format's compressor's state dict)}
 
 Weights go through llm-compressor's QuantizationModifier path on a
 torch.nn.Linear: compressed-tensors' initialize_module_for_quantization
@@ -30,6 +32,8 @@ import os
 import sys
 
 import torch
+from compressed_tensors.compressors import BaseCompressor
+from compressed_tensors.compressors.format import infer_module_format
 from compressed_tensors.quantization import (
     QuantizationArgs,
     QuantizationConfig,
@@ -137,8 +141,19 @@ def weight_case(name, wkey, weight, scheme):
     codes = quantize(lin.weight.data, scale, zp, args, dtype=dtype,
                      global_scale=gs)
     i = len(cases)
+    # What the format's compressor stores for the module.
+    fmt = infer_module_format(torch.nn.Linear, scheme)
+    state = {"weight": lin.weight.data, "weight_scale": scale,
+             "weight_zero_point": zp}
+    if gs is not None:
+        state["weight_global_scale"] = gs
+    compressed = BaseCompressor.get_value_from_registry(fmt.value).compress(
+        state, scheme)
     cases.append({
         "name": name, "kind": "weight", "args": args_json(args), "input": wkey,
+        "scheme": json.loads(scheme.model_dump_json()), "format": fmt.value,
+        "compressed": {k: put(f"c{i}.ct.{k}", v)
+                       for k, v in compressed.items()},
         "scale": put(f"c{i}.scale", scale),
         "zero_point": put(f"c{i}.zero_point", zp),
         "global_scale": None if gs is None else put(f"c{i}.global_scale", gs),
