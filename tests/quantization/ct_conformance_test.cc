@@ -5,7 +5,9 @@
 // groups, a huge outlier, subnormals, bf16/fp16, exact rounding ties), with
 // the minmax and mse observers, and dynamic / static activations; the
 // format compressed-tensors infers for each scheme and the tensors its
-// compressor stores (packed int32 / fp4, fp8, e8m0 scales). Also: every
+// compressor stores (packed int32 / fp4, fp8, e8m0 scales); GPTQ's result
+// for every weight type and strategy (llm-compressor's quantize_weight).
+// Also: every
 // preset's JSON equals compressed-tensors' model_dump, and a
 // quantization_config round-trips.
 
@@ -28,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "quantization/compressors.h"
 #include "quantization/fake_quant.h"
+#include "quantization/gptq_typed.h"
 #include "quantization/observers.h"
 #include "quantization/quant_args.h"
 #include "util/json.h"
@@ -95,6 +98,8 @@ int64_t Mismatches(const at::Tensor& ours, const at::Tensor& theirs,
 class CtConformance : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // Matmuls and reductions split work by thread; the reference ran on one.
+    at::set_num_threads(1);
     auto file = checkpoint::SafetensorsFile::Open(
         util::testing::Runfile("tests/quantization/ct_reference.safetensors"));
     ASSERT_THAT(file, IsOk());
@@ -127,12 +132,14 @@ class CtConformance : public ::testing::Test {
   void Report() {
     for (const auto& [what, total] : total_) {
       std::cout << what << ": " << mismatched_[what] << " / " << total
-                << " elements differ from compressed-tensors\n";
+                << (what == "gptq off grid"
+                        ? " GPTQ values re-quantize to a neighbour\n"
+                        : " elements differ from compressed-tensors\n");
     }
   }
 
   static std::shared_ptr<const checkpoint::SafetensorsFile>* file_;
-  std::map<std::string, int64_t> total_, mismatched_;
+  std::map<std::string, int64_t> total_, mismatched_;  // By output kind.
 };
 
 std::shared_ptr<const checkpoint::SafetensorsFile>* CtConformance::file_ =
@@ -191,6 +198,29 @@ TEST_F(CtConformance, EveryCaseBitExact) {
               c["compressed"][key]);
       }
       EXPECT_EQ(names.size(), c["compressed"].size());
+    } else if (kind == "gptq") {
+      at::Tensor w = Get(c["input"]);
+      absl::StatusOr<QParams> q = WeightQParams(w, *args);
+      ASSERT_THAT(q, IsOk());
+      absl::StatusOr<TypedGptqResult> r =
+          TypedGptq(w, Get(c["hessian"]), *q, *args, TypedGptqOptions{});
+      ASSERT_THAT(r, IsOk());
+      Check(name, "gptq", r->weight, c["result"]);
+      const double loss = c["loss"].get<double>();
+      EXPECT_NEAR(r->loss, loss, 1e-6 * loss) << name;
+      EXPECT_EQ(r->fell_back_to_rtn, c["fallback"].get<bool>()) << name;
+      // GPTQ's result lies on the scheme's grid, except where a bf16 int8
+      // value re-quantizes to its neighbour (llm-compressor's result too;
+      // its compressor stores the re-quantized code).
+      absl::StatusOr<at::Tensor> again = FakeQuantize(r->weight, *q, *args);
+      ASSERT_THAT(again, IsOk());
+      const int64_t off = again->to(r->weight.scalar_type())
+                              .ne(r->weight)
+                              .sum()
+                              .item<int64_t>();  // By value: -0 == +0.
+      total_["gptq off grid"] += r->weight.numel();
+      mismatched_["gptq off grid"] += off;
+      EXPECT_LE(off, r->weight.numel() / 100) << name;
     } else if (kind == "dynamic_act") {
       at::Tensor x = Get(c["input"][0]);
       at::Tensor gs =

@@ -11,7 +11,8 @@ the Python stack computes on the CPU; OUT_DIR/ct_cases.json lists the cases:
    "input": KEY (weight) | [KEY, ...] (activation batches),
    "scale", "zero_point", "global_scale", "fake", "codes": KEY or null,
    weights also "scheme", "format" (infer_module_format) and "compressed":
-   {name: KEY} (the format's compressor's state dict)}
+   {name: KEY} (the format's compressor's state dict);
+   "kind": "gptq": "hessian", "result" (llm-compressor's GPTQ), "loss"}
 
 Weights go through llm-compressor's QuantizationModifier path on a
 torch.nn.Linear: compressed-tensors' initialize_module_for_quantization
@@ -47,6 +48,8 @@ from compressed_tensors.quantization.lifecycle.initialize import (
 )
 from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
 from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight
+from llmcompressor.observers import Observer
 from llmcompressor.modifiers.quantization.calibration import (
     initialize_observer,
     observe,
@@ -235,6 +238,44 @@ def act_cases(preset, dtype):
     })
 
 
+GPTQ_PRESETS = ["W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK",
+                "NVFP4A16", "MXFP4A16"]
+
+
+def gptq_case(preset, wname, wkey, weight, actorder=None):
+    """llm-compressor's GPTQ (quantize_weight, eager) on one weight, with the
+    parameters its observer gives (GPTQModifier.compress_module_list)."""
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    args = scheme.weights
+    if actorder is not None:
+        args.actorder = actorder
+    g = torch.Generator().manual_seed(7)
+    cols = weight.shape[1]
+    mix = torch.randn(cols, cols, generator=g) * 0.1 + torch.eye(cols)
+    x = torch.randn(256, cols, generator=g) @ mix
+    x[:, 5] = 0  # a dead input feature
+    hessian = 2 / x.shape[0] * x.t() @ x
+    obs = Observer.load_from_registry("memoryless_minmax", base_name="weight",
+                                      args=args)
+    obs(weight)
+    qp = obs.get_qparams()
+    gs = qp["global_scale"]
+    quantized, losses, fallback = quantize_weight(
+        weights=weight.to(torch.float32)[None].clone(),
+        hessians=hessian[None].clone(),
+        scale=qp["scale"][None], zero_point=qp["zero_point"][None],
+        global_scale=None if gs is None else gs.reshape(-1)[0][None],
+        quant_args=args, blocksize=128, percdamp=0.01)
+    i = len(cases)
+    cases.append({
+        "name": f"{preset}{'+actorder' if actorder else ''}/gptq/{wname}",
+        "kind": "gptq", "args": args_json(args), "input": wkey,
+        "hessian": put(f"c{i}.hessian", hessian),
+        "result": put(f"c{i}.result", quantized[0].to(weight.dtype)),
+        "loss": float(losses[0]), "fallback": bool(fallback[0]),
+    })
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -250,6 +291,13 @@ def main():
                 scheme = preset_name_to_scheme(preset, ["Linear"])
                 scheme.weights.observer = "mse"
                 weight_case(f"{preset}+mse/{wname}", wkey, weight, scheme)
+    gptq_weights = {"fp32": (torch.randn(192, 256) * 0.02),
+                    "bf16": (torch.randn(192, 256) * 0.02).to(torch.bfloat16)}
+    for wname, weight in gptq_weights.items():
+        wkey = put(f"gptq_weight.{wname}", weight)
+        for preset in GPTQ_PRESETS:
+            gptq_case(preset, wname, wkey, weight)
+        gptq_case("W4A16", wname, wkey, weight, actorder="static")
     for preset in ACT_PRESETS:
         for dtype in (torch.float32, torch.bfloat16):
             act_cases(preset, dtype)
