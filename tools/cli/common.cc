@@ -1,10 +1,9 @@
 #include "tools/cli/common.h"
 
+#include <ATen/Parallel.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -86,9 +85,9 @@ absl::Status ApplyThreads(const ParsedArgs& args) {
   if (!value.has_value()) return absl::OkStatus();
   int threads = 0;
   if (!absl::SimpleAtoi(*value, &threads) || threads < 1 || threads > 1024) {
-    return UsageError(absl::StrCat(
-        "--threads: expected a whole number from 1 to 1024, got '", *value,
-        "'"));
+    return UsageError(
+        absl::StrCat("--threads: expected a whole number from 1 to 1024, got '",
+                     *value, "'"));
   }
   at::set_num_threads(threads);
   return absl::OkStatus();
