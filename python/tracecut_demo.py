@@ -19,6 +19,8 @@ Errors go to stderr as one line "tracecut demo: ..." (exit 1).
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -80,8 +82,16 @@ def compare(ckpt, outputs, json_out):
       raise DemoError(f"{config_path}: no compressed-tensors "
                       "quantization_config")
     qconfig = transformers.CompressedTensorsConfig(run_compressed=False)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        out, quantization_config=qconfig).eval()
+    # compressed-tensors draws progress bars on stderr that TQDM_DISABLE
+    # does not reach; they are shown only if loading fails.
+    chatter = io.StringIO()
+    try:
+      with contextlib.redirect_stderr(chatter):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            out, quantization_config=qconfig).eval()
+    except BaseException:
+      sys.stderr.write(chatter.getvalue())
+      raise
     got = _logits(model, ids)
     results[out] = {
         "relative_error": ((got - want).norm() / want.norm()).item(),
