@@ -22,6 +22,9 @@ packages=(
   libyaml-cpp-dev
   libgloo-dev
   python3 python3-venv graphviz
+  strace zip
+  # Headless Chromium renders the HTML reports in //tests/report (tests only).
+  chromium
 )
 # npm installs buildifier; Debian's nodejs and npm only when npm is missing.
 need_buildifier=0

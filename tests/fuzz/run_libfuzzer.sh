@@ -6,8 +6,11 @@
 #   tests/fuzz/run_libfuzzer.sh                           # plan, -runs=20000
 #   FUZZ_TARGET=recipe tests/fuzz/run_libfuzzer.sh -max_total_time=300
 #
-# Targets: plan (partition/plan.h) and recipe (pipelines/recipe.h; links the
-# system LibTorch for c10::Device, uninstrumented). The model loader target
+# Targets: plan (partition/plan.h), recipe (pipelines/recipe.h; links the
+# system LibTorch for c10::Device, uninstrumented), safetensors (the
+# safetensors header and an index's file names, checkpoint/) and inputs_json
+# (tracecut_inputs.json; LibTorch as for recipe). The last two take their
+# seeds from FUZZ_SEEDS=bazel-bin/tests/fuzz/hostile_corpus/<safetensors|inputs>. The model loader target
 # is not built here: LoadModel is mostly LibTorch, which is not instrumented,
 # so coverage feedback would see little; use its smoke test with more
 # --iterations instead. Needs clang++, libclang-rt-14-dev, protoc and the
@@ -50,13 +53,30 @@ case $target in
       -I"$torch_home/include/torch/csrc/api/include"
       -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10 -Wl,--as-needed)
     ;;
+  safetensors)
+    sources=("$root/checkpoint/safetensors_header.cc"
+      "$root/checkpoint/closed_dir.cc" "$root/util/path_guard.cc"
+      "$root/util/files.cc" "$root/util/format.cc")
+    extra=()
+    ;;
+  inputs_json)
+    sources=("$root/tracer/hf/inputs.cc" "$root/tracer/hf/config.cc"
+      "$root/runtime/dtype.cc" "$root/util/json.cc" "$root/util/path_guard.cc"
+      "$root/util/files.cc" "$root/util/format.cc")
+    extra=(-fno-sanitize=vptr -I"$torch_home/include"
+      -I"$torch_home/include/torch/csrc/api/include"
+      -L"$torch_home/lib" -Wl,-rpath,"$torch_home/lib"
+      -Wl,--no-as-needed -ltorch -ltorch_cpu -lc10 -Wl,--as-needed)
+    ;;
   *)
-    echo "run_libfuzzer: FUZZ_TARGET must be plan or recipe" >&2
+    echo "run_libfuzzer: FUZZ_TARGET must be plan, recipe, safetensors or" \
+      "inputs_json" >&2
     exit 1
     ;;
 esac
-dict=$root/tests/fuzz/testdata/$target.dict
-seeds=$root/tests/fuzz/testdata/${target}_corpus
+dict=$root/tests/fuzz/testdata/${target%_json}.dict
+# Generated corpora (bazel build //tests/fuzz:hostile_seeds) via FUZZ_SEEDS.
+seeds=${FUZZ_SEEDS:-$root/tests/fuzz/testdata/${target}_corpus}
 
 start=$SECONDS
 "$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer \

@@ -24,6 +24,7 @@
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe_yaml.h"
+#include "pipelines/report_html.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
@@ -177,6 +178,8 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
   o.report_path = args.Get("report").value_or("");
   if (!o.report_path.empty()) RETURN_IF_ERROR(CheckOutputPath(o.report_path));
+  const std::string html_path = args.Get("html").value_or("");
+  if (!html_path.empty()) RETURN_IF_ERROR(CheckOutputPath(html_path));
   o.run_dir = args.Get("run-dir").value_or("");
   o.resume = args.Has("resume");
   o.keep_run_dir = args.Has("keep-run-dir");
@@ -219,9 +222,17 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   if (args.Has("json")) {
     io.out << util::DumpJson(out.report, 2) << "\n";
   }
+  if (!html_path.empty()) {
+    ASSIGN_OR_RETURN(
+        std::string html,
+        pipelines::CalibrationReportHtml(
+            out.report, o.report_path.empty() ? o.output_path : o.report_path));
+    RETURN_IF_ERROR(WriteOutput(html_path, html, io));
+  }
   const Json* summary = util::FindMember(out.report, "summary");
   io.err << "tracecut calibrate: wrote " << o.output_path;
   if (!o.report_path.empty()) io.err << " and " << o.report_path;
+  if (!html_path.empty()) io.err << " and " << html_path;
   if (summary != nullptr) {
     io.err << " ("
            << util::FindMember(*summary, "weights_quantized")->get<int64_t>()
@@ -256,7 +267,7 @@ Subcommand CalibrateCommand() {
       "[--config=config.json] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
       "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
-      "[--json]";
+      "[--html=FILE] [--json]";
   c.summary =
       "Calibrate and quantize a model (GPTQ, RTN, SmoothQuant, observers).";
   c.description =
@@ -367,6 +378,9 @@ Subcommand CalibrateCommand() {
                       "torchscript (a .pt); default: compressed-tensors for "
                       "a checkpoint directory MODEL unless -o ends in .pt"),
       FlagSpec::Value("report", "FILE", "write the JSON report here"),
+      FlagSpec::Value("html", "FILE",
+                      "write the report as a self-contained HTML page here "
+                      "(as `tracecut report` does)"),
       FlagSpec::Bool("deterministic-report",
                      "leave timings and cache statistics out of the report "
                      "(then identical runs give identical bytes)"),
