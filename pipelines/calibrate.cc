@@ -36,6 +36,7 @@
 #include "pipelines/recipe_yaml.h"
 #include "pipelines/report.h"
 #include "pipelines/rtn_modifier.h"
+#include "pipelines/smoothquant_modifier.h"
 #include "pipelines/weight_stream.h"
 #include "runtime/finite.h"
 #include "runtime/lowering.h"
@@ -365,10 +366,22 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
           break;
       }
       out.push_back(std::make_unique<Observer>(std::move(o)));
+    } else if (m.has_smoothquant()) {
+      const recipe::SmoothQuantModifier& q = m.smoothquant();
+      SmoothQuantOptions o;
+      o.smoothing_strength = q.smoothing_strength();
+      for (const recipe::SmoothQuantModifier::Mapping& mapping : q.mappings()) {
+        o.mappings.push_back(
+            {{mapping.balance_layers().begin(), mapping.balance_layers().end()},
+             mapping.smooth_layer()});
+      }
+      o.ignore.assign(q.ignore().begin(), q.ignore().end());
+      o.collective = collective;
+      out.push_back(std::make_unique<SmoothQuantModifier>(std::move(o)));
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("recipe: modifiers[", i,
-                       "] names no modifier (gptq, observer or rtn)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recipe: modifiers[", i,
+          "] names no modifier (gptq, observer, rtn or smoothquant)"));
     }
   }
   if (out.empty()) {

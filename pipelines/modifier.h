@@ -28,10 +28,22 @@
 //   OnRunStart
 //   for each subgraph:                     (the whole model for `basic`)
 //     OnSubgraphStart
+//     [transforms first, when the run has other modifiers too:
+//      OnModuleCall x (batches x calls)    a pass with transforms' hooks
+//      OnSubgraphEnd of the transforms]    transform the weights here
 //     OnModuleCall  x (batches x calls)    calibration pass, hooks active
 //     OnSubgraphEnd                        compress here
 //     (propagation pass: no callbacks)
 //   OnRunEnd
+//
+// Note [Transforms first]: a transform (IsTransform(): SmoothQuant, AWQ)
+// changes weights without changing what the model computes, to make it
+// quantize better. Quantizers must see the transformed model (GPTQ's Hessian
+// from the smoothed activations), so in a run with both, each subgraph gets
+// a calibration pass for the transforms, their OnSubgraphEnd, and then the
+// calibration pass of the others. llm-compressor runs each modifier over the
+// whole model in turn (its default "independent" pipeline); per subgraph,
+// the transforms here see the inputs earlier quantized subgraphs propagate.
 //
 // A resumed run calls OnRunStart, then RestoreState with what SaveState
 // returned after the last finished subgraph, and continues with the next
@@ -222,6 +234,10 @@ class Modifier {
                            absl::string_view type) const {
     return false;
   }
+
+  // A transform (Note [Transforms first]): its calibration pass and
+  // OnSubgraphEnd come before the other modifiers' calibration pass.
+  virtual bool IsTransform() const { return false; }
 
   // Validate options against the model here (e.g. targets that match
   // nothing); the pipeline calls it before anything is written.

@@ -99,7 +99,10 @@ class PartitionedRun {
   absl::Status Plan();
   absl::Status PlanLayerChain();
   std::string RunIdentity() const;
-  absl::Status RunStep(int i, RunContext& ctx, HookDispatcher& hooks);
+  // `transform_hooks`: non-null when transforms get a pass of their own
+  // (Note [Transforms first]); `hooks` then routes to the other modifiers.
+  absl::Status RunStep(int i, RunContext& ctx, HookDispatcher& hooks,
+                       HookDispatcher* transform_hooks);
   // With `experts`, they run on all tokens after each batch.
   absl::Status RunBatches(int i, const char* stage, bool store,
                           HookDispatcher* hooks, AllExpertsRunner* experts);
@@ -113,6 +116,9 @@ class PartitionedRun {
   runtime::GraphModule& model_;
   const CalibrationData& data_;
   absl::Span<Modifier* const> modifiers_;
+  // With a transform pass: the transforms and the other modifiers.
+  std::vector<Modifier*> transforms_;
+  std::vector<Modifier*> others_;
   CalibrationResults& results_;
   const PipelineOptions& options_;
   Progress silent_ = Progress::Silent();
@@ -323,7 +329,8 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
 }
 
 absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
-                                     HookDispatcher& hooks) {
+                                     HookDispatcher& hooks,
+                                     HookDispatcher* transform_hooks) {
   Step& step = steps_[i];
   const int64_t num_batches = static_cast<int64_t>(data_.batches.size());
   SubgraphTiming timing;
@@ -340,6 +347,16 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   }));
 
   absl::Time t0 = absl::Now();
+  if (transform_hooks != nullptr) {
+    Interpreter::HookId tid = transform_hooks->Attach(*step.interp, i);
+    absl::Status seen =
+        RunBatches(i, "transform", /*store=*/false, transform_hooks, nullptr);
+    step.interp->RemoveHook(tid);
+    RETURN_IF_ERROR(seen);
+    RETURN_IF_ERROR(ForEachModifier(transforms_, [&](Modifier* m) {
+      return m->OnSubgraphEnd(ctx, step.info);
+    }));
+  }
   std::unique_ptr<AllExpertsRunner> experts;
   if (options_.calibrate_all_experts) {
     ASSIGN_OR_RETURN(experts, AllExpertsRunner::Create(
@@ -363,9 +380,9 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
 
   progress_->Update(Point(i, "compress", 0, 0));
   const int64_t updates_before = ctx.update_count();
-  RETURN_IF_ERROR(ForEachModifier(modifiers_, [&](Modifier* m) {
-    return m->OnSubgraphEnd(ctx, step.info);
-  }));
+  RETURN_IF_ERROR(ForEachModifier(
+      transform_hooks != nullptr ? absl::MakeConstSpan(others_) : modifiers_,
+      [&](Modifier* m) { return m->OnSubgraphEnd(ctx, step.info); }));
   progress_->Advance(1);
   progress_->EndStep(Point(i, "compress", 0, 0));
   absl::Time t2 = absl::Now();
@@ -472,7 +489,14 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
   // model.
   RETURN_IF_ERROR(ForEachModifier(
       modifiers_, [&](Modifier* m) { return m->OnRunStart(ctx); }));
-  HookDispatcher hooks(ctx, modifiers_);
+  for (Modifier* m : modifiers_) {
+    (m->IsTransform() ? transforms_ : others_).push_back(m);
+  }
+  const bool transform_pass = !transforms_.empty() && !others_.empty();
+  HookDispatcher hooks(
+      ctx, transform_pass ? absl::MakeConstSpan(others_) : modifiers_);
+  std::optional<HookDispatcher> transform_hooks;
+  if (transform_pass) transform_hooks.emplace(ctx, transforms_);
   ASSIGN_OR_RETURN(IntermediatesCache cache,
                    IntermediatesCache::Create(options_.cache));
   cache_.emplace(std::move(cache));
@@ -506,11 +530,14 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
       data_.seq_len, options_.propagate_error ? "" : ", no error propagation"));
   int64_t units = 0;
   for (int i = start; i < n; ++i) {
-    units += num_batches + 1 + (options_.propagate_error ? num_batches : 0);
+    units += num_batches + 1 + (options_.propagate_error ? num_batches : 0) +
+             (transform_pass ? num_batches : 0);
   }
   progress_->Begin(units);
   for (int i = start; i < n; ++i) {
-    RETURN_IF_ERROR(RunStep(i, ctx, hooks));
+    RETURN_IF_ERROR(
+        RunStep(i, ctx, hooks,
+                transform_hooks.has_value() ? &*transform_hooks : nullptr));
     if (checkpoint_.has_value() && options_.checkpoint_group != nullptr) {
       RETURN_IF_ERROR(options_.checkpoint_group->BeforeCheckpoint(i));
     }

@@ -50,7 +50,16 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   RunContext ctx(&model, &results, num_batches, progress);
   RETURN_IF_ERROR(ForEachModifier(
       modifiers, [&](Modifier* m) { return m->OnRunStart(ctx); }));
-  HookDispatcher hooks(ctx, modifiers);
+  // Note [Transforms first] (modifier.h).
+  std::vector<Modifier*> transforms;
+  std::vector<Modifier*> others;
+  for (Modifier* m : modifiers) {
+    (m->IsTransform() ? transforms : others).push_back(m);
+  }
+  const bool transform_pass = !transforms.empty() && !others.empty();
+  const absl::Span<Modifier* const> calibrated_by =
+      transform_pass ? absl::MakeConstSpan(others) : modifiers;
+  HookDispatcher hooks(ctx, calibrated_by);
   SubgraphInfo info;
   info.index = 0;
   info.count = 1;
@@ -71,7 +80,7 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
     p.num_batches = nb;
     return p;
   };
-  progress->Begin(num_batches + 1);
+  progress->Begin(num_batches * (transform_pass ? 2 : 1) + 1);
   SubgraphTiming timing;
   timing.label = info.label;
   RETURN_IF_ERROR(ForEachModifier(
@@ -84,44 +93,58 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
                                               options.expert_pattern));
     if (experts->empty()) experts.reset();
   }
+  // One pass over all batches with `dispatcher`'s hooks.
+  auto run_batches = [&](const char* stage, HookDispatcher& dispatcher,
+                         AllExpertsRunner* runner) -> absl::Status {
+    for (int64_t b = 0; b < num_batches; ++b) {
+      const std::string where =
+          absl::StrFormat("whole model, %s batch %d", stage, b);
+      RETURN_IF_ERROR(CheckInterrupt());
+      dispatcher.set_batch(b);
+      absl::StatusOr<c10::IValue> out = interp.Run(data.batches[b]);
+      if (!dispatcher.status().ok()) return dispatcher.status();
+      if (!out.ok()) return util::Annotate(out.status(), where);
+      if (runner != nullptr) {
+        absl::Status all = runner->RunOnAllTokens();
+        if (!dispatcher.status().ok()) return dispatcher.status();
+        if (!all.ok()) return util::Annotate(all, where);
+      }
+      if (options.check_finite) {
+        ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
+                           return NonFiniteKind(*out);
+                         }));
+        if (!kind.empty()) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "non-finite activation: the model's output in %s batch %d has "
+              "%s entries",
+              absl::string_view(stage) == "calibrate" ? "calibration" : stage,
+              b, kind));
+        }
+      }
+      progress->Advance(1);
+      progress->Update(point(stage, b + 1, num_batches));
+    }
+    progress->EndStep(point(stage, num_batches, num_batches));
+    interp.ClearHooks();
+    return absl::OkStatus();
+  };
+  if (transform_pass) {
+    HookDispatcher transform_hooks(ctx, transforms);
+    transform_hooks.Attach(interp, 0);
+    RETURN_IF_ERROR(run_batches("transform", transform_hooks, nullptr));
+    RETURN_IF_ERROR(ForEachModifier(
+        transforms, [&](Modifier* m) { return m->OnSubgraphEnd(ctx, info); }));
+  }
   hooks.Attach(interp, 0, experts.get());
   if (experts != nullptr) {
     experts->AttachCapture(interp);
     for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, 0);
   }
-  for (int64_t b = 0; b < num_batches; ++b) {
-    const std::string where =
-        absl::StrFormat("whole model, calibrate batch %d", b);
-    RETURN_IF_ERROR(CheckInterrupt());
-    hooks.set_batch(b);
-    absl::StatusOr<c10::IValue> out = interp.Run(data.batches[b]);
-    if (!hooks.status().ok()) return hooks.status();
-    if (!out.ok()) return util::Annotate(out.status(), where);
-    if (experts != nullptr) {
-      absl::Status all = experts->RunOnAllTokens();
-      if (!hooks.status().ok()) return hooks.status();
-      if (!all.ok()) return util::Annotate(all, where);
-    }
-    if (options.check_finite) {
-      ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
-                         return NonFiniteKind(*out);
-                       }));
-      if (!kind.empty()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "non-finite activation: the model's output in calibration batch "
-            "%d has %s entries",
-            b, kind));
-      }
-    }
-    progress->Advance(1);
-    progress->Update(point("calibrate", b + 1, num_batches));
-  }
-  progress->EndStep(point("calibrate", num_batches, num_batches));
-  interp.ClearHooks();
+  RETURN_IF_ERROR(run_batches("calibrate", hooks, experts.get()));
   absl::Time t1 = absl::Now();
   timing.calibrate_seconds = absl::ToDoubleSeconds(t1 - t0);
   RETURN_IF_ERROR(ForEachModifier(
-      modifiers, [&](Modifier* m) { return m->OnSubgraphEnd(ctx, info); }));
+      calibrated_by, [&](Modifier* m) { return m->OnSubgraphEnd(ctx, info); }));
   progress->Advance(1);
   progress->EndStep(point("compress", 0, 0));
   timing.compress_seconds = absl::ToDoubleSeconds(absl::Now() - t1);

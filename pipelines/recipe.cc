@@ -256,6 +256,34 @@ absl::Status CheckRtn(const Checker& c, const recipe::RtnModifier& m) {
   return CheckTargets(c, m);
 }
 
+absl::Status CheckSmoothQuant(const Checker& c,
+                              const recipe::SmoothQuantModifier& m) {
+  const double a = m.smoothing_strength();
+  if (!(a >= 0 && a <= 1)) {
+    return c.Error("smoothing_strength",
+                   absl::StrCat("must be in [0, 1], got ", a));
+  }
+  for (int i = 0; i < m.mappings_size(); ++i) {
+    const recipe::SmoothQuantModifier::Mapping& mapping = m.mappings(i);
+    Checker mc = c.Element("mappings", i, mapping);
+    if (mapping.smooth_layer().empty()) {
+      return mc.Error("smooth_layer", "is required");
+    }
+    if (mapping.balance_layers().empty()) {
+      return mc.MessageError("names no balance_layers");
+    }
+    for (int k = 0; k < mapping.balance_layers_size(); ++k) {
+      if (mapping.balance_layers(k).empty()) {
+        return mc.Error("balance_layers", "is empty", k);
+      }
+    }
+  }
+  for (int i = 0; i < m.ignore_size(); ++i) {
+    if (m.ignore(i).empty()) return c.Error("ignore", "is empty", i);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCache(const Checker& c,
                         const recipe::IntermediatesCacheConfig& m) {
   try {
@@ -293,8 +321,13 @@ absl::Status Check(const recipe::Recipe& r, const Checker& c) {
       case recipe::Modifier::kRtn:
         RETURN_IF_ERROR(CheckRtn(mc.Nested("rtn", m.rtn()), m.rtn()));
         break;
+      case recipe::Modifier::kSmoothquant:
+        RETURN_IF_ERROR(CheckSmoothQuant(
+            mc.Nested("smoothquant", m.smoothquant()), m.smoothquant()));
+        break;
       case recipe::Modifier::KIND_NOT_SET:
-        return mc.MessageError("names no modifier (gptq, observer or rtn)");
+        return mc.MessageError(
+            "names no modifier (gptq, observer, rtn or smoothquant)");
     }
   }
   if (r.pipeline() == recipe::Recipe::PIPELINE_UNSPECIFIED) {

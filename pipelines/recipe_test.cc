@@ -160,7 +160,14 @@ TEST(RecipeTest, ValidationErrorsNameFieldAndPlace) {
   EXPECT_EQ(ErrorOf(""), "recipe.textproto: recipe: has no modifiers");
   EXPECT_EQ(ErrorOf("pipeline: BASIC\nmodifiers {}"),
             "recipe.textproto:2:1: modifiers[0]: names no modifier (gptq, "
-            "observer or rtn)");
+            "observer, rtn or smoothquant)");
+  EXPECT_EQ(ErrorOf("modifiers { smoothquant { smoothing_strength: 2 } }"),
+            "recipe.textproto:1:27: modifiers[0].smoothquant."
+            "smoothing_strength: must be in [0, 1], got 2");
+  EXPECT_EQ(ErrorOf("modifiers { smoothquant { mappings { balance_layers: "
+                    "'q' } } }"),
+            "recipe.textproto:1:27: modifiers[0].smoothquant.mappings[0]."
+            "smooth_layer: is required");
   EXPECT_EQ(ErrorOf("modifiers { observer { kind: MOVING_AVERAGE "
                     "averaging_constant: 0 targets: 'L' } }"),
             "recipe.textproto:1:45: modifiers[0].observer.averaging_constant: "

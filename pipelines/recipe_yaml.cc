@@ -31,10 +31,13 @@ using recipe_yaml_internal::Group;
 using recipe_yaml_internal::IsMinMaxObserver;
 using recipe_yaml_internal::MixinFields;
 using recipe_yaml_internal::ParseActOrderValue;
-using recipe_yaml_internal::Preset;
 using recipe_yaml_internal::PresetOf;
 using recipe_yaml_internal::Reader;
 using recipe_yaml_internal::ResolveGroups;
+
+constexpr absl::string_view kRuns =
+    "(tracecut runs GPTQModifier, QuantizationModifier and "
+    "SmoothQuantModifier)";
 
 // Stages, modifier groups and modifiers, in order, into one recipe.
 class RecipeReader {
@@ -225,15 +228,104 @@ class RecipeReader {
     if (m.key == "GPTQModifier" || m.key == "QuantizationModifier") {
       return ReadQuantization(m, path, m.key == "GPTQModifier");
     }
-    if (m.key == "AWQModifier" || m.key == "SmoothQuantModifier") {
+    if (m.key == "SmoothQuantModifier") return ReadSmoothQuant(m, path);
+    if (m.key == "AWQModifier") {
       return r_.Error(m.key_node, path,
-                      absl::StrCat(m.key,
-                                   " not supported yet (tracecut runs "
-                                   "GPTQModifier and QuantizationModifier)"));
+                      absl::StrCat(m.key, " not supported yet ", kRuns));
     }
     return r_.Error(m.key_node, path,
-                    "unsupported modifier (tracecut runs GPTQModifier and "
-                    "QuantizationModifier)");
+                    absl::StrCat("unsupported modifier ", kRuns));
+  }
+
+  // A mapping: [balance layers, smooth layer] (a list, or llm-compressor's
+  // !!python/tuple), or {balance_layers: ..., smooth_layers: ...} as its
+  // LayerMap names them.
+  absl::Status ReadMapping(const YAML::Node& node, const std::string& path,
+                           recipe::SmoothQuantModifier::Mapping* out) {
+    YAML::Node balance;
+    YAML::Node smooth;
+    if (node.IsSequence() && node.size() == 2) {
+      balance = node[0];
+      smooth = node[1];
+    } else if (node.IsMap()) {
+      ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                       r_.Entries(node, path));
+      for (const Reader::Entry& e : entries) {
+        if (e.key == "balance_layers") {
+          balance = e.value;
+        } else if (e.key == "smooth_layers") {
+          smooth = e.value;
+        } else {
+          return r_.Error(e.key_node, Reader::Join(path, e.key),
+                          "unsupported field");
+        }
+      }
+      if (!balance.IsDefined() || balance.IsNull() || !smooth.IsDefined() ||
+          smooth.IsNull()) {
+        return r_.Error(node, path, "needs balance_layers and smooth_layers");
+      }
+    } else {
+      return r_.Error(node, path,
+                      "must be [[balance layers...], smooth layer]");
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> b,
+                     r_.Strings(balance, absl::StrCat(path, "[0]")));
+    if (b.empty()) {
+      return r_.Error(balance, absl::StrCat(path, "[0]"),
+                      "names no balance layers");
+    }
+    ASSIGN_OR_RETURN(std::string s,
+                     r_.String(smooth, absl::StrCat(path, "[1]")));
+    for (std::string& layer : b) out->add_balance_layers(std::move(layer));
+    out->set_smooth_layer(s);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadSmoothQuant(const Reader::Entry& m,
+                               const std::string& path) {
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(m.value, path));
+    recipe::SmoothQuantModifier q;
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join(path, e.key);
+      const YAML::Node& v = e.value;
+      ASSIGN_OR_RETURN(bool common, CommonField(e, p));
+      if (common) continue;
+      if (e.key == "smoothing_strength") {
+        ASSIGN_OR_RETURN(double a, r_.Double(v, p));
+        if (a < 0 || a > 1) {
+          return r_.Error(v, p, absl::StrCat("must be in [0, 1], got ", a));
+        }
+        q.set_smoothing_strength(a);
+      } else if (e.key == "mappings") {
+        if (v.IsNull()) continue;
+        if (!v.IsSequence()) return r_.Error(v, p, "must be a list");
+        for (size_t i = 0; i < v.size(); ++i) {
+          RETURN_IF_ERROR(ReadMapping(v[i], absl::StrCat(p, "[", i, "]"),
+                                      q.add_mappings()));
+        }
+      } else if (e.key == "ignore") {
+        if (v.IsNull()) continue;
+        ASSIGN_OR_RETURN(std::vector<std::string> ignore, r_.Strings(v, p));
+        for (std::string& i : ignore) q.add_ignore(std::move(i));
+      } else if (e.key == "algorithm") {
+        ASSIGN_OR_RETURN(std::string algorithm, r_.String(v, p));
+        if (algorithm != "smoothquant") {
+          return r_.Error(v, p,
+                          absl::StrCat("algorithm ", algorithm,
+                                       " not supported yet (smoothquant is)"));
+        }
+      } else if (e.key == "num_calibration_steps") {
+        RETURN_IF_ERROR(r_.NullOr(
+            v, p, "tracecut smooths with all the calibration data; null"));
+      } else if (e.key == "calibration_function") {
+        RETURN_IF_ERROR(r_.NullOr(v, p, "only null"));
+      } else {
+        return r_.Error(e.key_node, p, "unsupported field");
+      }
+    }
+    *out_.add_modifiers()->mutable_smoothquant() = std::move(q);
+    return absl::OkStatus();
   }
 
   absl::Status ReadQuantization(const Reader::Entry& m, const std::string& path,
@@ -369,13 +461,13 @@ void EmitWeights(YAML::Emitter& out, const recipe::QuantizationScheme& s) {
 // targets and ignore, then `scheme: PRESET` or config_groups.
 template <typename M>
 void EmitQuantFields(YAML::Emitter& out, const M& m) {
-  const Preset* preset = PresetOf(m.scheme());
+  const std::optional<std::string> preset = PresetOf(m.scheme());
   out << YAML::Key << "targets" << YAML::Value;
   EmitList(out, m.targets());
   out << YAML::Key << "ignore" << YAML::Value;
   EmitList(out, m.ignore());
-  if (preset != nullptr) {
-    out << YAML::Key << "scheme" << YAML::Value << preset->name;
+  if (preset.has_value()) {
+    out << YAML::Key << "scheme" << YAML::Value << *preset;
     return;
   }
   out << YAML::Key << "config_groups" << YAML::Value << YAML::BeginMap;
@@ -458,9 +550,10 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
   int groups = 0;
   for (int i = 0; i < recipe.modifiers_size(); ++i) {
     const recipe::Modifier& m = recipe.modifiers(i);
-    const char* type = m.has_gptq()  ? "GPTQModifier"
-                       : m.has_rtn() ? "QuantizationModifier"
-                                     : nullptr;
+    const char* type = m.has_gptq()          ? "GPTQModifier"
+                       : m.has_rtn()         ? "QuantizationModifier"
+                       : m.has_smoothquant() ? "SmoothQuantModifier"
+                                             : nullptr;
     if (type == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("recipe: modifiers[", i,
@@ -497,8 +590,26 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
       } else {
         out << YAML::Null;
       }
-    } else {
+    } else if (m.has_rtn()) {
       EmitQuantFields(out, m.rtn());
+    } else {
+      const recipe::SmoothQuantModifier& q = m.smoothquant();
+      out << YAML::Key << "smoothing_strength" << YAML::Value
+          << DoubleText(q.smoothing_strength());
+      if (!q.mappings().empty()) {
+        out << YAML::Key << "mappings" << YAML::Value << YAML::BeginSeq;
+        for (const recipe::SmoothQuantModifier::Mapping& mapping :
+             q.mappings()) {
+          out << YAML::Flow << YAML::BeginSeq;
+          EmitList(out, mapping.balance_layers());
+          out << mapping.smooth_layer() << YAML::EndSeq;
+        }
+        out << YAML::EndSeq;
+      }
+      if (!q.ignore().empty()) {
+        out << YAML::Key << "ignore" << YAML::Value;
+        EmitList(out, q.ignore());
+      }
     }
     out << YAML::EndMap;
   }

@@ -20,7 +20,8 @@
 //                                 # config_groups
 //
 // GPTQModifier maps to `gptq`, QuantizationModifier to `rtn` (weight-only:
-// its weight observer is min-max, i.e. round-to-nearest). Integer
+// its weight observer is min-max, i.e. round-to-nearest), SmoothQuantModifier
+// to `smoothquant` (smoothing_strength, mappings, ignore). Integer
 // weight-only schemes are supported: presets W2A16..W8A16 and W4A16_ASYM
 // (compressed-tensors' definitions: group 128), or config_groups with int
 // weights of strategy tensor, channel or group. A top-level `args` mapping

@@ -157,16 +157,9 @@ struct MixinFields {
 // GPTQModifier's actorder: the Sentinel("static") default, None, or weight.
 enum class ActOrder { kDefault, kNone, kWeight };
 
-// A compressed-tensors weight-only integer preset (Note [llm-compressor
-// presets]).
-struct Preset {
-  const char* name;
-  int bits;
-  bool symmetric;
-};
-
-// The preset `scheme` is exactly, if any.
-const Preset* PresetOf(const recipe::QuantizationScheme& scheme);
+// The name of the compressed-tensors preset `scheme` is exactly, if any
+// (Note [llm-compressor presets]).
+std::optional<std::string> PresetOf(const recipe::QuantizationScheme& scheme);
 
 // Weight observers that, on a weight (observed once), all compute its min
 // and max: what round-to-nearest and GPTQ use.

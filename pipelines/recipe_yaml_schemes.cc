@@ -16,50 +16,77 @@
 #include "absl/strings/str_join.h"
 #include "pipelines/recipe.pb.h"
 #include "pipelines/recipe_yaml_internal.h"
+#include "quantization/quant_args.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines::recipe_yaml_internal {
 namespace {
 
 // Note [llm-compressor presets]
-// compressed-tensors' weight-only integer presets (quant_scheme.py of the
-// pinned version): symmetric int with groups of 128 columns, W4A16_ASYM
-// asymmetric. The other presets quantize activations or use float grids,
-// which tracecut's recipes cannot express yet.
-constexpr Preset kPresets[] = {
-    {"W2A16", 2, true},       {"W3A16", 3, true}, {"W4A16", 4, true},
-    {"W4A16_ASYM", 4, false}, {"W5A16", 5, true}, {"W6A16", 6, true},
-    {"W7A16", 7, true},       {"W8A16", 8, true},
-};
-constexpr int64_t kPresetGroupSize = 128;
+// Presets come from quantization/quant_args.h (compressed-tensors'
+// PRESET_SCHEMES). tracecut's recipes take integer weight-only schemes of
+// strategy tensor, channel or group: W2A16..W8A16 (symmetric, groups of
+// 128) and W4A16_ASYM. Presets that quantize activations or use float grids
+// are refused by name.
 
-// Every other preset name compressed-tensors knows, for a clearer refusal.
-constexpr const char* kOtherPresets[] = {
-    "UNQUANTIZED", "W2A4",      "W2A8",     "W3A4",        "W3A8",      "W4A4",
-    "W4A8",        "W4AFP8",    "W5A8",     "W6A8",        "W7A8",      "W8A8",
-    "INT8",        "INT8_W8A8", "FP8",      "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4",
-    "NVFP4A16",    "MXFP4",     "MXFP4A16", "MXFP8",       "MXFP8A16",
-};
-
-const Preset* FindPreset(absl::string_view name) {
-  for (const Preset& p : kPresets) {
-    if (name == p.name) return &p;
+// The recipe scheme for `scheme`, or nullopt when it is not integer
+// weight-only with a strategy recipes express.
+std::optional<recipe::QuantizationScheme> RecipeScheme(
+    const quantization::QuantizationScheme& scheme) {
+  if (!scheme.weights.has_value() || scheme.input_activations.has_value() ||
+      scheme.output_activations.has_value()) {
+    return std::nullopt;
   }
-  return nullptr;
-}
-
-std::string SupportedPresets() {
-  std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.push_back(p.name);
-  return absl::StrJoin(names, ", ");
-}
-
-recipe::QuantizationScheme SchemeOf(const Preset& p) {
+  const quantization::QuantizationArgs& w = *scheme.weights;
+  if (w.type != quantization::QuantType::kInt ||
+      w.dynamic != quantization::Dynamic::kStatic || w.num_bits < 2 ||
+      w.num_bits > 8) {
+    return std::nullopt;
+  }
   recipe::QuantizationScheme s;
-  s.set_bits(p.bits);
-  s.set_symmetric(p.symmetric);
-  s.set_group_size(kPresetGroupSize);
+  s.set_bits(w.num_bits);
+  s.set_symmetric(w.symmetric);
+  switch (w.resolved_strategy()) {
+    case quantization::Strategy::kGroup:
+      if (!w.group_size.has_value()) return std::nullopt;
+      s.set_group_size(*w.group_size);
+      break;
+    case quantization::Strategy::kChannel:
+      s.set_group_size(-1);
+      break;
+    case quantization::Strategy::kTensor:
+      s.set_group_size(-1);
+      s.set_per_tensor(true);
+      break;
+    default:
+      return std::nullopt;
+  }
   return s;
+}
+
+// The presets recipes can run, by name, in compressed-tensors' order.
+const std::vector<std::pair<std::string, recipe::QuantizationScheme>>&
+SupportedPresets() {
+  static const auto* presets = [] {
+    auto* out =
+        new std::vector<std::pair<std::string, recipe::QuantizationScheme>>();
+    for (const std::string& name : quantization::PresetNames()) {
+      absl::StatusOr<quantization::QuantizationScheme> s =
+          quantization::PresetScheme(name, {"Linear"});
+      if (!s.ok()) continue;
+      if (std::optional<recipe::QuantizationScheme> r = RecipeScheme(*s)) {
+        out->emplace_back(name, *r);
+      }
+    }
+    return out;
+  }();
+  return *presets;
+}
+
+std::string SupportedPresetNames() {
+  std::vector<std::string> names;
+  for (const auto& [name, scheme] : SupportedPresets()) names.push_back(name);
+  return absl::StrJoin(names, ", ");
 }
 
 // QuantizationArgs of a config group's weights.
@@ -217,35 +244,40 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
                                   const std::string& path,
                                   const std::string& name,
                                   std::vector<std::string> targets) {
-  const Preset* p = FindPreset(name);
-  if (p == nullptr) {
-    bool known = false;
-    for (const char* other : kOtherPresets) known |= name == other;
+  absl::StatusOr<quantization::QuantizationScheme> preset =
+      quantization::PresetScheme(name, targets);
+  if (!preset.ok()) {
+    return r.Error(at, path,
+                   absl::StrCat("scheme ", name,
+                                " is not a compressed-tensors preset "
+                                "(supported: ",
+                                SupportedPresetNames(), ")"));
+  }
+  std::optional<recipe::QuantizationScheme> scheme = RecipeScheme(*preset);
+  if (!scheme.has_value()) {
     return r.Error(
         at, path,
-        known ? absl::StrCat("scheme ", name, " not supported yet (supported: ",
-                             SupportedPresets(), ")")
-              : absl::StrCat("scheme ", name,
-                             " is not a compressed-tensors preset "
-                             "(supported: ",
-                             SupportedPresets(), ")"));
+        absl::StrCat("scheme ", name, " not supported yet (supported: ",
+                     SupportedPresetNames(), ")"));
   }
   Group g;
-  g.scheme = SchemeOf(*p);
+  g.scheme = *scheme;
   g.targets = std::move(targets);
   return g;
 }
 
 }  // namespace
 
-const Preset* PresetOf(const recipe::QuantizationScheme& scheme) {
-  for (const Preset& p : kPresets) {
-    if (scheme.bits() == p.bits && scheme.symmetric() == p.symmetric &&
-        scheme.group_size() == kPresetGroupSize && !scheme.per_tensor()) {
-      return &p;
+std::optional<std::string> PresetOf(const recipe::QuantizationScheme& scheme) {
+  for (const auto& [name, preset] : SupportedPresets()) {
+    if (scheme.bits() == preset.bits() &&
+        scheme.symmetric() == preset.symmetric() &&
+        scheme.group_size() == preset.group_size() &&
+        scheme.per_tensor() == preset.per_tensor()) {
+      return name;
     }
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 bool IsMinMaxObserver(absl::string_view name) {

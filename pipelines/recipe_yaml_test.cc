@@ -190,6 +190,67 @@ TEST(RecipeYamlTest, StagesAndGroupsKeepTheirOrder) {
   EXPECT_EQ(r.modifiers(2).rtn().scheme().bits(), 2);
 }
 
+TEST(RecipeYamlTest, SmoothQuantModifierAsLlmCompressorWritesIt) {
+  // Recipe.from_modifiers([SmoothQuantModifier(smoothing_strength=0.8,
+  // mappings=DEFAULT_SMOOTHQUANT_MAPPINGS), GPTQModifier(...)]).yaml(): its
+  // LayerMap tuples come out as !!python/tuple.
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml(
+          "default_stage:\n"
+          "  default_modifiers:\n"
+          "    SmoothQuantModifier:\n"
+          "      requires_calibration_data: true\n"
+          "      smoothing_strength: 0.8\n"
+          "      mappings:\n"
+          "      - !!python/tuple\n"
+          "        - ['re:.*q_proj', 're:.*k_proj', 're:.*v_proj']\n"
+          "        - re:.*input_layernorm\n"
+          "      - - ['re:.*gate_proj', 're:.*up_proj']\n"
+          "        - re:.*post_attention_layernorm\n"
+          "      - {balance_layers: [re:.*fc1], smooth_layers: "
+          "re:.*ln}\n"
+          "      ignore: [lm_head]\n"
+          "      algorithm: smoothquant\n"
+          "    GPTQModifier: {scheme: W8A16, ignore: [lm_head]}\n"));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  const recipe::SmoothQuantModifier& q = r.modifiers(0).smoothquant();
+  EXPECT_DOUBLE_EQ(q.smoothing_strength(), 0.8);
+  ASSERT_EQ(q.mappings_size(), 3);
+  EXPECT_EQ(q.mappings(0).balance_layers_size(), 3);
+  EXPECT_EQ(q.mappings(0).balance_layers(2), "re:.*v_proj");
+  EXPECT_EQ(q.mappings(0).smooth_layer(), "re:.*input_layernorm");
+  EXPECT_EQ(q.mappings(1).smooth_layer(), "re:.*post_attention_layernorm");
+  EXPECT_EQ(q.mappings(2).balance_layers(0), "re:.*fc1");
+  EXPECT_EQ(q.ignore(0), "lm_head");
+  EXPECT_TRUE(r.modifiers(1).has_gptq());
+
+  // The defaults: alpha 0.5, the architecture's mappings.
+  ASSERT_OK_AND_ASSIGN(
+      r, ParseRecipeYaml("s_stage:\n  m_modifiers:\n    SmoothQuantModifier: "
+                         "{}\n"));
+  EXPECT_DOUBLE_EQ(r.modifiers(0).smoothquant().smoothing_strength(), 0.5);
+  EXPECT_EQ(r.modifiers(0).smoothquant().mappings_size(), 0);
+
+  auto sq = [](const std::string& fields) {
+    return ErrorOf("s_stage:\n  m_modifiers:\n    SmoothQuantModifier: {" +
+                   fields + "}\n");
+  };
+  EXPECT_THAT(sq("algorithm: log_equalization"),
+              HasSubstr("algorithm log_equalization not supported yet"));
+  EXPECT_THAT(sq("smoothing_strength: 1.5"),
+              HasSubstr("smoothing_strength: must be in [0, 1], got 1.5"));
+  EXPECT_THAT(sq("num_calibration_steps: 4"),
+              HasSubstr("num_calibration_steps: unsupported value"));
+  EXPECT_THAT(sq("mappings: [[[], re:.*ln]]"),
+              HasSubstr("mappings[0][0]: names no balance layers"));
+  EXPECT_THAT(sq("mappings: [re:.*ln]"),
+              HasSubstr("mappings[0]: must be [[balance layers...], smooth "
+                        "layer]"));
+  EXPECT_THAT(sq("targets: [Linear]"),
+              HasSubstr("SmoothQuantModifier.targets: unsupported field"));
+}
+
 TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
   EXPECT_EQ(
       ErrorOf(Gptq("      scheme: W4A16\n      offload_hessians: true\n")),
@@ -197,17 +258,17 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
       "offload_hessians: unsupported field");
   EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier: {}\n"),
             "recipe.yaml:3:5: quant_stage.quant_modifiers.AWQModifier: "
-            "AWQModifier not supported yet (tracecut runs GPTQModifier and "
-            "QuantizationModifier)");
+            "AWQModifier not supported yet (tracecut runs GPTQModifier, "
+            "QuantizationModifier and SmoothQuantModifier)");
   EXPECT_EQ(ErrorOf("s_stage:\n  m_modifiers:\n    WandaPruningModifier: {}\n"),
             "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
-            "unsupported modifier (tracecut runs GPTQModifier and "
-            "QuantizationModifier)");
+            "unsupported modifier (tracecut runs GPTQModifier, "
+            "QuantizationModifier and SmoothQuantModifier)");
   EXPECT_EQ(
       ErrorOf(Gptq("      scheme: FP8\n")),
       "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
-      "scheme FP8 not supported yet (supported: W2A16, W3A16, W4A16, "
-      "W4A16_ASYM, W5A16, W6A16, W7A16, W8A16)");
+      "scheme FP8 not supported yet (supported: W4A16_ASYM, W2A16, W3A16, "
+      "W4A16, W5A16, W6A16, W7A16, W8A16)");
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W8A8\n")),
               HasSubstr("scheme W8A8 not supported yet"));
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
@@ -306,6 +367,24 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
                ignore: "lm_head"
                actorder: true
                static_groups: true
+             }
+           })pb",
+      // SmoothQuant before GPTQ, with and without its own mappings.
+      R"pb(modifiers { smoothquant { smoothing_strength: 0.8 } }
+           modifiers {
+             smoothquant {
+               mappings {
+                 balance_layers: "re:.*fc1"
+                 balance_layers: "re:.*fc2"
+                 smooth_layer: "re:.*ln"
+               }
+               ignore: "lm_head"
+             }
+           }
+           modifiers {
+             gptq {
+               scheme { bits: 8 group_size: 128 }
+               targets: "Linear"
              }
            })pb",
       // config_groups forms, repeated modifier types, pipeline settings.

@@ -3,7 +3,8 @@
 A tiny transformers Llama (seeded, from a config) is saved as a checkpoint
 directory and exported with `tracecut export`. For each recipe that
 llm-compressor 0.14 itself writes (`Recipe.from_modifiers([...]).yaml()`:
-GPTQ W4A16, QuantizationModifier W4A16_ASYM, GPTQ with config_groups):
+GPTQ W4A16, QuantizationModifier W4A16_ASYM, GPTQ with config_groups,
+SmoothQuant followed by GPTQ W8A16):
 
 * `tracecut calibrate --recipe=that.yaml` accepts it and writes OUT_DIR with
   a recipe.yaml;
@@ -29,7 +30,8 @@ import torch
 import transformers
 from llmcompressor.modifiers.quantization import (GPTQModifier,
                                                   QuantizationModifier)
-from llmcompressor.modifiers.transform import AWQModifier
+from llmcompressor.modifiers.transform import (AWQModifier,
+                                               SmoothQuantModifier)
 from llmcompressor.recipe import Recipe
 
 
@@ -52,6 +54,10 @@ def recipes():
       "gptq_groups": [GPTQModifier(config_groups=groups, ignore=["lm_head"],
                                    actorder=None, dampening_frac=0.05,
                                    block_size=64)],
+      # PEERS.md's example, with a weight-only scheme.
+      "smoothquant_gptq": [SmoothQuantModifier(smoothing_strength=0.8),
+                           GPTQModifier(targets="Linear", scheme="W8A16",
+                                        ignore=["lm_head"])],
   }
 
 
@@ -65,6 +71,11 @@ def summary(recipe):
   """What a recipe makes llm-compressor compute, modifier by modifier."""
   out = []
   for m in recipe.modifiers:
+    if isinstance(m, SmoothQuantModifier):
+      out.append(("SmoothQuantModifier", m.smoothing_strength,
+                  [[list(b), s] for b, s in (m.mappings or [])],
+                  sorted(m.ignore or []), m.algorithm))
+      continue
     groups = []
     for g in m.resolved_config.config_groups.values():
       w = g.weights

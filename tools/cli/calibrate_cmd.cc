@@ -268,7 +268,8 @@ Subcommand CalibrateCommand() {
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
       "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
       "[--html=FILE] [--json]";
-  c.summary = "Calibrate and quantize a model (GPTQ, RTN, observers).";
+  c.summary =
+      "Calibrate and quantize a model (GPTQ, RTN, SmoothQuant, observers).";
   c.description =
       "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
       "the Hugging Face config's decoder layers) and calibrates it subgraph "
@@ -286,9 +287,10 @@ Subcommand CalibrateCommand() {
       "order) and the other tensors as they are, and the checkpoint's "
       "tokenizer files, and recipe.yaml: the run's recipe in "
       "llm-compressor's format, which --recipe reads back (as it reads the "
-      "recipe.yaml llm-compressor writes: GPTQModifier and "
-      "QuantizationModifier with integer weight schemes; anything else is "
-      "refused by name); it appears at once, complete. When MODEL's .pt2 "
+      "recipe.yaml llm-compressor writes: SmoothQuantModifier, and "
+      "GPTQModifier and QuantizationModifier with integer weight schemes; "
+      "anything else is refused by name); it appears at once, complete. "
+      "When MODEL's .pt2 "
       "holds no weights (`tracecut export --meta`), the weights are "
       "streamed: each subgraph's are read from the safetensors when it "
       "runs, and written as a shard and released when it is done, so "

@@ -1,0 +1,161 @@
+"""SmoothQuant against llm-compressor's SmoothQuantModifier (issue 31, item 1).
+
+A seeded transformers Llama (2 layers, hidden 128; its RMSNorm weights and
+a few embedding channels scaled, so the activations have outlier channels
+to smooth) is saved with a word-level tokenizer and exported. The same 8
+samples of 16 token ids calibrate it twice, in this one test run:
+
+* llm-compressor 0.14 `oneshot` with SmoothQuantModifier(smoothing_strength
+  =0.8) (CPU, sequential pipeline, no shuffling);
+* `tracecut calibrate --recipe=recipe.yaml` with that modifier (the YAML
+  llm-compressor writes for it), to a TorchScript .pt.
+
+Checked: every smoothed weight (both norms and the q/k/v/gate/up
+projections of each layer) equals llm-compressor's within 1e-5 relative
+(max |a - b| / max |b|); the weights SmoothQuant does not touch are
+bit-identical to the original; the smoothed model's logits equal the
+original transformers model's within float tolerance (relative 1e-5); and
+a data-parallel run (--nproc-per-node=2: minima and maxima all-reduced)
+gives bit-identical weights.
+
+    smoothquant_parity_test.py TRACECUT
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+VOCAB = 256
+SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
+            "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+            "mlp.up_proj")
+
+
+def run(cmd):
+  p = subprocess.run(cmd, capture_output=True, text=True)
+  if p.returncode != 0:
+    raise AssertionError(f"{' '.join(cmd)}: exit {p.returncode}:\n"
+                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+  return p
+
+
+def save_tokenizer(ckpt):
+  """llm-compressor needs a processor even for tokenized data."""
+  import tokenizers
+  vocab = {f"t{i}": i for i in range(VOCAB)}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
+      pad_token="t0").save_pretrained(ckpt)
+
+
+def make_model():
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      max_position_embeddings=64)
+  model = transformers.LlamaForCausalLM(config).eval()
+  g = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for layer in model.model.layers:
+      for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight.copy_(0.5 + torch.rand(128, generator=g))
+    # Outlier channels, as trained LLMs have.
+    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
+  return model
+
+
+def llmcompressor_smoothed(ckpt, ids):
+  from datasets import Dataset
+  from llmcompressor import oneshot
+  from llmcompressor.modifiers.transform import SmoothQuantModifier
+  ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                         "attention_mask": torch.ones_like(ids).tolist()})
+  model = oneshot(
+      model=ckpt, dataset=ds,
+      recipe=SmoothQuantModifier(smoothing_strength=0.8),
+      max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+      shuffle_calibration_samples=False, pipeline="sequential")
+  return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def relative(a, b):
+  return ((a.double() - b.double()).abs().max() /
+          b.double().abs().max()).item()
+
+
+def main():
+  tracecut = sys.argv[1]
+  torch.set_num_threads(2)
+  model = make_model()
+  original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+  ids = torch.randint(0, VOCAB, (8, 16),
+                      generator=torch.Generator().manual_seed(3))
+  with tempfile.TemporaryDirectory() as d:
+    ckpt = os.path.join(d, "llama")
+    model.save_pretrained(ckpt)
+    save_tokenizer(ckpt)
+    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
+    data = os.path.join(d, "ids.pt")
+    torch.save(ids, data)
+
+    from llmcompressor.modifiers.transform import SmoothQuantModifier
+    from llmcompressor.recipe import Recipe
+    recipe = os.path.join(d, "recipe.yaml")
+    Recipe.from_modifiers([SmoothQuantModifier(smoothing_strength=0.8)]).yaml(
+        file_path=recipe)
+    out = os.path.join(d, "smoothed.pt")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+         "--format=torchscript", "-o", out])
+    ours_model = torch.jit.load(out).eval()
+    ours = dict(ours_model.state_dict())
+
+    theirs = llmcompressor_smoothed(ckpt, ids)
+
+    worst = 0.0
+    checked = 0
+    for layer in range(2):
+      for name in SMOOTHED:
+        key = f"model.layers.{layer}.{name}.weight"
+        err = relative(ours[key], theirs[key])
+        assert not torch.equal(theirs[key], original[key]), (
+            f"{key}: llm-compressor did not smooth it")
+        assert err <= 1e-5, f"{key}: relative difference {err:.3g}"
+        worst = max(worst, err)
+        checked += 1
+      for name in ("self_attn.o_proj", "mlp.down_proj"):
+        key = f"model.layers.{layer}.{name}.weight"
+        assert torch.equal(ours[key], original[key]), key
+    print(f"SmoothQuant parity: {checked} smoothed weights equal "
+          f"llm-compressor's, largest relative difference {worst:.3g} "
+          f"(bound 1e-5); o_proj/down_proj untouched")
+
+    with torch.no_grad():
+      want = model(input_ids=ids[:2]).logits
+      got = ours_model(ids[:2])
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    err = ((got - want).norm() / want.norm()).item()
+    assert err <= 1e-5, f"logits changed by smoothing: relative {err:.3g}"
+    print(f"smoothed model's logits vs the original transformers model's: "
+          f"relative error {err:.3g} (bound 1e-5)")
+
+    dp = os.path.join(d, "smoothed-dp.pt")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+         "--format=torchscript", "--nproc-per-node=2", "-o", dp])
+    dp_state = dict(torch.jit.load(dp).state_dict())
+    for layer in range(2):
+      for name in SMOOTHED:
+        key = f"model.layers.{layer}.{name}.weight"
+        assert torch.equal(dp_state[key], ours[key]), f"{key} differs in DP"
+    print("data-parallel (2 ranks, min/max all-reduced): smoothed weights "
+          "bit-identical to one process")
+
+
+if __name__ == "__main__":
+  main()
