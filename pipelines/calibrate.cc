@@ -33,6 +33,7 @@
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/observers.h"
 #include "pipelines/recipe.h"
+#include "pipelines/recipe_yaml.h"
 #include "pipelines/report.h"
 #include "pipelines/rtn_modifier.h"
 #include "pipelines/weight_stream.h"
@@ -296,6 +297,17 @@ PipelineKind KindFromRecipe(recipe::Recipe::Pipeline p) {
   }
 }
 
+recipe::Recipe::Pipeline RecipeKind(PipelineKind kind) {
+  switch (kind) {
+    case PipelineKind::kBasic:
+      return recipe::Recipe::BASIC;
+    case PipelineKind::kLayerSequential:
+      return recipe::Recipe::LAYER_SEQUENTIAL;
+    default:
+      return recipe::Recipe::SEQUENTIAL;
+  }
+}
+
 std::string RecipeText(const recipe::Recipe& recipe) {
   std::string text;
   google::protobuf::TextFormat::Printer printer;
@@ -540,6 +552,29 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
         "or use the basic pipeline"));
   }
   p.partition.targets = targets;
+  // The recipe.yaml of a compressed-tensors output: the recipe as this run
+  // applies it (flags and defaults filled in). Modifiers of the caller's own
+  // have no llm-compressor form, so an output with any gets none.
+  std::string recipe_yaml;
+  if (options.output_format ==
+          CalibrateOptions::OutputFormat::kCompressedTensors &&
+      options.extra_modifiers.empty()) {
+    recipe::Recipe applied = r;
+    applied.set_pipeline(RecipeKind(p.kind));
+    applied.set_propagate_error(p.propagate_error);
+    applied.clear_sequential_targets();
+    if (p.kind != PipelineKind::kBasic) {
+      for (const std::string& t : targets) applied.add_sequential_targets(t);
+    }
+    absl::StatusOr<std::string> yaml = RecipeToYaml(applied);
+    if (!yaml.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.recipe_source,
+                       ": cannot be written as the output's recipe.yaml: ",
+                       yaml.status().message()));
+    }
+    recipe_yaml = std::move(*yaml);
+  }
   p.calibrate_all_experts = r.calibrate_all_experts();
   if (r.has_expert_modules()) p.expert_pattern = r.expert_modules();
   if (r.has_cache()) {
@@ -644,6 +679,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   std::unique_ptr<WeightStream> stream;
   CompressedOutputOptions out_options;
   out_options.output_dir = options.output_path;
+  out_options.recipe_yaml = std::move(recipe_yaml);
   if (IsDirectory(options.model_path))
     out_options.source_dir = options.model_path;
   if (streaming) {

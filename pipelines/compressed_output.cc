@@ -157,6 +157,16 @@ absl::Status CopySourceFiles(const fs::path& dir,
   return absl::OkStatus();
 }
 
+// The source checkpoint's files, then the recipe that made this one (in
+// place of a recipe.yaml the source carried).
+absl::Status WriteOtherFiles(const fs::path& dir,
+                             const CompressedOutputOptions& options) {
+  RETURN_IF_ERROR(CopySourceFiles(dir, options.source_dir));
+  if (options.recipe_yaml.empty()) return absl::OkStatus();
+  return util::WriteFileAtomically((dir / "recipe.yaml").string(),
+                                   options.recipe_yaml);
+}
+
 absl::Status WriteIndex(const fs::path& dir,
                         const nlohmann::ordered_json& weight_map,
                         int64_t total) {
@@ -191,7 +201,7 @@ absl::Status WriteDirectory(const fs::path& dir, const Tensors& tensors,
     }
   }
   if (shards.size() > 1) RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
-  return CopySourceFiles(dir, options.source_dir);
+  return WriteOtherFiles(dir, options);
 }
 
 // FailedPrecondition unless OUT_DIR is free: missing, empty, or an earlier
@@ -600,7 +610,7 @@ absl::Status CompressedTensorsWriter::Finish(
                    checkpoint::ConfigWithQuantization(config_, quantized));
   RETURN_IF_ERROR(
       util::WriteFileAtomically((dir / "config.json").string(), quant_config));
-  RETURN_IF_ERROR(CopySourceFiles(dir, options_.source_dir));
+  RETURN_IF_ERROR(WriteOtherFiles(dir, options_));
   return Publish(dir, fs::path(options_.output_dir), where_);
 }
 

@@ -12,10 +12,11 @@
 // checkpoint/compressed_tensors.h), model.safetensors (or shards of at most
 // `max_shard_bytes` with model.safetensors.index.json): every quantized
 // Linear's packed weight and parameters, and the model's other tensors as
-// they are; and the source checkpoint's other files (tokenizer, generation
-// config) copied through. With a source checkpoint, exactly its tensor names
-// are written (a quantized weight as its compressed tensors), so buffers
-// transformers does not save (rotary caches, lifted constants) stay out.
+// they are; the source checkpoint's other files (tokenizer, generation
+// config) copied through; and recipe.yaml, when the options carry one. With a
+// source checkpoint, exactly its tensor names are written (a quantized weight
+// as its compressed tensors), so buffers transformers does not save (rotary
+// caches, lifted constants) stay out.
 //
 // The directory is built next to OUT_DIR and renamed into place: a failed
 // run leaves nothing, and an earlier compressed-tensors output at OUT_DIR is
@@ -44,6 +45,9 @@ struct CompressedOutputOptions {
   // (every parameter and buffer is written, less lifted constants).
   std::string source_dir;
   int64_t max_shard_bytes = int64_t{5} << 30;
+  // Written as recipe.yaml when not empty: the llm-compressor recipe that
+  // reproduces the output (pipelines/recipe_yaml.h).
+  std::string recipe_yaml;
 };
 
 // Errors (nothing written): no config.json (embedded or in source_dir); a

@@ -45,6 +45,12 @@ def tracecut_dependencies():
     )
     _maybe(
         native.new_local_repository,
+        "com_github_jbeder_yaml_cpp",
+        path = "/usr",
+        build_file = str(Label("//third_party:yaml_cpp.BUILD")),
+    )
+    _maybe(
+        native.new_local_repository,
         "com_github_google_benchmark",
         path = "/usr",
         build_file = str(Label("//third_party:benchmark.BUILD")),

@@ -19,6 +19,7 @@ packages=(
   g++ clang libclang-rt-14-dev clang-format
   libabsl-dev libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev
+  libyaml-cpp-dev
   libgloo-dev
   python3 python3-venv graphviz
   strace zip

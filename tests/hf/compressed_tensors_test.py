@@ -93,8 +93,8 @@ def main():
 
       files = sorted(os.listdir(out))
       want_files = sorted([".tracecut-output", "config.json",
-                           "model.safetensors", "generation_config.json"] +
-                          list(extras))
+                           "model.safetensors", "generation_config.json",
+                           "recipe.yaml"] + list(extras))
       assert files == want_files, (name, files)
       for extra in extras:
         assert filecmp.cmp(os.path.join(ckpt, extra), os.path.join(out, extra),

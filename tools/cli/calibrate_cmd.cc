@@ -1,4 +1,4 @@
-// `tracecut calibrate MODEL.pt --recipe=RECIPE.textproto -o OUT.pt`:
+// `tracecut calibrate MODEL --recipe=RECIPE.textproto|recipe.yaml -o OUT`:
 // sequential calibration (GPTQ, RTN, observers) of a TorchScript model.
 
 #include <unistd.h>
@@ -24,7 +24,7 @@
 #include "pipelines/distributed.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
-#include "pipelines/recipe.h"
+#include "pipelines/recipe_yaml.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
@@ -184,7 +184,9 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");
   if (!recipe_path.has_value()) {
-    return UsageError("--recipe=RECIPE.textproto is required");
+    return UsageError(
+        "--recipe=RECIPE.textproto (or llm-compressor's recipe.yaml) is "
+        "required");
   }
   std::optional<std::string> output = args.Get("output");
   if (!output.has_value()) return UsageError("-o OUT is required");
@@ -252,7 +254,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
         o.output_path, args.Has("overwrite"), "-o"));
   }
 
-  ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipe(*recipe_path));
+  ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipeFile(*recipe_path));
   o.recipe_source = *recipe_path;
 
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
@@ -318,7 +320,8 @@ Subcommand CalibrateCommand() {
   Subcommand c;
   c.name = "calibrate";
   c.synopsis =
-      "MODEL --recipe=RECIPE.textproto [--data=FILE | --synthetic=N] "
+      "MODEL --recipe=RECIPE.textproto|recipe.yaml [--data=FILE | "
+      "--synthetic=N] "
       "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
       "[--config=config.json] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
@@ -340,7 +343,11 @@ Subcommand CalibrateCommand() {
       "each quantized Linear packed (weight_packed, weight_scale, "
       "weight_zero_point for asymmetric schemes, weight_g_idx with act "
       "order) and the other tensors as they are, and the checkpoint's "
-      "tokenizer files; it appears at once, complete. When MODEL's .pt2 "
+      "tokenizer files, and recipe.yaml: the run's recipe in "
+      "llm-compressor's format, which --recipe reads back (as it reads the "
+      "recipe.yaml llm-compressor writes: GPTQModifier and "
+      "QuantizationModifier with integer weight schemes; anything else is "
+      "refused by name); it appears at once, complete. When MODEL's .pt2 "
       "holds no weights (`tracecut export --meta`), the weights are "
       "streamed: each subgraph's are read from the safetensors when it "
       "runs, and written as a shard and released when it is done, so "
@@ -385,8 +392,9 @@ Subcommand CalibrateCommand() {
       "bytes of an uninterrupted run of that size.";
   c.flags = {
       FlagSpec::Value("recipe", "FILE",
-                      "calibration recipe (pipelines/recipe.proto, text "
-                      "format; see docs/pipelines.md)")
+                      "calibration recipe: pipelines/recipe.proto in text "
+                      "format, or llm-compressor's recipe.yaml (.yaml, "
+                      ".yml); see docs/recipes.md")
           .InputFile(kMaxRecipeBytes),
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "

@@ -1,0 +1,533 @@
+#include "pipelines/recipe_yaml.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pipelines/recipe.h"
+#include "pipelines/recipe.pb.h"
+#include "pipelines/recipe_yaml_internal.h"
+#include "util/status_macros.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using recipe_yaml_internal::ActOrder;
+using recipe_yaml_internal::Group;
+using recipe_yaml_internal::IsMinMaxObserver;
+using recipe_yaml_internal::MixinFields;
+using recipe_yaml_internal::ParseActOrderValue;
+using recipe_yaml_internal::Preset;
+using recipe_yaml_internal::PresetOf;
+using recipe_yaml_internal::Reader;
+using recipe_yaml_internal::ResolveGroups;
+
+// Stages, modifier groups and modifiers, in order, into one recipe.
+class RecipeReader {
+ public:
+  explicit RecipeReader(absl::string_view source) : r_(source) {}
+
+  absl::StatusOr<recipe::Recipe> Read(const YAML::Node& root) {
+    if (root.IsNull()) return r_.Error(root, "", "is empty");
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> top, r_.Entries(root, ""));
+    for (const Reader::Entry& e : top) {
+      if (e.key == "args") {
+        RETURN_IF_ERROR(ReadArgs(e.value));
+      } else if (absl::EndsWith(e.key, "_stage")) {
+        RETURN_IF_ERROR(ReadStage(e.value, e.key));
+      } else {
+        return r_.Error(e.key_node, e.key,
+                        "unsupported key (stages end in _stage; args)");
+      }
+    }
+    if (out_.modifiers().empty()) {
+      return r_.Error(root, "", "has no modifiers");
+    }
+    return out_;
+  }
+
+ private:
+  absl::Status ReadStage(const YAML::Node& node, const std::string& path) {
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(node, path));
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join(path, e.key);
+      if (!absl::EndsWith(e.key, "_modifiers")) {
+        return r_.Error(e.key_node, p,
+                        "unsupported key (modifier groups end in _modifiers)");
+      }
+      ASSIGN_OR_RETURN(std::vector<Reader::Entry> mods, r_.Entries(e.value, p));
+      for (const Reader::Entry& m : mods) {
+        RETURN_IF_ERROR(ReadModifier(m, Reader::Join(p, m.key)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadArgs(const YAML::Node& node) {
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(node, "args"));
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join("args", e.key);
+      const YAML::Node& v = e.value;
+      if (e.key == "pipeline") {
+        ASSIGN_OR_RETURN(std::string name, r_.String(v, p));
+        if (name == "sequential") {
+          out_.set_pipeline(recipe::Recipe::SEQUENTIAL);
+        } else if (name == "layer_sequential") {
+          out_.set_pipeline(recipe::Recipe::LAYER_SEQUENTIAL);
+        } else if (name == "basic") {
+          out_.set_pipeline(recipe::Recipe::BASIC);
+        } else {
+          return r_.Error(v, p,
+                          absl::StrCat("pipeline ", name,
+                                       " not supported (sequential, "
+                                       "layer_sequential, basic)"));
+        }
+      } else if (e.key == "sequential_targets") {
+        RETURN_IF_ERROR(SetSequentialTargets(v, p));
+      } else if (e.key == "propagate_error") {
+        ASSIGN_OR_RETURN(bool b, r_.Bool(v, p));
+        out_.set_propagate_error(b);
+      } else if (e.key == "moe_calibrate_all_experts") {
+        ASSIGN_OR_RETURN(bool b, r_.Bool(v, p));
+        out_.set_calibrate_all_experts(b);
+      } else if (e.key == "expert_modules") {
+        ASSIGN_OR_RETURN(std::string s, r_.String(v, p));
+        out_.set_expert_modules(s);
+      } else {
+        return r_.Error(e.key_node, p, "unsupported argument");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetSequentialTargets(const YAML::Node& v,
+                                    const std::string& path) {
+    if (v.IsNull()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<std::string> targets, r_.Strings(v, path));
+    std::vector<std::string> have(out_.sequential_targets().begin(),
+                                  out_.sequential_targets().end());
+    if (!have.empty() && have != targets) {
+      return r_.Error(v, path,
+                      absl::StrCat("differs from the sequential_targets given "
+                                   "before (",
+                                   absl::StrJoin(have, ", "), ")"));
+    }
+    out_.clear_sequential_targets();
+    for (std::string& t : targets) out_.add_sequential_targets(std::move(t));
+    return absl::OkStatus();
+  }
+
+  // Fields every llm-compressor Modifier has. True when `e` was one.
+  absl::StatusOr<bool> CommonField(const Reader::Entry& e,
+                                   const std::string& p) {
+    const YAML::Node& v = e.value;
+    if (e.key == "requires_calibration_data") {
+      // A class property llm-compressor writes out with the fields.
+      RETURN_IF_ERROR(r_.Bool(v, p).status());
+      return true;
+    }
+    if (e.key == "index") {
+      if (!v.IsNull()) RETURN_IF_ERROR(r_.Int(v, p).status());
+      return true;
+    }
+    if (e.key == "group") {
+      if (!v.IsNull()) RETURN_IF_ERROR(r_.String(v, p).status());
+      return true;
+    }
+    if (e.key == "start" || e.key == "end" || e.key == "update") {
+      if (v.IsNull()) return true;
+      ASSIGN_OR_RETURN(double d, r_.Double(v, p));
+      if (d != -1) {
+        return r_.Error(v, p,
+                        "training schedules are not supported (one-shot "
+                        "only: null or -1)");
+      }
+      return true;
+    }
+    if (e.key == "sequential_targets") {  // Older llm-compressor recipes.
+      RETURN_IF_ERROR(SetSequentialTargets(v, p));
+      return true;
+    }
+    return false;
+  }
+
+  // QuantizationMixin's fields. True when `e` was one.
+  absl::StatusOr<bool> MixinField(const Reader::Entry& e, const std::string& p,
+                                  MixinFields& f) {
+    const YAML::Node& v = e.value;
+    if (e.key == "targets") {
+      ASSIGN_OR_RETURN(f.targets, r_.Strings(v, p));
+      if (f.targets.empty()) return r_.Error(v, p, "is empty");
+    } else if (e.key == "ignore") {
+      if (!v.IsNull()) {
+        ASSIGN_OR_RETURN(f.ignore, r_.Strings(v, p));
+      }
+    } else if (e.key == "scheme") {
+      f.scheme = v;
+    } else if (e.key == "config_groups") {
+      f.config_groups = v;
+    } else if (e.key == "kv_cache_scheme") {
+      RETURN_IF_ERROR(
+          r_.NullOr(v, p, "kv cache quantization not supported yet"));
+    } else if (e.key == "input_observer" || e.key == "output_observer") {
+      RETURN_IF_ERROR(
+          r_.NullOr(v, p, "activation quantization not supported yet"));
+    } else if (e.key == "weight_observer") {
+      if (!v.IsNull()) {
+        ASSIGN_OR_RETURN(std::string obs, r_.String(v, p));
+        if (!IsMinMaxObserver(obs)) {
+          return r_.Error(
+              v, p,
+              absl::StrCat("observer ", obs, " not supported yet (minmax is)"));
+        }
+      }
+    } else if (e.key == "observer") {
+      if (v.IsNull()) return true;
+      ASSIGN_OR_RETURN(std::vector<Reader::Entry> obs, r_.Entries(v, p));
+      for (const Reader::Entry& o : obs) {
+        const std::string op = Reader::Join(p, o.key);
+        ASSIGN_OR_RETURN(std::string name, r_.String(o.value, op));
+        if (o.key != "weights" || !IsMinMaxObserver(name)) {
+          return r_.Error(o.key_node, op,
+                          "not supported yet (only weights: minmax)");
+        }
+      }
+    } else if (e.key == "bypass_divisibility_checks") {
+      ASSIGN_OR_RETURN(bool bypass, r_.Bool(v, p));
+      if (bypass) {
+        return r_.Error(v, p,
+                        "true is not supported (group sizes must divide "
+                        "every targeted weight's columns)");
+      }
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  absl::Status ReadModifier(const Reader::Entry& m, const std::string& path) {
+    if (m.key == "GPTQModifier" || m.key == "QuantizationModifier") {
+      return ReadQuantization(m, path, m.key == "GPTQModifier");
+    }
+    if (m.key == "AWQModifier" || m.key == "SmoothQuantModifier") {
+      return r_.Error(m.key_node, path,
+                      absl::StrCat(m.key,
+                                   " not supported yet (tracecut runs "
+                                   "GPTQModifier and QuantizationModifier)"));
+    }
+    return r_.Error(m.key_node, path,
+                    "unsupported modifier (tracecut runs GPTQModifier and "
+                    "QuantizationModifier)");
+  }
+
+  absl::Status ReadQuantization(const Reader::Entry& m, const std::string& path,
+                                bool gptq) {
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(m.value, path));
+    MixinFields f;
+    f.at = m.key_node.Mark();
+    ActOrder actorder = ActOrder::kDefault;
+    YAML::Mark actorder_at;
+    recipe::GptqModifier defaults;
+    double dampening_frac = defaults.dampening_frac();
+    int64_t block_size = defaults.block_size();
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join(path, e.key);
+      const YAML::Node& v = e.value;
+      ASSIGN_OR_RETURN(bool common, CommonField(e, p));
+      if (common) continue;
+      ASSIGN_OR_RETURN(bool mixin, MixinField(e, p, f));
+      if (mixin) continue;
+      if (gptq && e.key == "block_size") {
+        ASSIGN_OR_RETURN(block_size, r_.Int(v, p));
+        if (block_size <= 0) {
+          return r_.Error(v, p, absl::StrCat("must be > 0, got ", block_size));
+        }
+      } else if (gptq && e.key == "dampening_frac") {
+        ASSIGN_OR_RETURN(dampening_frac, r_.Double(v, p));
+        if (dampening_frac < 0) {
+          return r_.Error(v, p,
+                          absl::StrCat("must be >= 0, got ", dampening_frac));
+        }
+      } else if (gptq && e.key == "actorder") {
+        ASSIGN_OR_RETURN(std::optional<bool> a, ParseActOrderValue(r_, v, p));
+        actorder = *a ? ActOrder::kWeight : ActOrder::kNone;
+        actorder_at = v.Mark();
+      } else if (gptq && e.key == "batched_quantization") {
+        // How many same-shape modules llm-compressor solves at once: a
+        // question of speed, not of the result.
+        if (!v.IsNull() && !(v.IsScalar() && v.Scalar() == "auto")) {
+          ASSIGN_OR_RETURN(int64_t n, r_.Int(v, p));
+          if (n <= 0) return r_.Error(v, p, "must be auto, null or > 0");
+        }
+      } else {
+        return r_.Error(e.key_node, p, "unsupported field");
+      }
+    }
+    ASSIGN_OR_RETURN(std::vector<Group> groups, ResolveGroups(r_, f, path));
+    for (Group& g : groups) {
+      recipe::Modifier* out = out_.add_modifiers();
+      if (!gptq) {
+        // Round-to-nearest ignores column order, so a weights actorder
+        // changes nothing here.
+        recipe::RtnModifier* rtn = out->mutable_rtn();
+        *rtn->mutable_scheme() = g.scheme;
+        for (const std::string& t : g.targets) rtn->add_targets(t);
+        for (const std::string& t : f.ignore) rtn->add_ignore(t);
+        continue;
+      }
+      // GPTQModifier.resolve_quantization_config's resolve_actorder.
+      bool act = false;
+      switch (actorder) {
+        case ActOrder::kDefault:
+          act = g.actorder.value_or(true);
+          break;
+        case ActOrder::kNone:
+        case ActOrder::kWeight:
+          act = actorder == ActOrder::kWeight;
+          if (g.actorder.has_value() && *g.actorder != act) {
+            return r_.Error(actorder_at, Reader::Join(path, "actorder"),
+                            "differs from the actorder of the scheme's "
+                            "weights; give it in one place");
+          }
+          break;
+      }
+      recipe::GptqModifier* q = out->mutable_gptq();
+      *q->mutable_scheme() = g.scheme;
+      for (const std::string& t : g.targets) q->add_targets(t);
+      for (const std::string& t : f.ignore) q->add_ignore(t);
+      q->set_dampening_frac(dampening_frac);
+      q->set_block_size(block_size);
+      q->set_actorder(act);
+      // "weight": groups fixed from the original column order.
+      q->set_static_groups(act && g.scheme.group_size() > 0);
+    }
+    return absl::OkStatus();
+  }
+
+  Reader r_;
+  recipe::Recipe out_;
+};
+
+// ---------------------------------------------------------------------------
+// Writing.
+
+// The shortest text that reads back as `d`, with a '.' so that YAML 1.1
+// readers (PyYAML) take an exponent form as a float.
+std::string DoubleText(double d) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), d);
+  std::string s(buf, end);
+  if (s.find_first_of(".eEn") == std::string::npos) {
+    s += ".0";
+  } else if (s.find('.') == std::string::npos) {
+    size_t e = s.find_first_of("eE");
+    if (e != std::string::npos) s.insert(e, ".0");
+  }
+  return s;
+}
+
+template <typename Strings>
+void EmitList(YAML::Emitter& out, const Strings& items) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (const auto& s : items) out << std::string(s);
+  out << YAML::EndSeq;
+}
+
+void EmitWeights(YAML::Emitter& out, const recipe::QuantizationScheme& s) {
+  out << YAML::BeginMap;
+  out << YAML::Key << "num_bits" << YAML::Value << s.bits();
+  out << YAML::Key << "type" << YAML::Value << "int";
+  out << YAML::Key << "symmetric" << YAML::Value << s.symmetric();
+  if (s.per_tensor()) {
+    out << YAML::Key << "strategy" << YAML::Value << "tensor";
+  } else if (s.group_size() > 0) {
+    out << YAML::Key << "strategy" << YAML::Value << "group";
+    out << YAML::Key << "group_size" << YAML::Value << s.group_size();
+  } else {
+    out << YAML::Key << "strategy" << YAML::Value << "channel";
+  }
+  out << YAML::EndMap;
+}
+
+// targets and ignore, then `scheme: PRESET` or config_groups.
+template <typename M>
+void EmitQuantFields(YAML::Emitter& out, const M& m) {
+  const Preset* preset = PresetOf(m.scheme());
+  out << YAML::Key << "targets" << YAML::Value;
+  EmitList(out, m.targets());
+  out << YAML::Key << "ignore" << YAML::Value;
+  EmitList(out, m.ignore());
+  if (preset != nullptr) {
+    out << YAML::Key << "scheme" << YAML::Value << preset->name;
+    return;
+  }
+  out << YAML::Key << "config_groups" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "group_0" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "targets" << YAML::Value;
+  EmitList(out, m.targets());
+  out << YAML::Key << "weights" << YAML::Value;
+  EmitWeights(out, m.scheme());
+  out << YAML::EndMap << YAML::EndMap;
+}
+
+const char* PipelineName(recipe::Recipe::Pipeline p) {
+  switch (p) {
+    case recipe::Recipe::LAYER_SEQUENTIAL:
+      return "layer_sequential";
+    case recipe::Recipe::BASIC:
+      return "basic";
+    default:
+      return "sequential";
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<recipe::Recipe> ParseRecipeYaml(absl::string_view text,
+                                               absl::string_view source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    std::string where(source);
+    if (!e.mark.is_null()) {
+      absl::StrAppend(&where, ":", e.mark.line + 1, ":", e.mark.column + 1);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": not YAML: ", e.msg));
+  }
+  absl::StatusOr<recipe::Recipe> r;
+  try {
+    r = RecipeReader(source).Read(root);
+  } catch (const YAML::Exception& e) {
+    // Conversions are checked before they are made; this is a backstop.
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+  if (!r.ok()) return r.status();
+  RETURN_IF_ERROR(ValidateRecipe(*r, source));
+  return r;
+}
+
+bool IsYamlRecipePath(absl::string_view path) {
+  return absl::EndsWithIgnoreCase(path, ".yaml") ||
+         absl::EndsWithIgnoreCase(path, ".yml");
+}
+
+absl::StatusOr<recipe::Recipe> LoadRecipeFile(const std::string& path) {
+  if (!IsYamlRecipePath(path)) return LoadRecipe(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read recipe ", path));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("error reading recipe ", path));
+  }
+  return ParseRecipeYaml(text.str(), path);
+}
+
+absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
+  RETURN_IF_ERROR(ValidateRecipe(recipe, "recipe"));
+  YAML::Emitter out;
+  out.SetIndent(2);
+  out.SetNullFormat(YAML::LowerNull);
+  out.SetBoolFormat(YAML::TrueFalseBool);
+  out << YAML::BeginMap;
+  out << YAML::Key << "default_stage" << YAML::Value << YAML::BeginMap;
+  // A group holds one modifier of each type (a YAML mapping): a repeated
+  // type opens the next group, which llm-compressor runs after it.
+  std::set<std::string> in_group;
+  int groups = 0;
+  for (int i = 0; i < recipe.modifiers_size(); ++i) {
+    const recipe::Modifier& m = recipe.modifiers(i);
+    const char* type = m.has_gptq()  ? "GPTQModifier"
+                       : m.has_rtn() ? "QuantizationModifier"
+                                     : nullptr;
+    if (type == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe: modifiers[", i,
+                       "] (an observer) has no llm-compressor recipe form"));
+    }
+    if (m.has_gptq() && m.gptq().actorder() && !m.gptq().static_groups() &&
+        m.gptq().scheme().group_size() > 0 && !m.gptq().scheme().per_tensor()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recipe: modifiers[", i,
+          "].gptq: act order with dynamic groups has no llm-compressor form "
+          "(its actorder \"group\" was removed); set static_groups: true"));
+    }
+    if (groups == 0 || in_group.contains(type)) {
+      if (groups > 0) out << YAML::EndMap;
+      out << YAML::Key
+          << (groups == 0 ? std::string("default_modifiers")
+                          : absl::StrCat("default_", groups, "_modifiers"))
+          << YAML::Value << YAML::BeginMap;
+      in_group.clear();
+      ++groups;
+    }
+    in_group.insert(type);
+    out << YAML::Key << type << YAML::Value << YAML::BeginMap;
+    if (m.has_gptq()) {
+      const recipe::GptqModifier& g = m.gptq();
+      EmitQuantFields(out, g);
+      out << YAML::Key << "block_size" << YAML::Value << g.block_size();
+      out << YAML::Key << "dampening_frac" << YAML::Value
+          << DoubleText(g.dampening_frac());
+      // Explicit either way: llm-compressor's default is "static".
+      out << YAML::Key << "actorder" << YAML::Value;
+      if (g.actorder()) {
+        out << "weight";
+      } else {
+        out << YAML::Null;
+      }
+    } else {
+      EmitQuantFields(out, m.rtn());
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;  // The last group.
+  out << YAML::EndMap;  // The stage.
+  // oneshot's arguments for what tracecut's recipe says about the pipeline.
+  out << YAML::Key << "args" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "pipeline" << YAML::Value
+      << PipelineName(recipe.pipeline());
+  if (!recipe.sequential_targets().empty()) {
+    out << YAML::Key << "sequential_targets" << YAML::Value;
+    EmitList(out, recipe.sequential_targets());
+  }
+  out << YAML::Key << "propagate_error" << YAML::Value
+      << recipe.propagate_error();
+  if (recipe.calibrate_all_experts()) {
+    out << YAML::Key << "moe_calibrate_all_experts" << YAML::Value << true;
+  }
+  if (recipe.has_expert_modules()) {
+    out << YAML::Key << "expert_modules" << YAML::Value
+        << recipe.expert_modules();
+  }
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  if (!out.good()) {
+    return absl::InternalError(
+        absl::StrCat("writing recipe.yaml: ", out.GetLastError()));
+  }
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace tracecut::pipelines

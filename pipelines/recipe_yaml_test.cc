@@ -1,0 +1,442 @@
+#include "pipelines/recipe_yaml.h"
+
+#include <google/protobuf/text_format.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "pipelines/recipe.h"
+#include "util/testing/status_matchers.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tracecut::util::testing::StatusIs;
+
+constexpr char kSource[] = "recipe.yaml";
+
+// The error message of parsing `text`, or "OK".
+std::string ErrorOf(const std::string& text) {
+  absl::StatusOr<recipe::Recipe> r = ParseRecipeYaml(text, kSource);
+  if (r.ok()) return "OK";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+
+// One GPTQModifier with `fields` (indented 6).
+std::string Gptq(const std::string& fields) {
+  return absl::StrCat("quant_stage:\n  quant_modifiers:\n    GPTQModifier:\n",
+                      fields);
+}
+
+recipe::Recipe Textproto(const std::string& text) {
+  recipe::Recipe r;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &r)) << text;
+  return r;
+}
+
+TEST(RecipeYamlTest, LlmCompressorsWrittenRecipeLoads) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      LoadRecipeFile("pipelines/testdata/llmcompressor_w4a16.yaml"));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  const recipe::GptqModifier& g = r.modifiers(0).gptq();
+  EXPECT_EQ(g.scheme().bits(), 4);
+  EXPECT_TRUE(g.scheme().symmetric());
+  EXPECT_EQ(g.scheme().group_size(), 128);
+  EXPECT_FALSE(g.scheme().per_tensor());
+  EXPECT_EQ(g.targets_size(), 1);
+  EXPECT_EQ(g.targets(0), "Linear");
+  EXPECT_EQ(g.ignore(0), "lm_head");
+  EXPECT_DOUBLE_EQ(g.dampening_frac(), 0.01);
+  EXPECT_EQ(g.block_size(), 128);
+  // actorder: static is "weight": act order with groups fixed up front.
+  EXPECT_TRUE(g.actorder());
+  EXPECT_TRUE(g.static_groups());
+  const recipe::RtnModifier& q = r.modifiers(1).rtn();
+  EXPECT_EQ(q.scheme().bits(), 4);
+  EXPECT_FALSE(q.scheme().symmetric());
+  EXPECT_EQ(q.scheme().group_size(), 128);
+  EXPECT_EQ(q.ignore(0), "lm_head");
+  // Pipeline settings are oneshot's defaults.
+  EXPECT_EQ(r.pipeline(), recipe::Recipe::SEQUENTIAL);
+  EXPECT_TRUE(r.propagate_error());
+  EXPECT_TRUE(r.sequential_targets().empty());
+}
+
+TEST(RecipeYamlTest, GptqDocstringExampleLoads) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      LoadRecipeFile("pipelines/testdata/llmcompressor_gptq_docstring.yaml"));
+  ASSERT_EQ(r.modifiers_size(), 1);
+  const recipe::GptqModifier& g = r.modifiers(0).gptq();
+  EXPECT_EQ(g.scheme().bits(), 8);
+  EXPECT_EQ(g.scheme().group_size(), 128);
+  EXPECT_DOUBLE_EQ(g.dampening_frac(), 0.001);
+  EXPECT_TRUE(g.actorder());
+  EXPECT_EQ(g.targets(0), "Linear");
+  // GPTQModifier's default ignore is empty.
+  EXPECT_EQ(g.ignore_size(), 0);
+}
+
+TEST(RecipeYamlTest, TextprotoStillLoadsByExtension) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      LoadRecipeFile("pipelines/testdata/gptq_w4g128.textproto"));
+  EXPECT_TRUE(r.modifiers(0).has_gptq());
+  EXPECT_FALSE(IsYamlRecipePath("a.textproto"));
+  EXPECT_TRUE(IsYamlRecipePath("dir/recipe.YAML"));
+  EXPECT_TRUE(IsYamlRecipePath("recipe.yml"));
+}
+
+TEST(RecipeYamlTest, SchemeForms) {
+  // Preset by name with the modifier's targets (default ["Linear"]).
+  ASSERT_OK_AND_ASSIGN(recipe::Recipe r,
+                       ParseRecipeYaml(Gptq("      scheme: W8A16\n")));
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().bits(), 8);
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().group_size(), 128);
+  EXPECT_EQ(r.modifiers(0).gptq().targets(0), "Linear");
+
+  // {PRESET: targets}: one modifier per preset, in order.
+  ASSERT_OK_AND_ASSIGN(
+      r, ParseRecipeYaml(Gptq("      scheme:\n        W4A16: [re:.*mlp.*]\n"
+                              "        W8A16: re:.*self_attn.*\n")));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().bits(), 4);
+  EXPECT_EQ(r.modifiers(0).gptq().targets(0), "re:.*mlp.*");
+  EXPECT_EQ(r.modifiers(1).gptq().scheme().bits(), 8);
+  EXPECT_EQ(r.modifiers(1).gptq().targets(0), "re:.*self_attn.*");
+
+  // config_groups: compressed-tensors infers the strategy from group_size.
+  ASSERT_OK_AND_ASSIGN(
+      r, ParseRecipeYaml(Gptq("      actorder: null\n"
+                              "      config_groups:\n"
+                              "        g:\n"
+                              "          targets: [Linear]\n"
+                              "          weights: {num_bits: 4, symmetric: "
+                              "false, group_size: -1}\n"
+                              "        t:\n"
+                              "          targets: [lm_head]\n"
+                              "          weights: {num_bits: 8}\n")));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  const recipe::QuantizationScheme& channel = r.modifiers(0).gptq().scheme();
+  EXPECT_EQ(channel.bits(), 4);
+  EXPECT_FALSE(channel.symmetric());
+  EXPECT_EQ(channel.group_size(), -1);
+  EXPECT_FALSE(channel.per_tensor());
+  EXPECT_FALSE(r.modifiers(0).gptq().actorder());
+  const recipe::QuantizationScheme& tensor = r.modifiers(1).gptq().scheme();
+  EXPECT_EQ(tensor.bits(), 8);
+  EXPECT_TRUE(tensor.per_tensor());
+}
+
+TEST(RecipeYamlTest, ActOrderResolvesAsGptqModifierDoes) {
+  auto actorder = [](const std::string& modifier, const std::string& weights) {
+    absl::StatusOr<recipe::Recipe> r = ParseRecipeYaml(Gptq(absl::StrCat(
+        modifier,
+        "      config_groups:\n        g:\n          targets: "
+        "[Linear]\n          weights: {num_bits: 4, group_size: 32",
+        weights, "}\n")));
+    if (!r.ok()) return std::string(r.status().message());
+    return std::string(r->modifiers(0).gptq().actorder() ? "act" : "none");
+  };
+  EXPECT_EQ(actorder("", ""), "act");  // The Sentinel("static") default.
+  EXPECT_EQ(actorder("", ", actorder: null"), "act");
+  EXPECT_EQ(actorder("", ", actorder: weight"), "act");
+  EXPECT_EQ(actorder("      actorder: null\n", ""), "none");
+  EXPECT_EQ(actorder("      actorder: weight\n", ", actorder: static"), "act");
+  EXPECT_THAT(actorder("      actorder: null\n", ", actorder: weight"),
+              HasSubstr("differs from the actorder of the scheme's weights"));
+  EXPECT_THAT(actorder("      actorder: group\n", ""),
+              HasSubstr("was removed from llm-compressor"));
+}
+
+TEST(RecipeYamlTest, PipelineArgsAndLegacySequentialTargets) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml(Gptq("      scheme: W4A16\n"
+                           "      sequential_targets: [LlamaDecoderLayer]\n") +
+                      "args:\n  pipeline: layer_sequential\n"
+                      "  propagate_error: false\n"
+                      "  moe_calibrate_all_experts: true\n"));
+  EXPECT_EQ(r.pipeline(), recipe::Recipe::LAYER_SEQUENTIAL);
+  EXPECT_FALSE(r.propagate_error());
+  EXPECT_TRUE(r.calibrate_all_experts());
+  ASSERT_EQ(r.sequential_targets_size(), 1);
+  EXPECT_EQ(r.sequential_targets(0), "LlamaDecoderLayer");
+}
+
+TEST(RecipeYamlTest, StagesAndGroupsKeepTheirOrder) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml("first_stage:\n"
+                      "  a_modifiers:\n"
+                      "    QuantizationModifier:\n"
+                      "      targets: lm_head\n"
+                      "      scheme: W8A16\n"
+                      "second_stage:\n"
+                      "  b_modifiers:\n"
+                      "    GPTQModifier: {scheme: W4A16}\n"
+                      "  c_modifiers:\n"
+                      "    QuantizationModifier: "
+                      "{scheme: W2A16, targets: [Embedding]}\n"));
+  ASSERT_EQ(r.modifiers_size(), 3);
+  EXPECT_EQ(r.modifiers(0).rtn().targets(0), "lm_head");
+  EXPECT_TRUE(r.modifiers(1).has_gptq());
+  EXPECT_EQ(r.modifiers(2).rtn().scheme().bits(), 2);
+}
+
+TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
+  EXPECT_EQ(
+      ErrorOf(Gptq("      scheme: W4A16\n      offload_hessians: true\n")),
+      "recipe.yaml:5:7: quant_stage.quant_modifiers.GPTQModifier."
+      "offload_hessians: unsupported field");
+  EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier: {}\n"),
+            "recipe.yaml:3:5: quant_stage.quant_modifiers.AWQModifier: "
+            "AWQModifier not supported yet (tracecut runs GPTQModifier and "
+            "QuantizationModifier)");
+  EXPECT_EQ(ErrorOf("s_stage:\n  m_modifiers:\n    WandaPruningModifier: {}\n"),
+            "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
+            "unsupported modifier (tracecut runs GPTQModifier and "
+            "QuantizationModifier)");
+  EXPECT_EQ(
+      ErrorOf(Gptq("      scheme: FP8\n")),
+      "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
+      "scheme FP8 not supported yet (supported: W2A16, W3A16, W4A16, "
+      "W4A16_ASYM, W5A16, W6A16, W7A16, W8A16)");
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W8A8\n")),
+              HasSubstr("scheme W8A8 not supported yet"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
+              HasSubstr("scheme W4A17 is not a compressed-tensors preset"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      config_groups:\n        g:\n          targets: "
+                   "[Linear]\n          weights: {num_bits: 8}\n"
+                   "          input_activations: {num_bits: 8}\n")),
+      HasSubstr("recipe.yaml:8:30: quant_stage.quant_modifiers.GPTQModifier."
+                "config_groups.g.input_activations: unsupported value "
+                "(activation quantization not supported yet)"));
+  EXPECT_THAT(ErrorOf(Gptq("      config_groups:\n        g:\n          "
+                           "targets: [Linear]\n          weights: "
+                           "{num_bits: 8, type: float}\n")),
+              HasSubstr("weights.type: type float not supported yet"));
+  EXPECT_THAT(ErrorOf(Gptq("      config_groups:\n        g:\n          "
+                           "targets: [Linear]\n          weights: "
+                           "{num_bits: 8, strategy: block}\n")),
+              HasSubstr("strategy block not supported yet"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
+                           "{num_bits: 8}\n")),
+              HasSubstr("kv cache quantization not supported yet"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      scheme: W4A16\n      weight_observer: mse\n")),
+      HasSubstr("observer mse not supported yet"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      scheme: W4A16\n      bypass_divisibility_checks: "
+                   "true\n")),
+      HasSubstr("bypass_divisibility_checks: true is not supported"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      start: 0\n")),
+              HasSubstr("start: training schedules are not supported"));
+  EXPECT_THAT(ErrorOf("quant_stage:\n  quant_modifiers:\n"
+                      "    QuantizationModifier: {scheme: W4A16, "
+                      "block_size: 64}\n"),
+              HasSubstr("QuantizationModifier.block_size: unsupported field"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n") + "args:\n  dataset: x\n"),
+              HasSubstr("args.dataset: unsupported argument"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n") +
+                      "args:\n  pipeline: independent\n"),
+              HasSubstr("pipeline independent not supported"));
+}
+
+TEST(RecipeYamlTest, MalformedRecipesAreRefusedClearly) {
+  EXPECT_EQ(ErrorOf(""), "recipe.yaml: recipe: is empty");
+  EXPECT_THAT(ErrorOf("quant_stage: [\n"),
+              HasSubstr("recipe.yaml:2:1: not YAML"));
+  EXPECT_EQ(ErrorOf("version: 1\n"),
+            "recipe.yaml:1:1: version: unsupported key (stages end in _stage; "
+            "args)");
+  EXPECT_EQ(ErrorOf("quant_stage:\n  run_type: oneshot\n"),
+            "recipe.yaml:2:3: quant_stage.run_type: unsupported key (modifier "
+            "groups end in _modifiers)");
+  EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers: {}\n"),
+            "recipe.yaml:1:1: recipe: has no modifiers");
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      scheme: W8A16\n")),
+              HasSubstr("recipe.yaml:5:7: quant_stage.quant_modifiers."
+                        "GPTQModifier.scheme: appears twice"));
+  EXPECT_THAT(ErrorOf(Gptq("      targets: Linear\n")),
+              HasSubstr("has no scheme or config_groups"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      scheme: W4A16\n      config_groups: {g: {targets: "
+                   "[Linear], weights: {num_bits: 4}}}\n")),
+      HasSubstr("give either scheme or config_groups, not both"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      block_size: 0\n")),
+              HasSubstr("block_size: must be > 0, got 0"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      block_size: many\n")),
+              HasSubstr("block_size: must be an integer"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      dampening_frac: -1\n")),
+              HasSubstr("dampening_frac: must be >= 0"));
+  EXPECT_THAT(ErrorOf(Gptq("      config_groups: {g: {targets: [Linear], "
+                           "weights: {num_bits: 9}}}\n")),
+              HasSubstr("num_bits: must be in [2, 8], got 9"));
+  EXPECT_THAT(ErrorOf(Gptq("      config_groups: {g: {targets: [Linear], "
+                           "weights: {num_bits: 4, strategy: group}}}\n")),
+              HasSubstr("strategy group needs a group_size > 0"));
+  EXPECT_THAT(ErrorOf(Gptq("      config_groups: {g: {weights: "
+                           "{num_bits: 4}}}\n")),
+              HasSubstr("config_groups.g: names no targets"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      targets: []\n")),
+              HasSubstr("targets: is empty"));
+  EXPECT_THAT(ErrorOf("quant_stage:\n  quant_modifiers:\n    GPTQModifier:\n"),
+              HasSubstr("GPTQModifier: must be a mapping"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      sequential_targets: "
+                           "[A]\n") +
+                      "args:\n  sequential_targets: [B]\n"),
+              HasSubstr("differs from the sequential_targets given before"));
+}
+
+TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
+  const char* recipes[] = {
+      // A preset, GPTQ with act order.
+      R"pb(modifiers {
+             gptq {
+               scheme { bits: 4 symmetric: true group_size: 128 }
+               targets: "Linear"
+               ignore: "lm_head"
+               actorder: true
+               static_groups: true
+             }
+           })pb",
+      // config_groups forms, repeated modifier types, pipeline settings.
+      R"pb(modifiers {
+             gptq {
+               scheme { bits: 3 symmetric: false group_size: -1 }
+               targets: "re:.*mlp.*"
+               dampening_frac: 0.05
+               block_size: 64
+             }
+           }
+           modifiers {
+             gptq {
+               scheme { bits: 8 per_tensor: true }
+               targets: "re:.*self_attn.*"
+               actorder: true
+             }
+           }
+           modifiers {
+             rtn {
+               scheme { bits: 6 group_size: 32 }
+               targets: "lm_head"
+             }
+           }
+           modifiers {
+             rtn {
+               scheme { bits: 4 symmetric: false group_size: 128 }
+               targets: "Embedding"
+               ignore: "a"
+               ignore: "b"
+             }
+           }
+           pipeline: BASIC
+           propagate_error: false
+           sequential_targets: "LlamaDecoderLayer"
+           calibrate_all_experts: true
+           expert_modules: "re:.*experts\\.[0-9]+")pb",
+  };
+  for (const char* text : recipes) {
+    recipe::Recipe want = Textproto(text);
+    ASSERT_OK(ValidateRecipe(want));
+    ASSERT_OK_AND_ASSIGN(std::string yaml, RecipeToYaml(want));
+    ASSERT_OK_AND_ASSIGN(recipe::Recipe got, ParseRecipeYaml(yaml));
+    // What the proto leaves unset reads back as set to its default.
+    recipe::Recipe want_explicit = want;
+    for (recipe::Modifier& m : *want_explicit.mutable_modifiers()) {
+      if (m.has_gptq()) {
+        recipe::GptqModifier* g = m.mutable_gptq();
+        g->set_dampening_frac(g->dampening_frac());
+        g->set_block_size(g->block_size());
+        g->set_actorder(g->actorder());
+        g->set_static_groups(g->actorder() && g->scheme().group_size() > 0);
+      }
+    }
+    google::protobuf::util::MessageDifferencer diff;
+    diff.set_message_field_comparison(
+        google::protobuf::util::MessageDifferencer::EQUIVALENT);
+    std::string report;
+    diff.ReportDifferencesToString(&report);
+    EXPECT_TRUE(diff.Compare(want_explicit, got)) << report << "\n" << yaml;
+  }
+}
+
+TEST(RecipeYamlTest, WrittenFormIsLlmCompressors) {
+  ASSERT_OK_AND_ASSIGN(
+      std::string yaml,
+      RecipeToYaml(
+          Textproto(R"pb(modifiers {
+                           gptq {
+                             scheme { bits: 4 symmetric: true group_size: 128 }
+                             targets: "Linear"
+                             ignore: "lm_head"
+                             actorder: true
+                             static_groups: true
+                           }
+                         }
+                         modifiers {
+                           gptq {
+                             scheme { bits: 8 }
+                             targets: "lm_head"
+                           }
+                         }
+                         sequential_targets: "LlamaDecoderLayer")pb")));
+  EXPECT_EQ(yaml,
+            "default_stage:\n"
+            "  default_modifiers:\n"
+            "    GPTQModifier:\n"
+            "      targets: [Linear]\n"
+            "      ignore: [lm_head]\n"
+            "      scheme: W4A16\n"
+            "      block_size: 128\n"
+            "      dampening_frac: 0.01\n"
+            "      actorder: weight\n"
+            "  default_1_modifiers:\n"
+            "    GPTQModifier:\n"
+            "      targets: [lm_head]\n"
+            "      ignore: []\n"
+            "      config_groups:\n"
+            "        group_0:\n"
+            "          targets: [lm_head]\n"
+            "          weights:\n"
+            "            num_bits: 8\n"
+            "            type: int\n"
+            "            symmetric: true\n"
+            "            strategy: channel\n"
+            "      block_size: 128\n"
+            "      dampening_frac: 0.01\n"
+            "      actorder: null\n"
+            "args:\n"
+            "  pipeline: sequential\n"
+            "  sequential_targets: [LlamaDecoderLayer]\n"
+            "  propagate_error: true\n");
+}
+
+TEST(RecipeYamlTest, RecipesWithoutAnLlmCompressorFormAreRefused) {
+  EXPECT_THAT(RecipeToYaml(Textproto(R"pb(modifiers {
+                                            observer { targets: "Linear" }
+                                          })pb")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("modifiers[0] (an observer) has no "
+                                 "llm-compressor recipe form")));
+  EXPECT_THAT(RecipeToYaml(Textproto(R"pb(modifiers {
+                                            gptq {
+                                              scheme { bits: 4 group_size: 64 }
+                                              targets: "Linear"
+                                              actorder: true
+                                            }
+                                          })pb")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("act order with dynamic groups")));
+}
+
+}  // namespace
+}  // namespace tracecut::pipelines

@@ -1,0 +1,169 @@
+#include "quantization/gptq_typed.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/torch_status.h"
+#include "util/status_macros.h"
+
+namespace tracecut::quantization {
+namespace {
+
+// column_scale_window over all columns: per-row, per-column values [rows,
+// cols] of a [rows or 1, groups or 1] (or block [row blocks, col blocks])
+// parameter, for columns in the order `g_idx` lists their groups.
+at::Tensor PerColumn(const at::Tensor& p, const QuantizationArgs& args,
+                     const at::Tensor& g_idx, int64_t rows, int64_t cols) {
+  switch (args.resolved_strategy()) {
+    case Strategy::kTensor:
+      return p.reshape({1, 1}).expand({rows, cols});
+    case Strategy::kChannel:
+      return p.slice(1, 0, 1).expand({rows, cols});
+    case Strategy::kGroup:
+    case Strategy::kTensorGroup:
+      return p.index_select(1, g_idx);
+    default: {  // Block.
+      const int64_t bh = (*args.block_structure)[0];
+      at::Tensor row_idx =
+          at::floor_divide(at::arange(rows, g_idx.options()), bh);
+      return p.index_select(1, g_idx).index_select(0, row_idx);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
+                                          const at::Tensor& hessian,
+                                          const QParams& q,
+                                          const QuantizationArgs& args,
+                                          const TypedGptqOptions& options) {
+  RETURN_IF_ERROR(CheckFinite(weight, "weight"));
+  if (weight.dim() != 2 || hessian.dim() != 2 ||
+      hessian.size(0) != weight.size(1) || hessian.size(1) != weight.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPTQ needs a weight [out, in] and a Hessian [in, in], got ",
+        c10::str(weight.sizes()), " and ", c10::str(hessian.sizes())));
+  }
+  if (options.block_size <= 0 || options.dampening_frac < 0) {
+    return absl::InvalidArgumentError(
+        "GPTQ needs block_size > 0 and dampening_frac >= 0");
+  }
+  if (!q.scale.defined()) {
+    return absl::InvalidArgumentError("GPTQ needs the weight's parameters");
+  }
+  // Shapes and operators follow quantize_weight with a batch of one ([1,
+  // rows, cols]), so the same ATen kernels (bmm, not mm) see the same data.
+  return runtime::TorchCall("GPTQ", [&]() -> TypedGptqResult {
+    TypedGptqResult result;
+    const int64_t rows = weight.size(0), cols = weight.size(1);
+    at::Tensor w = weight.to(at::kFloat).unsqueeze(0).clone();
+    at::Tensor h = hessian.to(at::kFloat).unsqueeze(0).clone();
+
+    // Columns' groups in their original order, then permuted.
+    const auto idx_options = at::TensorOptions().dtype(at::kLong);
+    at::Tensor g_idx = at::arange(cols, idx_options);
+    const Strategy s = args.resolved_strategy();
+    if (s == Strategy::kGroup || s == Strategy::kTensorGroup) {
+      g_idx = at::floor_divide(g_idx, *args.group_size);
+    } else if (s == Strategy::kBlock) {
+      g_idx = at::floor_divide(g_idx, (*args.block_structure)[1]);
+    }
+    at::Tensor perm;
+    if (args.actorder != ActOrder::kNone) {  // apply_activation_ordering
+      perm = at::argsort(at::diagonal(h, 0, -2, -1), /*dim=*/-1,
+                         /*descending=*/true);  // [1, cols]
+      h = at::gather(h, -1, perm.unsqueeze(-2).expand({-1, cols, -1}));
+      h = at::gather(h, -2, perm.unsqueeze(-1).expand({-1, -1, cols}));
+      w = at::gather(w, -1, perm.unsqueeze(-2).expand({-1, rows, -1}));
+      g_idx = g_idx.index_select(0, perm[0]);
+    }
+
+    // factorize_hessian (the per-item path of small batches).
+    at::Tensor diag = at::diagonal(h, 0, -2, -1);
+    at::Tensor dead = diag == 0;
+    if (dead.any().item<bool>()) {
+      diag.masked_fill_(dead, 1.0);
+      w.masked_fill_(dead.unsqueeze(1), 0);
+    }
+    at::Tensor h0 = h[0];
+    at::Tensor damp = at::mean(at::diag(h0)) * options.dampening_frac;
+    at::diagonal(h0).add_(damp);
+    auto [factor, info] = at::linalg_cholesky_ex(h0);
+    if (info.item<int>() == 0) {
+      h0.copy_(at::linalg_cholesky(at::cholesky_inverse(factor),
+                                   /*upper=*/true));
+    } else {
+      h0.copy_(at::eye(cols, h0.options()));
+      result.fell_back_to_rtn = true;
+      result.warning =
+          "the Hessian is not positive definite even after damping: "
+          "quantized round-to-nearest";
+    }
+    const at::Tensor& hinv = h;
+
+    // column_scale_window over all columns: each column's scale (global
+    // scale folded in) and zero point.
+    at::Tensor eff = PerColumn(q.scale, args, g_idx, rows, cols).unsqueeze(0);
+    if (q.global_scale.defined()) {
+      eff = eff / q.global_scale.reshape({1, 1, 1});
+    }
+    eff = eff.contiguous();
+    at::Tensor zp;
+    if (!args.symmetric && q.zero_point.defined()) {
+      zp = PerColumn(q.zero_point, args, g_idx, rows, cols)
+               .unsqueeze(0)
+               .to(at::kFloat)
+               .contiguous();
+    }
+    QuantizationArgs column_args = args;
+    column_args.strategy = Strategy::kChannel;
+    column_args.group_size.reset();
+    column_args.block_structure.reset();
+
+    at::Tensor losses = at::zeros({1, rows}, w.options());
+    for (int64_t i1 = 0; i1 < cols; i1 += options.block_size) {
+      const int64_t i2 = std::min(i1 + options.block_size, cols);
+      at::Tensor w1 = w.slice(2, i1, i2).clone();
+      at::Tensor q1 = at::zeros_like(w1);
+      at::Tensor err1 = at::zeros_like(w1);
+      at::Tensor losses1 = at::zeros_like(w1);
+      at::Tensor hinv1 = hinv.slice(1, i1, i2).slice(2, i1, i2);
+      for (int64_t i = 0; i < i2 - i1; ++i) {  // gptq_block_update
+        at::Tensor col = w1.select(2, i);      // [1, rows]
+        QParams cq;
+        cq.scale = eff.select(2, i1 + i).transpose(0, 1);
+        if (zp.defined()) cq.zero_point = zp.select(2, i1 + i).transpose(0, 1);
+        at::Tensor qc =
+            internal::ProcessQuantization(col.transpose(0, 1), cq, column_args,
+                                          std::nullopt, true, true)
+                .transpose(0, 1);
+        at::Tensor diagonal = hinv1.select(1, i).select(1, i);  // [1]
+        at::Tensor error = (col - qc) / diagonal.unsqueeze(1);
+        q1.select(2, i).copy_(qc);
+        err1.select(2, i).copy_(error);
+        losses1.select(2, i).copy_(error.square());
+        w1.slice(2, i).sub_(error.unsqueeze(-1) *
+                            hinv1.select(1, i).slice(1, i).unsqueeze(1));
+      }
+      w.slice(2, i1, i2).copy_(q1);
+      losses += at::sum(losses1, {2}) / 2;
+      at::Tensor w_err = at::bmm(err1, hinv.slice(1, i1, i2).slice(2, i2));
+      w.slice(2, i2).sub_(w_err);
+    }
+    if (perm.defined()) {
+      at::Tensor inverse = at::argsort(perm, /*dim=*/-1, /*descending=*/false);
+      w = at::gather(w, -1, inverse.unsqueeze(-2).expand({-1, rows, -1}));
+    }
+    result.loss = losses.sum(1)[0].item<double>();
+    result.weight = w[0].to(weight.scalar_type());
+    return result;
+  });
+}
+
+}  // namespace tracecut::quantization

@@ -1,0 +1,62 @@
+#ifndef TRACECUT_QUANTIZATION_GPTQ_TYPED_H_
+#define TRACECUT_QUANTIZATION_GPTQ_TYPED_H_
+
+// GPTQ for every compressed-tensors weight scheme (int, float8, NVFP4, MXFP4;
+// tensor, channel, group, tensor_group and block strategies), as
+// llm-compressor 0.14's GPTQModifier runs it on the CPU
+// (modifiers/gptq/gptq_quantize.py, eager backend):
+//
+//   ASSIGN_OR_RETURN(QParams q, WeightQParams(w, args));   // observers.h
+//   ASSIGN_OR_RETURN(TypedGptqResult r, TypedGptq(w, hessian, q, args, {}));
+//
+// * The quantization parameters are fixed before any column is quantized:
+//   the observer's, from the original weight (llm-compressor has only
+//   "static" groups since compressed-tensors dropped actorder="group").
+// * actorder "weight" / "static": columns in order of decreasing H_ii
+//   (torch.argsort, descending), undone at the end.
+// * Dead columns (H_ii == 0) get H_ii = 1 and zero weights; H += percdamp *
+//   mean(diag H) * I; Hinv = upper Cholesky factor of H^-1; a Hessian that
+//   is not positive definite falls back to Hinv = I (round-to-nearest) and
+//   says so.
+// * Each column is fake-quantized on its own per-row scale (the group's or
+//   block's, divided by the global scale for tensor_group, as
+//   column_scale_window does), in fp32; its error (w - q) / Hinv_ii updates
+//   the rest of the block at once and later columns once per block.
+// The result is returned in the weight's dtype (llm-compressor's final cast),
+// so it lies on the scheme's grid: FakeQuantize(result, q) == result.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "quantization/fake_quant.h"
+#include "quantization/quant_args.h"
+
+namespace tracecut::quantization {
+
+struct TypedGptqOptions {
+  double dampening_frac = 0.01;  // percdamp.
+  int64_t block_size = 128;
+};
+
+struct TypedGptqResult {
+  at::Tensor weight;  // [out, in], the input's dtype.
+  double loss = 0;    // sum of error^2 / 2, as llm-compressor logs it.
+  bool fell_back_to_rtn = false;
+  std::string warning;
+};
+
+// `weight` [out, in] with its parameters `q` (WeightQParams of the same
+// weight) and the Hessian [in, in] of its inputs. InvalidArgument for
+// shapes, NaN/Inf, or options out of range.
+absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
+                                          const at::Tensor& hessian,
+                                          const QParams& q,
+                                          const QuantizationArgs& args,
+                                          const TypedGptqOptions& options);
+
+}  // namespace tracecut::quantization
+
+#endif  // TRACECUT_QUANTIZATION_GPTQ_TYPED_H_

@@ -1,0 +1,90 @@
+#include "quantization/gptq_typed.h"
+
+#include <ATen/ATen.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "quantization/fake_quant.h"
+#include "quantization/observers.h"
+#include "quantization/quant_args.h"
+#include "util/testing/status_matchers.h"
+
+// Bit-exactness against llm-compressor's GPTQ is
+// //tests/quantization:ct_conformance_test.
+
+namespace tracecut::quantization {
+namespace {
+
+using ::testing::HasSubstr;
+using util::testing::IsOk;
+using util::testing::StatusIs;
+
+QuantizationArgs Weights(const char* preset) {
+  absl::StatusOr<QuantizationScheme> s = PresetScheme(preset, {"Linear"});
+  EXPECT_THAT(s, IsOk());
+  QuantizationArgs a = *s->weights;
+  if (a.group_size == 128) a.group_size = 32;
+  return a;
+}
+
+// tr((W - Q) H (W - Q)^T): the output error GPTQ minimizes.
+double OutputError(const at::Tensor& w, const at::Tensor& q,
+                   const at::Tensor& h) {
+  at::Tensor d = (w - q).to(at::kDouble);
+  return (d.mm(h.to(at::kDouble)) * d).sum().item<double>();
+}
+
+TEST(TypedGptq, BeatsRoundToNearestOnCorrelatedInputsAndStaysOnTheGrid) {
+  at::manual_seed(0);
+  for (const char* preset :
+       {"W4A16", "W4A16_ASYM", "FP8_DYNAMIC", "NVFP4A16", "MXFP4A16"}) {
+    SCOPED_TRACE(preset);
+    const QuantizationArgs args = Weights(preset);
+    at::Tensor w = at::randn({32, 64}) * 0.05;
+    at::Tensor x =
+        at::randn({256, 64}).mm(at::randn({64, 64}) * 0.3 + at::eye(64));
+    at::Tensor h = x.t().mm(x) * (2.0 / 256);
+    absl::StatusOr<QParams> q = WeightQParams(w, args);
+    ASSERT_THAT(q, IsOk());
+    absl::StatusOr<TypedGptqResult> r = TypedGptq(w, h, *q, args, {});
+    ASSERT_THAT(r, IsOk());
+    EXPECT_FALSE(r->fell_back_to_rtn);
+    absl::StatusOr<at::Tensor> rtn = FakeQuantize(w, *q, args);
+    ASSERT_THAT(rtn, IsOk());
+    EXPECT_LT(OutputError(w, r->weight, h), OutputError(w, *rtn, h));
+    absl::StatusOr<at::Tensor> again = FakeQuantize(r->weight, *q, args);
+    ASSERT_THAT(again, IsOk());
+    EXPECT_TRUE(again->equal(r->weight));
+  }
+}
+
+TEST(TypedGptq, WithoutCorrelationItIsRoundToNearest) {
+  at::manual_seed(1);
+  const QuantizationArgs args = Weights("W4A16");
+  at::Tensor w = at::randn({16, 64});
+  absl::StatusOr<QParams> q = WeightQParams(w, args);
+  ASSERT_THAT(q, IsOk());
+  absl::StatusOr<TypedGptqResult> r =
+      TypedGptq(w, at::eye(64) * 3, *q, args, {});
+  ASSERT_THAT(r, IsOk());
+  absl::StatusOr<at::Tensor> rtn = FakeQuantize(w, *q, args);
+  ASSERT_THAT(rtn, IsOk());
+  EXPECT_TRUE(r->weight.equal(*rtn));
+}
+
+TEST(TypedGptq, AnIndefiniteHessianFallsBackAndBadShapesAreRefused) {
+  const QuantizationArgs args = Weights("FP8_DYNAMIC");
+  at::Tensor w = at::randn({4, 8});
+  absl::StatusOr<QParams> q = WeightQParams(w, args);
+  ASSERT_THAT(q, IsOk());
+  absl::StatusOr<TypedGptqResult> r = TypedGptq(w, -at::eye(8), *q, args, {});
+  ASSERT_THAT(r, IsOk());
+  EXPECT_TRUE(r->fell_back_to_rtn);
+  EXPECT_THAT(r->warning, HasSubstr("not positive definite"));
+  EXPECT_THAT(TypedGptq(w, at::eye(7), *q, args, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Hessian [in, in]")));
+}
+
+}  // namespace
+}  // namespace tracecut::quantization
