@@ -754,6 +754,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   ReportInfo info;
   info.model = options.model_path;
   info.recipe = options.recipe_source;
+  info.recipe_text = RecipeText(r);
+  info.streamed_peak_weight_bytes = outcome.streamed_peak_weight_bytes;
   info.pipeline = std::string(PipelineKindName(p.kind));
   info.propagate_error = p.propagate_error;
   info.sequential_targets =

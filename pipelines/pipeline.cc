@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -19,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/layout.h"
+#include "partition/module_sizes.h"
 #include "partition/subgraph.h"
 #include "pipelines/expert_calibration.h"
 #include "pipelines/interrupt.h"
@@ -41,6 +44,28 @@ std::string SubgraphLabel(const partition::Subgraph& s) {
   if (s.module_paths.empty()) return "(head)";
   if (s.module_paths.size() == 1) return s.module_paths[0];
   return absl::StrCat(s.module_paths.front(), " .. ", s.module_paths.back());
+}
+
+// Bytes of the parameters `s` reads: its get_attr tensors and its leaf
+// modules' parameters and buffers, as the model holds them now.
+int64_t ParamBytesRead(const partition::Subgraph& s,
+                       const torch::jit::Module& module) {
+  partition::ParamBytesFn bytes = partition::ModuleParamBytes(module);
+  int64_t total = 0;
+  for (const std::vector<std::string>* paths :
+       {&s.param_targets, &s.leaf_modules}) {
+    for (const std::string& path : *paths) total += bytes(path).value_or(0);
+  }
+  return total;
+}
+
+// The process's resident set size from /proc/self/statm; 0 where there is
+// none.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 // One step of a partitioned run: a subgraph, its interpreter and what to
@@ -304,7 +329,12 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   SubgraphTiming timing;
   timing.index = i;
   timing.label = step.label;
+  SubgraphCacheStats stats;
+  const absl::Time load_start = absl::Now();
   if (options_.weights != nullptr) RETURN_IF_ERROR(options_.weights->Load(i));
+  stats.load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
+  // Measured now: streamed weights are only loaded from here to Done().
+  stats.param_bytes = ParamBytesRead(*step.subgraph, model_.module());
   RETURN_IF_ERROR(ForEachModifier(modifiers_, [&](Modifier* m) {
     return m->OnSubgraphStart(ctx, step.info);
   }));
@@ -354,9 +384,11 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
     }
   }
   timing.propagate_seconds = absl::ToDoubleSeconds(absl::Now() - t2);
+  const absl::Time write_start = absl::Now();
   if (options_.weights != nullptr) {
     RETURN_IF_ERROR(options_.weights->Done(i, results_));
   }
+  stats.write_seconds = absl::ToDoubleSeconds(absl::Now() - write_start);
 
   for (int64_t b = 0; b < num_batches; ++b) {
     for (const std::string& name : step.release) {
@@ -365,9 +397,10 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   }
   results_.subgraphs.push_back(timing);
 
-  SubgraphCacheStats stats;
   stats.index = i;
   stats.label = step.label;
+  stats.nodes = step.subgraph->node_count;
+  stats.rss_bytes = ResidentBytes();
   stats.values = cache_->stats().values;
   stats.bytes_held = cache_->stats().bytes_held;
   stats.bytes_on_disk = cache_->stats().bytes_on_disk;

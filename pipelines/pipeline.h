@@ -158,6 +158,16 @@ struct SubgraphCacheStats {
   int64_t bytes_held = 0;  // In memory.
   int64_t bytes_on_disk = 0;
   bool propagated = false;  // A propagation pass ran.
+  // The subgraph's nodes (partition::Subgraph::node_count) and the bytes
+  // of the parameters it reads, measured once they are loaded.
+  int64_t nodes = 0;
+  int64_t param_bytes = 0;
+  // With streamed weights (PipelineOptions::weights): reading the
+  // subgraph's weights, and handing them to the writer after it.
+  double load_seconds = 0;
+  double write_seconds = 0;
+  // The process's resident memory after the subgraph (0: unknown).
+  int64_t rss_bytes = 0;
 };
 
 struct PipelineResult {

@@ -1,6 +1,7 @@
 #include "pipelines/report.h"
 
 #include <ATen/ATen.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <string>
@@ -71,6 +72,7 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   report["version"] = Json(1);
   report["model"] = Json(info.model);
   report["recipe"] = Json(info.recipe);
+  report["recipe_text"] = Json(info.recipe_text);
   report["pipeline"] = Json(info.pipeline);
   report["propagate_error"] = Json(info.propagate_error);
   report["sequential_targets"] = StringArray(info.sequential_targets);
@@ -196,6 +198,33 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
       }
     }
     run["module_compress_seconds"] = std::move(compress);
+    if (pipeline != nullptr) {
+      Json subgraphs = Json::array();
+      for (const SubgraphCacheStats& st : pipeline->subgraphs) {
+        Json j = Json::object();
+        j["subgraph"] = Json(static_cast<int64_t>(st.index));
+        j["label"] = Json(st.label);
+        j["nodes"] = Json(st.nodes);
+        j["param_bytes"] = Json(st.param_bytes);
+        j["load_seconds"] = Json(st.load_seconds);
+        j["write_seconds"] = Json(st.write_seconds);
+        j["cache_values"] = Json(st.values);
+        j["cache_bytes_held"] = Json(st.bytes_held);
+        j["cache_bytes_on_disk"] = Json(st.bytes_on_disk);
+        j["rss_bytes"] = Json(st.rss_bytes);
+        subgraphs.push_back(std::move(j));
+      }
+      run["subgraphs"] = std::move(subgraphs);
+    }
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) {
+      run["peak_rss_bytes"] =
+          Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
+    }
+    if (info.streamed_peak_weight_bytes.has_value()) {
+      run["streamed_peak_weight_bytes"] =
+          Json(*info.streamed_peak_weight_bytes);
+    }
     report["run"] = std::move(run);
   }
   return report;

@@ -40,7 +40,18 @@
 //                    "calibration_tokens": 0, "method": "rtn"}]},
 //    "warnings": [...],
 //    "run": {"resumed_from_subgraph": 0, "timings": [...], "cache": {...},
-//            "compress_seconds": {...}}}
+//            "compress_seconds": {...},
+//            "subgraphs": [{"subgraph": 1, "label": "model.layers.0",
+//                           "nodes": 31, "param_bytes": 786432,
+//                           "load_seconds": .., "write_seconds": ..,
+//                           "cache_values": .., "cache_bytes_held": ..,
+//                           "cache_bytes_on_disk": .., "rss_bytes": ..}],
+//            "peak_rss_bytes": .., "streamed_peak_weight_bytes": ..}}
+//
+// "recipe_text" (after "recipe") is the recipe in one line of text format.
+// run.subgraphs covers the subgraphs this process ran (a resumed run's
+// later ones); load/write_seconds are the streamed weights' I/O (0 when not
+// streaming); peak_rss_bytes is the process's peak resident memory.
 //
 // Modules are sorted by path. Errors are relative output errors on the
 // calibration inputs (modifier.h, ModuleRecord), not errors of the model's
@@ -52,6 +63,8 @@
 // and on whether the run was resumed) is the same, byte for byte, for the same
 // model, recipe, data and options; ReportInfo::include_run_section drops "run".
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +86,10 @@ struct ReportInfo {
   int64_t batches = 0;
   uint64_t data_fingerprint = 0;
   std::vector<std::string> data_inputs;  // Empty for token ids.
+  // The recipe as text (one line of text format), for the HTML page.
+  std::string recipe_text;
+  // Streamed runs: the most checkpoint weight bytes held at once.
+  std::optional<int64_t> streamed_peak_weight_bytes;
   bool include_run_section = true;
 };
 

@@ -23,6 +23,8 @@ packages=(
   libgloo-dev
   python3 python3-venv graphviz
   strace zip
+  # Headless Chromium renders the HTML reports in //tests/report (tests only).
+  chromium
 )
 # npm installs buildifier; Debian's nodejs and npm only when npm is missing.
 need_buildifier=0

@@ -25,6 +25,7 @@
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe_yaml.h"
+#include "pipelines/report_html.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
@@ -72,6 +73,9 @@ absl::Status CheckOutputsApart(const ParsedArgs& args,
   if (!o.report_path.empty()) {
     RETURN_IF_ERROR(
         util::CheckOutputApart({"--report", o.report_path}, inputs));
+  }
+  if (std::optional<std::string> html = args.Get("html")) {
+    RETURN_IF_ERROR(util::CheckOutputApart({"--html", *html}, inputs));
   }
   return util::CheckOutputApart(
       {"the run directory",
@@ -242,6 +246,8 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
   o.report_path = args.Get("report").value_or("");
   if (!o.report_path.empty()) RETURN_IF_ERROR(CheckOutputPath(o.report_path));
+  const std::string html_path = args.Get("html").value_or("");
+  if (!html_path.empty()) RETURN_IF_ERROR(CheckOutputPath(html_path));
   o.run_dir = args.Get("run-dir").value_or("");
   o.resume = args.Has("resume");
   o.keep_run_dir = args.Has("keep-run-dir");
@@ -289,9 +295,17 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   if (args.Has("json")) {
     io.out << util::DumpJson(out.report, 2) << "\n";
   }
+  if (!html_path.empty()) {
+    ASSIGN_OR_RETURN(
+        std::string html,
+        pipelines::CalibrationReportHtml(
+            out.report, o.report_path.empty() ? o.output_path : o.report_path));
+    RETURN_IF_ERROR(WriteOutput(html_path, html, io));
+  }
   const Json* summary = util::FindMember(out.report, "summary");
   io.err << "tracecut calibrate: wrote " << o.output_path;
   if (!o.report_path.empty()) io.err << " and " << o.report_path;
+  if (!html_path.empty()) io.err << " and " << html_path;
   if (summary != nullptr) {
     io.err << " ("
            << util::FindMember(*summary, "weights_quantized")->get<int64_t>()
@@ -326,7 +340,7 @@ Subcommand CalibrateCommand() {
       "[--config=config.json] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
       "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
-      "[--json]";
+      "[--html=FILE] [--json]";
   c.summary = "Calibrate and quantize a model (GPTQ, RTN, observers).";
   c.description =
       "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
@@ -440,6 +454,9 @@ Subcommand CalibrateCommand() {
                      "it holds files tracecut did not write (by default "
                      "only an earlier output, as its .tracecut-output "
                      "manifest lists it, is replaced)"),
+      FlagSpec::Value("html", "FILE",
+                      "write the report as a self-contained HTML page here "
+                      "(as `tracecut report` does)"),
       FlagSpec::Bool("deterministic-report",
                      "leave timings and cache statistics out of the report "
                      "(then identical runs give identical bytes)"),

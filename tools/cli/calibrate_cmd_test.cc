@@ -254,10 +254,12 @@ TEST(CalibrateCmdTest, ErrorsAreOneLineAndLeaveNothing) {
   }
 }
 
-TEST(CalibrateCmdTest, DemoRunsAndWritesOutputs) {
+// The TorchScript flow (the main one needs the tracecut binary's Python
+// runfiles: //tests/demo:demo_test).
+TEST(CalibrateCmdTest, TorchScriptDemoRunsAndWritesOutputs) {
   const std::string dir = TempDir("demo");
-  Result r =
-      RunTracecut({"demo", "--samples=16", "-o", dir + "/out", "--json"});
+  Result r = RunTracecut(
+      {"demo", "--torchscript", "--samples=16", "-o", dir + "/out", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("partition: 3 subgraphs"));
   EXPECT_THAT(r.err, HasSubstr("final-logit relative error"));

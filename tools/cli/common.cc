@@ -1,5 +1,6 @@
 #include "tools/cli/common.h"
 
+#include <ATen/Parallel.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -66,11 +68,31 @@ absl::Status CheckNotSpecialFile(const std::string& path) {
   return absl::OkStatus();
 }
 
-// The flags of `command` and --help, which every subcommand takes.
+// The flags of `command`, --help and --threads, which every subcommand
+// takes.
 std::vector<FlagSpec> FlagsWithHelp(const Subcommand& command) {
   std::vector<FlagSpec> flags = command.flags;
+  flags.push_back(FlagSpec::Value(
+      "threads", "N",
+      "intra-op threads of LibTorch's kernels (default: the machine's "
+      "cores, as torch picks them; OMP_NUM_THREADS also sets it)"));
   flags.push_back(FlagSpec::Bool("help", "show this help").Short('h'));
   return flags;
+}
+
+// --threads=N: LibTorch's intra-op pool, set before any kernel runs (the
+// pool cannot be resized once it has started).
+absl::Status ApplyThreads(const ParsedArgs& args) {
+  const std::optional<std::string> value = args.Get("threads");
+  if (!value.has_value()) return absl::OkStatus();
+  int threads = 0;
+  if (!absl::SimpleAtoi(*value, &threads) || threads < 1 || threads > 1024) {
+    return UsageError(
+        absl::StrCat("--threads: expected a whole number from 1 to 1024, got '",
+                     *value, "'"));
+  }
+  at::set_num_threads(threads);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -165,6 +187,7 @@ int Main(const std::vector<std::string>& argv, Io& io) {
                        parsed->positional()[command->max_positional], "'"));
     } else {
       status = CheckInputFiles(*parsed, flags);
+      if (status.ok()) status = ApplyThreads(*parsed);
       // The last boundary: an exception that got this far (an allocation
       // failure outside the components' own boundaries) is an error, not
       // an abort; unwinding runs the commands' cleanups.

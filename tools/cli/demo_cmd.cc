@@ -1,10 +1,20 @@
-// `tracecut demo`: the whole flow on the bundled tiny Llama — trace,
-// partition, sequential GPTQ W4 g128 on synthetic data, and the final-logit
-// error of GPTQ against round-to-nearest.
+// `tracecut demo`: the main job on a small transformers Llama generated
+// with seeded weights — export --meta, partition, GPTQ W4A16 and
+// round-to-nearest into compressed-tensors checkpoints, both loaded back with
+// transformers and their final logits compared with the original's — and
+// the HTML report. `demo --torchscript`: the older flow on the bundled
+// TorchScript fixture.
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <torch/script.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -14,6 +24,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "partition/module_sizes.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
 #include "pipelines/calibrate.h"
@@ -21,6 +34,7 @@
 #include "pipelines/pipeline.h"
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
+#include "pipelines/report_html.h"
 #include "runtime/torch_status.h"
 #include "tools/cli/common.h"
 #include "util/files.h"
@@ -78,7 +92,7 @@ absl::StatusOr<pipelines::OutputError> LogitError(
   return pipelines::CompareOutputs(reference, m, eval);
 }
 
-absl::Status RunDemo(const ParsedArgs& args, Io& io) {
+absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
   std::string model;
   if (std::optional<std::string> m = args.Get("model")) {
     model = UserPath(*m);
@@ -222,21 +236,297 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
   return absl::OkStatus();
 }
 
+// The main job (the default).
+
+constexpr char kDemoScript[] = "tracecut/python/tracecut_demo.py";
+constexpr char kExportScript[] = "tracecut/python/tracecut_export.py";
+constexpr char kPython[] = "libtorch/python";
+
+absl::StatusOr<std::string> DemoRunfile(const std::string& name) {
+  absl::StatusOr<std::string> path = FindRunfile(name);
+  if (!path.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        path.status().message(),
+        "; run tracecut built by bazel (bazel run //tools:tracecut -- demo)"));
+  }
+  return path;
+}
+
+// Runs `argv` (argv[0] a path) to completion, its stdout sent to our stderr
+// (stdout stays for --json); an error naming `what` unless it exits 0.
+absl::Status RunChild(const std::vector<std::string>& argv,
+                      absl::string_view what, Io& io) {
+  io.out.flush();
+  io.err.flush();
+  std::cout.flush();
+  std::cerr.flush();
+  std::vector<char*> c_argv;
+  std::vector<std::string> copy = argv;
+  for (std::string& a : copy) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+  pid_t pid = 0;
+  const int err =
+      posix_spawn(&pid, c_argv[0], &actions, nullptr, c_argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot run ", argv[0], ": ", std::strerror(err)));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      return absl::InternalError(
+          absl::StrCat("waiting for ", what, ": ", std::strerror(errno)));
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      what, " failed (",
+      WIFEXITED(status) ? absl::StrCat("exit ", WEXITSTATUS(status))
+                        : absl::StrCat("signal ", WTERMSIG(status)),
+      "); its message is above"));
+}
+
+std::string Elapsed(absl::Time start) {
+  return absl::StrFormat("(%.1f s)",
+                         absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+// A number from the compare step's JSON.
+double Field(const Json& object, const char* key) {
+  const Json* v = util::FindMember(object, key);
+  return v != nullptr && v->is_number() ? v->get<double>() : NAN;
+}
+
+absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
+  if (args.Has("model")) {
+    return UsageError(
+        "--model is for --torchscript; the main demo generates its model");
+  }
+  int64_t samples = 64;
+  if (std::optional<std::string> s = args.Get("samples")) {
+    if (!absl::SimpleAtoi(*s, &samples) || samples < 1) {
+      return UsageError(
+          absl::StrCat("--samples needs an integer >= 1, got '", *s, "'"));
+    }
+  }
+  const std::string out_dir =
+      UserPath(args.Get("output").value_or("tracecut-demo-out"));
+  const bool json = args.Has("json");
+  std::ostream& text = json ? io.err : io.out;
+  ASSIGN_OR_RETURN(std::string python, DemoRunfile(kPython));
+  ASSIGN_OR_RETURN(std::string demo_script, DemoRunfile(kDemoScript));
+  ASSIGN_OR_RETURN(std::string export_script, DemoRunfile(kExportScript));
+  RETURN_IF_ERROR(util::MakeDirs(out_dir));
+  const std::string ckpt = absl::StrCat(out_dir, "/llama");
+  const std::string program = absl::StrCat(ckpt, "/model.pt2");
+  const absl::Time demo_start = absl::Now();
+
+  // 1. The model: transformers' LlamaForCausalLM, seeded, as a checkpoint.
+  absl::Time t = absl::Now();
+  text << "== model: transformers LlamaForCausalLM, 2 layers, hidden 256, "
+          "seeded weights -> "
+       << ckpt << "\n"
+       << std::flush;
+  RETURN_IF_ERROR(RunChild({python, demo_script, "make", ckpt, "--seed=0"},
+                           "generating the demo model", io));
+  text << "saved with save_pretrained " << Elapsed(t) << "\n\n";
+
+  // 2. Its graph: torch.export on the meta device (no weights inside; they
+  // are read from the safetensors when calibration needs them).
+  t = absl::Now();
+  text << "== tracecut export " << ckpt << " -o " << program << " --meta\n"
+       << std::flush;
+  RETURN_IF_ERROR(
+      RunChild({python, export_script, ckpt, "-o", program, "--meta"},
+               "tracecut export", io));
+  text << "exported " << Elapsed(t) << "\n\n";
+
+  // 3. Partition at the config's decoder layers.
+  t = absl::Now();
+  ASSIGN_OR_RETURN(pipelines::LoadedForCalibration loaded,
+                   pipelines::LoadForCalibration(ckpt));
+  partition::PartitionOptions popts;
+  popts.targets = loaded.default_targets;
+  popts.param_bytes = partition::ModuleParamBytes(loaded.model.module());
+  ASSIGN_OR_RETURN(partition::Partition partition,
+                   partition::PartitionGraph(loaded.model.graph(), popts));
+  text << "== tracecut partition " << ckpt << "\n"
+       << partition::PlanToText(partition::BuildPlan(partition, popts))
+       << Elapsed(t) << "\n\n";
+
+  // 4. Calibrate: GPTQ, then round-to-nearest, each into a
+  // compressed-tensors checkpoint, the weights streamed layer by layer.
+  const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
+  pipelines::Progress progress(&io.err, live);
+  struct Run {
+    const char* name;
+    const char* title;
+    const char* recipe;
+    std::string dir;
+    std::string report;
+    int64_t samples;
+    std::optional<pipelines::CalibrateOutcome> outcome;
+  };
+  // Round-to-nearest's weights do not depend on data: one batch, only for
+  // its report.
+  Run runs[] = {
+      {"gptq",
+       "GPTQ",
+       kGptqRecipe,
+       absl::StrCat(out_dir, "/llama-gptq-w4a16"),
+       absl::StrCat(out_dir, "/llama-gptq-w4a16.report.json"),
+       samples,
+       {}},
+      {"rtn",
+       "RTN ",
+       kRtnRecipe,
+       absl::StrCat(out_dir, "/llama-rtn-w4a16"),
+       absl::StrCat(out_dir, "/llama-rtn-w4a16.report.json"),
+       std::min<int64_t>(samples, 8),
+       {}},
+  };
+  for (Run& run : runs) {
+    t = absl::Now();
+    text << "== tracecut calibrate " << ckpt << " (" << run.name
+         << " W4A16: int4 weights, symmetric, group 128) --synthetic="
+         << run.samples << " -o " << run.dir << "\n"
+         << std::flush;
+    pipelines::CalibrateOptions o;
+    o.model_path = ckpt;
+    ASSIGN_OR_RETURN(
+        o.recipe,
+        pipelines::ParseRecipe(run.recipe, absl::StrCat(run.name, " recipe")));
+    o.recipe_source = absl::StrCat("(built-in ", run.name, " W4A16 g128)");
+    o.synthetic_samples = run.samples;
+    o.synthetic_seq_len = 32;
+    o.batch_size = 8;
+    o.output_format =
+        pipelines::CalibrateOptions::OutputFormat::kCompressedTensors;
+    o.output_path = run.dir;
+    o.report_path = run.report;
+    o.progress = &progress;
+    ASSIGN_OR_RETURN(run.outcome, pipelines::Calibrate(o));
+    text << "wrote " << run.dir << " " << Elapsed(t) << "\n\n";
+  }
+
+  // 5. The page: GPTQ's report (it holds RTN's error per module too).
+  const std::string html_path =
+      absl::StrCat(out_dir, "/llama-gptq-w4a16.report.html");
+  ASSIGN_OR_RETURN(std::string html,
+                   pipelines::CalibrationReportHtml(runs[0].outcome->report,
+                                                    runs[0].report));
+  RETURN_IF_ERROR(WriteOutput(html_path, html, io));
+
+  const pipelines::CalibrationResults& g = runs[0].outcome->results;
+  text << "== per-module relative output error on the calibration inputs "
+          "(both on the GPTQ run's layer inputs)\n";
+  text << absl::StrFormat("%-36s %8s %8s\n", "module", "GPTQ", "RTN");
+  for (const auto& [path, rec] : g.modules) {
+    text << absl::StrFormat("%-36s %8.4f %8.4f\n", path, rec.weight_error,
+                            rec.rtn_error);
+  }
+  text << "\n";
+
+  // 6. Both outputs loaded by transformers (compressed-tensors decompresses
+  // the packed weights); final logits against the original model's.
+  t = absl::Now();
+  const std::string errors_path = absl::StrCat(out_dir, "/logit_errors.json");
+  text << "== transformers: AutoModelForCausalLM.from_pretrained(...) of the "
+          "original and both outputs\n"
+       << std::flush;
+  RETURN_IF_ERROR(
+      RunChild({python, demo_script, "compare", ckpt, runs[0].dir, runs[1].dir,
+                absl::StrCat("--json-out=", errors_path)},
+               "loading the outputs with transformers", io));
+  ASSIGN_OR_RETURN(std::string errors_text, util::ReadFile(errors_path));
+  ASSIGN_OR_RETURN(Json errors, util::ParseJson(errors_text, errors_path));
+  const Json* outputs = util::FindMember(errors, "outputs");
+  double rel[2] = {NAN, NAN};
+  for (int i = 0; i < 2; ++i) {
+    const Json* e =
+        outputs != nullptr ? util::FindMember(*outputs, runs[i].dir) : nullptr;
+    if (e == nullptr) {
+      return absl::InternalError(
+          absl::StrCat(errors_path, " has no result for ", runs[i].dir));
+    }
+    rel[i] = Field(*e, "relative_error");
+    text << absl::StrFormat(
+        "%s W4A16 g128, loaded by transformers: final-logit relative error "
+        "%.4f, top-1 token agreement %.1f%%\n",
+        runs[i].title, rel[i], 100 * Field(*e, "top1_agreement"));
+  }
+  text << (rel[0] < rel[1]
+               ? absl::StrFormat("GPTQ's error is %.2fx lower than RTN's",
+                                 rel[1] / rel[0])
+               : std::string("GPTQ did not beat RTN on this data"))
+       << " (8 x 32 held-out tokens) " << Elapsed(t) << "\n\n";
+
+  text << "outputs in " << out_dir << "/ " << Elapsed(demo_start) << "\n"
+       << "  llama/                      the generated checkpoint, its "
+          "model.pt2 (export --meta)\n"
+       << "  llama-gptq-w4a16/           compressed-tensors checkpoint, GPTQ\n"
+       << "  llama-rtn-w4a16/            compressed-tensors checkpoint, "
+          "round-to-nearest\n"
+       << "  *.report.json               calibration reports\n"
+       << "HTML report: " << html_path << "\n";
+
+  Json summary = Json::object();
+  summary["model"] = Json(ckpt);
+  summary["output_dir"] = Json(out_dir);
+  summary["subgraphs"] = Json(static_cast<int64_t>(partition.subgraphs.size()));
+  summary["calibration_samples"] = Json(samples);
+  summary["html_report"] = Json(html_path);
+  Json results = Json::object();
+  for (int i = 0; i < 2; ++i) {
+    Json e = *util::FindMember(*outputs, runs[i].dir);
+    e["model"] = Json(runs[i].dir);
+    e["report"] = Json(runs[i].report);
+    results[runs[i].name] = std::move(e);
+  }
+  summary["results"] = std::move(results);
+  const std::string summary_text = util::DumpJson(summary, 2) + "\n";
+  RETURN_IF_ERROR(
+      WriteOutput(absl::StrCat(out_dir, "/summary.json"), summary_text, io));
+  if (json) io.out << summary_text;
+  return absl::OkStatus();
+}
+
+absl::Status RunDemo(const ParsedArgs& args, Io& io) {
+  if (args.Has("torchscript")) return RunTorchScriptDemo(args, io);
+  return RunMainDemo(args, io);
+}
+
 Subcommand DemoCommand() {
   Subcommand c;
   c.name = "demo";
-  c.synopsis = "[--model=FILE] [--samples=N] [-o DIR] [--json]";
-  c.summary = "The whole flow on the bundled tiny Llama.";
+  c.synopsis = "[--torchscript [--model=FILE]] [--samples=N] [-o DIR] [--json]";
+  c.summary =
+      "The main job on a generated transformers Llama, with an HTML report.";
   c.description =
-      "Traces the bundled 2-layer Llama fixture, prints its partition into "
-      "decoder layers, runs sequential GPTQ W4 g128 (and round-to-nearest "
-      "for comparison) on synthetic calibration data with progress, and "
-      "prints per-layer and final-logit errors of both. The quantized "
-      "models, their reports and summary.json go to DIR (default "
-      "./tracecut-demo-out, relative to where `bazel run` was started).";
+      "Generates a small transformers LlamaForCausalLM (2 layers, hidden "
+      "256) with seeded weights as a Hugging Face checkpoint (no download), "
+      "exports it with `tracecut export --meta`, prints its partition into "
+      "decoder layers, calibrates it with GPTQ W4A16 (int4 weights, group "
+      "128) and with round-to-nearest on synthetic token ids, streaming the "
+      "weights layer by layer into compressed-tensors checkpoints, loads "
+      "both with transformers (compressed-tensors decompresses them) and "
+      "prints their final-logit relative error against the original model. "
+      "Everything goes to DIR (default ./tracecut-demo-out, relative to "
+      "where `bazel run` was started): the checkpoints, the JSON reports, "
+      "the HTML report of the GPTQ run and summary.json.\n\n"
+      "--torchscript runs the older flow on the bundled TorchScript Llama "
+      "fixture (or --model=FILE): trace, partition, GPTQ and RTN into "
+      "TorchScript .pt files, and their final-logit errors.";
   c.flags = {
+      FlagSpec::Bool("torchscript",
+                     "the older flow on the bundled TorchScript fixture"),
       FlagSpec::Value("model", "FILE",
-                      "use this Llama-style model instead of the bundled one"),
+                      "with --torchscript: this Llama-style model instead "
+                      "of the bundled one"),
       FlagSpec::Value("samples", "N", "calibration samples (64)"),
       FlagSpec::Value("output", "DIR", "output directory").Short('o'),
       FlagSpec::Bool("json",

@@ -2,6 +2,8 @@
 // split into head + one subgraph per decoder layer with --check passing,
 // --help, and errors for targets matching nothing.
 
+#include <ATen/Parallel.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -169,6 +171,21 @@ TEST(PartitionCmdTest, BadFormatIsUsageError) {
   Result r = RunTracecut({"partition", Fixture("llama"), "--format=proto"});
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(Lines(r.err), 1) << r.err;
+}
+
+// --threads sizes LibTorch's intra-op pool for the command (every subcommand
+// takes it); a value that is not a positive count is a usage error before
+// any work.
+TEST(PartitionCmdTest, ThreadsFlag) {
+  Result r = RunTracecut({"partition", Fixture("llama"), "--threads=1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(at::get_num_threads(), 1);
+  for (const char* bad : {"--threads=0", "--threads=-2", "--threads=two"}) {
+    Result e = RunTracecut({"partition", Fixture("llama"), bad});
+    EXPECT_EQ(e.code, 2) << bad;
+    EXPECT_THAT(e.err, HasSubstr("--threads: expected a whole number")) << bad;
+    EXPECT_EQ(Lines(e.err), 1) << e.err;
+  }
 }
 
 }  // namespace

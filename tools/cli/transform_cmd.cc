@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "ir/graph.h"
 #include "partition/partitioner.h"
+#include "pipelines/report_html.h"
 #include "runtime/compare.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -260,6 +261,9 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
   const bool json = args.Has("json");
   ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
                    PipelineFromFlag(args));
+  if (std::optional<std::string> html_path = args.Get("html")) {
+    RETURN_IF_ERROR(CheckOutputPath(*html_path));
+  }
   transforms::DebugOptions dopts;
   ASSIGN_OR_RETURN(dopts.compare, CompareOptionsFromFlags(args));
   ASSIGN_OR_RETURN(TracedModel t, LoadAndTrace(args));
@@ -305,6 +309,14 @@ absl::Status RunDebug(const ParsedArgs& args, Io& io) {
                      label(s.subgraph), ", pass ", s.pass, " (", why, ")");
   } else {
     verdict = absl::StrCat("all within tolerance (", tolerances, ")");
+  }
+  if (std::optional<std::string> html_path = args.Get("html")) {
+    ASSIGN_OR_RETURN(Json parsed,
+                     util::ParseJson(report.ToJson(), "the debug report"));
+    ASSIGN_OR_RETURN(std::string html,
+                     pipelines::DebugReportHtml(parsed, args.positional()[0]));
+    RETURN_IF_ERROR(WriteOutput(*html_path, html, io));
+    io.err << "tracecut debug: wrote " << *html_path << "\n";
   }
   if (json) {
     io.out << report.ToJson() << "\n";
@@ -376,7 +388,7 @@ Subcommand DebugCommand() {
   c.name = "debug";
   c.synopsis =
       "MODEL.pt --passes=NAME,... [--targets=TYPE,...] [--rtol=X] "
-      "[--atol=X] [--reproducer-dir=DIR] [--json]";
+      "[--atol=X] [--reproducer-dir=DIR] [--html=FILE] [--json]";
   c.summary = "Find which pass breaks which layer, layer by layer.";
   c.description =
       "Partitions the traced model at --targets (default: from the HF "
@@ -386,8 +398,13 @@ Subcommand DebugCommand() {
       "whose outputs fail " +
       ToleranceRule() +
       " against the outputs before the pass, with its worst element. "
-      "--tolerance=X is an alias of --rtol=X. Exits 0 either way.";
+      "--tolerance=X is an alias of --rtol=X. --html=FILE also writes the "
+      "report as a self-contained HTML page: each pass's step and "
+      "cumulative error per subgraph as bar charts, and the table. Exits 0 "
+      "either way.";
   c.flags = TraceFlags();
+  c.flags.push_back(
+      FlagSpec::Value("html", "FILE", "write the report as an HTML page here"));
   for (FlagSpec& f : CompareFlags(/*tolerance_alias=*/true)) {
     c.flags.push_back(std::move(f));
   }
