@@ -8,15 +8,15 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/safetensors_header.h"
 #include "util/files.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::checkpoint {
@@ -24,6 +24,8 @@ namespace {
 
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
+// An index lists every tensor once (DeepSeek-V3's 91k: about 9 MB).
+constexpr uint64_t kMaxIndexBytes = 64 << 20;
 
 std::optional<c10::ScalarType> DTypeOf(const std::string& name) {
   static const auto* const kTypes = new std::map<std::string, c10::ScalarType>{
@@ -107,31 +109,22 @@ absl::StatusOr<std::string> SerializeSafetensors(
 }
 
 absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
-    const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return util::ErrnoError(errno, absl::StrCat("cannot open '", path, "'"));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return util::ErrnoError(err, absl::StrCat("cannot stat '", path, "'"));
-  }
+    const std::string& path, bool follow_links, std::string name) {
+  // Not blocking on a FIFO, refusing anything but a regular file, checked
+  // on the open descriptor that is then mapped.
+  ASSIGN_OR_RETURN(util::RegularFile file,
+                   util::OpenRegularFile(path, "", follow_links));
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
-  f->name_ = path;
-  f->size_ = static_cast<size_t>(st.st_size);
+  f->name_ = name.empty() ? path : std::move(name);
+  f->size_ = static_cast<size_t>(file.size);
   if (f->size_ > 0) {
-    void* p = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, file.fd.get(), 0);
     if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      return util::ErrnoError(err, absl::StrCat("cannot map '", path, "'"));
+      return util::ErrnoError(errno, absl::StrCat("cannot map '", path, "'"));
     }
     f->mapping_ = p;
     f->data_ = static_cast<const char*>(p);
   }
-  ::close(fd);
   RETURN_IF_ERROR(f->Parse());
   return f;
 }
@@ -152,64 +145,19 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 absl::Status SafetensorsFile::Parse() {
-  auto bad = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name_, ": not a valid safetensors file: ", what));
-  };
-  if (size_ < 8) return bad(absl::StrCat(size_, " bytes, no header length"));
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) {
-    n = (n << 8) | static_cast<unsigned char>(data_[i]);
-  }
-  if (n > size_ - 8) {
-    return bad(absl::StrCat("the header claims ", n, " bytes but the file has ",
-                            size_ - 8, " after the length (truncated?)"));
-  }
-  data_start_ = 8 + n;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(data_ + 8, data_ + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    return bad(absl::StrCat("header is not JSON: ", e.what()));
-  }
-  if (!header.is_object()) return bad("header is not a JSON object");
-  const size_t data_size = size_ - data_start_;
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") continue;
-    const std::string where = absl::StrCat("tensor '", key, "'");
-    Entry e;
-    try {
-      std::optional<c10::ScalarType> dtype =
-          DTypeOf(value.at("dtype").get<std::string>());
-      if (!dtype.has_value()) {
-        return bad(absl::StrCat(where, " has unknown dtype ",
-                                value.at("dtype").dump()));
-      }
-      e.dtype = *dtype;
-      e.shape = value.at("shape").get<std::vector<int64_t>>();
-      auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2) return bad(where + ": data_offsets needs 2");
-      e.begin = offsets[0];
-      e.end = offsets[1];
-    } catch (const nlohmann::json::exception& ex) {
-      return bad(absl::StrCat(where, ": ", ex.what()));
+  ASSIGN_OR_RETURN(
+      SafetensorsHeader header,
+      ParseSafetensorsHeader(absl::string_view(data_, size_), name_));
+  data_start_ = static_cast<size_t>(header.data_start);
+  for (auto& [key, e] : header.tensors) {
+    std::optional<c10::ScalarType> dtype = DTypeOf(e.dtype);
+    if (!dtype.has_value()) {  // The two dtype tables disagree: our bug.
+      return absl::InternalError(absl::StrCat(
+          name_, ": tensor '", key, "': no ScalarType for ", e.dtype));
     }
-    int64_t numel = 1;
-    for (int64_t d : e.shape) {
-      if (d < 0) return bad(where + " has a negative dimension");
-      numel *= d;
-    }
-    if (e.begin > e.end || e.end > data_size) {
-      return bad(absl::StrCat(where, " spans bytes [", e.begin, ", ", e.end,
-                              ") of a ", data_size,
-                              "-byte data section (truncated?)"));
-    }
-    const size_t want = static_cast<size_t>(numel) * c10::elementSize(e.dtype);
-    if (e.end - e.begin != want) {
-      return bad(absl::StrCat(where, " has ", e.end - e.begin,
-                              " bytes, but its shape and dtype need ", want));
-    }
-    entries_.emplace(key, std::move(e));
+    entries_.emplace(
+        key, Entry{*dtype, std::move(e.shape), static_cast<size_t>(e.begin),
+                   static_cast<size_t>(e.end)});
   }
   return absl::OkStatus();
 }
@@ -276,34 +224,59 @@ bool Checkpoint::HasWeights(const std::string& dir) {
 absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
   Checkpoint c;
   c.dir_ = dir;
+  ASSIGN_OR_RETURN(c.closed_, ClosedDir::Open(dir));
   const std::filesystem::path root(dir);
   std::error_code ec;
   if (std::filesystem::exists(root / kIndexFile, ec)) {
     const std::string index = (root / kIndexFile).string();
-    std::ifstream in(index);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat("cannot read '", index, "'"));
-    }
+    ASSIGN_OR_RETURN(std::string index_path,
+                     c.closed_.Resolve(kIndexFile, index));
+    ASSIGN_OR_RETURN(std::string text,
+                     util::ReadRegularFile(index_path, kMaxIndexBytes, index));
+    nlohmann::json j;
     try {
-      nlohmann::json j = nlohmann::json::parse(text.str());
-      for (const auto& [tensor, file] : j.at("weight_map").items()) {
-        c.shard_of_[tensor] = file.get<std::string>();
-      }
+      j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": not JSON: ", e.what()));
+    }
+    const auto map = j.is_object() ? j.find("weight_map") : j.end();
+    if (map == j.end() || !map->is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat(index,
                        ": not a safetensors index (wants {\"weight_map\": "
-                       "{tensor: file}}): ",
-                       e.what()));
+                       "{tensor: file}})"));
+    }
+    // Every file the index names is checked now, before anything is read:
+    // a hostile index fails here, naming its entry.
+    for (const auto& [tensor, file] : map->items()) {
+      const std::string where =
+          absl::StrCat(index, ": weight_map entry '", tensor, "'");
+      if (!file.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " is not a file name"));
+      }
+      const std::string name = file.get<std::string>();
+      if (!c.resolved_.contains(name)) {
+        ASSIGN_OR_RETURN(
+            std::string path,
+            c.closed_.Resolve(name, absl::StrCat(where, " -> '", name, "'")));
+        c.resolved_.emplace(name, std::move(path));
+      }
+      c.shard_of_[tensor] = name;
     }
     return c;
   }
-  if (std::filesystem::exists(root / kSingleFile, ec)) {
+  if (std::filesystem::exists(root / kSingleFile, ec) ||
+      std::filesystem::is_symlink(root / kSingleFile, ec)) {
+    ASSIGN_OR_RETURN(
+        std::string path,
+        c.closed_.Resolve(kSingleFile, (root / kSingleFile).string()));
     ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f,
-                     SafetensorsFile::Open((root / kSingleFile).string()));
+                     SafetensorsFile::Open(path, /*follow_links=*/false,
+                                           (root / kSingleFile).string()));
     for (const std::string& name : f->names()) c.shard_of_[name] = kSingleFile;
+    c.resolved_.emplace(kSingleFile, path);
     c.open_[kSingleFile] = f;
     return c;
   }
@@ -338,10 +311,12 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Checkpoint::Shard(
   }
   auto open = open_.find(it->second);
   if (open == open_.end()) {
-    const std::string path =
-        (std::filesystem::path(dir_) / it->second).string();
-    ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> f,
-                     SafetensorsFile::Open(path));
+    // Resolved when the index was read; not following a link now keeps a
+    // file swapped for one since from being read.
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const SafetensorsFile> f,
+        SafetensorsFile::Open(resolved_.at(it->second),
+                              /*follow_links=*/false, FileOf(tensor)));
     open = open_.emplace(it->second, std::move(f)).first;
   }
   if (!open->second->Has(tensor)) {

@@ -12,10 +12,10 @@
 // Format (https://github.com/huggingface/safetensors): an 8-byte
 // little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
 // "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data.
-// Every way a file can lie is an error naming the file and the tensor: a
-// header longer than the file, offsets outside the data or overlapping
-// their neighbours' ends, a byte length that disagrees with shape x dtype,
-// an unknown dtype.
+// Every way a file can lie is an error naming the file and the tensor
+// (safetensors_header.h): a header longer than the file or over 100 MB,
+// duplicate names, offsets outside the data, overlapping or leaving gaps, a
+// byte length that disagrees with shape x dtype, an unknown dtype.
 
 #include <torch/torch.h>
 
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/closed_dir.h"
 
 namespace tracecut::checkpoint {
 
@@ -37,10 +38,14 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Maps `path`. `bytes` variant: a safetensors image held in memory (e.g.
-  // embedded in an archive); `name` stands for the file in errors.
+  // Maps `path`, which must be a regular file (a FIFO or device is
+  // refused without blocking); `follow_links` false refuses a symbolic
+  // link. `name` stands for the file in errors (default: `path`). `bytes`
+  // variant: a safetensors image held in memory (e.g. embedded in an
+  // archive). The
+  // header is validated as checkpoint/safetensors_header.h says.
   static absl::StatusOr<std::shared_ptr<const SafetensorsFile>> Open(
-      const std::string& path);
+      const std::string& path, bool follow_links = true, std::string name = "");
   static absl::StatusOr<std::shared_ptr<const SafetensorsFile>> FromBytes(
       std::string bytes, std::string name);
   ~SafetensorsFile();
@@ -77,7 +82,9 @@ class SafetensorsFile {
 
 // A Hugging Face checkpoint directory: model.safetensors, or the shards
 // that model.safetensors.index.json's "weight_map" names (opened when a
-// tensor in them is first asked for).
+// tensor in them is first asked for). A closed world (closed_dir.h): every
+// file the index names must resolve to a regular file inside the
+// directory, checked by Open for all of them.
 class Checkpoint {
  public:
   static absl::StatusOr<Checkpoint> Open(const std::string& dir);
@@ -100,7 +107,9 @@ class Checkpoint {
       const std::string& tensor) const;
 
   std::string dir_;
+  ClosedDir closed_;
   std::map<std::string, std::string> shard_of_;  // Tensor -> file name.
+  std::map<std::string, std::string> resolved_;  // File name -> real path.
   mutable std::map<std::string, std::shared_ptr<const SafetensorsFile>> open_;
 };
 

@@ -1,22 +1,31 @@
 #include "checkpoint/safetensors.h"
 
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "util/files.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
+#include "util/testing/temp_dir.h"
 
 namespace tracecut::checkpoint {
 namespace {
 
 using ::testing::HasSubstr;
 
+// The generated files' own directory: in the runfiles tree each file is a
+// symbolic link to it, and a checkpoint's links may not lead outside.
 std::string TestData(const std::string& name) {
-  return util::testing::Runfile("checkpoint/testdata/" + name);
+  const std::filesystem::path real = std::filesystem::canonical(
+      util::testing::Runfile("checkpoint/testdata/model.safetensors"));
+  return (real.parent_path() / name).string();
 }
 
 // A safetensors image from a header and data, for the malformed cases.
@@ -99,6 +108,88 @@ TEST(SafetensorsFileTest, EachLieIsAnErrorNamingTheTensor) {
   }
   auto good = SafetensorsFile::FromBytes(Image(ok_entry, "12345678"), "y");
   EXPECT_OK(good);
+}
+
+// A downloaded checkpoint is untrusted: an index naming files outside the
+// directory, or not regular files, fails at Open naming the entry, before
+// any of them is opened.
+TEST(CheckpointTest, IndexEntriesStayInsideTheDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path base = util::testing::TempDir("hostile_index");
+  const fs::path dir = base / "ckpt";
+  fs::create_directories(dir / "subdir");
+  fs::copy_file(TestData("model.safetensors"), base / "outside.safetensors",
+                fs::copy_options::overwrite_existing);
+  fs::copy_file(TestData("model.safetensors"), dir / "good.safetensors",
+                fs::copy_options::overwrite_existing);
+  ::mkfifo((dir / "fifo.safetensors").c_str(), 0600);
+  fs::create_symlink(base / "outside.safetensors", dir / "link.safetensors");
+  struct Case {
+    std::string file, why;
+  };
+  const Case cases[] = {
+      {"/etc/passwd", "an absolute path"},
+      {(base / "outside.safetensors").string(), "an absolute path"},
+      {"../outside.safetensors", "'..'"},
+      {"link.safetensors", "outside"},
+      {"fifo.safetensors", "a FIFO"},
+      {"subdir", "a directory"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    ASSERT_OK(util::WriteFileAtomically(
+        (dir / "model.safetensors.index.json").string(),
+        "{\"weight_map\": {\"w\": \"good.safetensors\", \"b\": \"" + c.file +
+            "\"}}"));
+    absl::StatusOr<Checkpoint> ckpt = Checkpoint::Open(dir.string());
+    EXPECT_THAT(
+        ckpt.status(),
+        util::testing::StatusIs(
+            absl::StatusCode::kInvalidArgument,
+            ::testing::AllOf(
+                HasSubstr("model.safetensors.index.json: weight_map entry "
+                          "'b' -> '" +
+                          c.file + "'"),
+                HasSubstr(c.why))));
+  }
+  ASSERT_OK(util::WriteFileAtomically(
+      (dir / "model.safetensors.index.json").string(),
+      R"({"weight_map": {"w": "good.safetensors", "b": "./good.safetensors"}})"));
+  ASSERT_OK_AND_ASSIGN(Checkpoint ok, Checkpoint::Open(dir.string()));
+  EXPECT_OK(ok.Get("b"));
+}
+
+TEST(CheckpointTest, SingleFileMustBeARegularFileInside) {
+  namespace fs = std::filesystem;
+  const fs::path dir = util::testing::TempDir("hostile_single");
+  fs::create_symlink("/etc/passwd", dir / "model.safetensors");
+  EXPECT_THAT(Checkpoint::Open(dir.string()).status(),
+              util::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("outside")));
+  fs::remove(dir / "model.safetensors");
+  ::mkfifo((dir / "model.safetensors").c_str(), 0600);
+  EXPECT_THAT(Checkpoint::Open(dir.string()).status(),
+              util::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("a FIFO")));
+}
+
+// What the safetensors package refuses (overlapping ranges: o_proj reading
+// q_proj's bytes; a name given twice) is refused here too.
+TEST(SafetensorsFileTest, RefusesOverlapsAndDuplicates) {
+  const std::string overlap =
+      Image(R"({"q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+            R"( "o": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+            "12345678");
+  EXPECT_THAT(SafetensorsFile::FromBytes(overlap, "o.safetensors").status(),
+              util::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("overlap")));
+  const std::string twice =
+      Image(R"({"q": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+            R"( "q": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
+            "1234567812345678");
+  EXPECT_THAT(SafetensorsFile::FromBytes(twice, "d.safetensors").status(),
+              util::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("'q' twice")));
 }
 
 }  // namespace

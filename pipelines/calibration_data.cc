@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/safetensors.h"
 #include "pipelines/calibration_data_internal.h"
+#include "pipelines/interrupt.h"
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
 #include "tracer/input_files.h"
@@ -272,6 +273,9 @@ absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
   return internal::ParseJsonLines(bytes, path);
 }
 
+// Batches of calibration data tracecut holds at once.
+constexpr int64_t kMaxBatches = 1 << 16;
+
 absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
                                            int64_t vocab_size, uint64_t seed) {
   if (num_samples < 1 || seq_len < 1 || vocab_size < 1) {
@@ -279,6 +283,13 @@ absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
         "synthetic data: need samples, sequence length and vocabulary size "
         ">= 1, got %d, %d, %d",
         num_samples, seq_len, vocab_size));
+  }
+  if (num_samples > kMaxBatches || seq_len > (int64_t{1} << 24) ||
+      num_samples * seq_len > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "synthetic data: %d samples of %d tokens is far more than "
+        "calibration needs (at most %d samples and 2^30 tokens)",
+        num_samples, seq_len, kMaxBatches));
   }
   return runtime::TorchCall(
       "synthetic data", [&]() -> absl::StatusOr<at::Tensor> {
@@ -351,7 +362,20 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
         data.seq_len = data.tokens.size(1);
         data.source = std::move(source);
         const int64_t n = data.num_samples;
+        // Each batch is kept (and cached between subgraphs): far more than
+        // calibration needs (llm-compressor's default is 512 samples) only
+        // exhausts memory before the first progress line.
+        if ((n + batch_size - 1) / batch_size > kMaxBatches) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "calibration data '", data.source, "': ", n, " samples in ",
+              (n + batch_size - 1) / batch_size, " batches, more than the ",
+              kMaxBatches,
+              " tracecut takes; use fewer samples or a larger --batch-size"));
+        }
         for (int64_t start = 0; start < n; start += batch_size) {
+          // SIGINT / SIGTERM are honoured here too, not only between
+          // calibration batches.
+          if (start % 1024 == 0) RETURN_IF_ERROR(CheckInterrupt());
           int64_t len = std::min(batch_size, n - start);
           at::Tensor ids = data.tokens.narrow(0, start, len).clone();
           std::vector<c10::IValue> values;

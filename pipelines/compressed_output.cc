@@ -26,6 +26,7 @@
 #include "pipelines/quantize.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
+#include "util/output_manifest.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -76,6 +77,14 @@ absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(const at::Tensor& weight,
   }
   ASSIGN_OR_RETURN(QuantScheme scheme, QuantScheme::Parse(r.weight_scheme));
   if (scheme.per_tensor) return bad("per-tensor weight scales");
+  if (weight.defined() && scheme.group_size > weight.size(-1)) {
+    // compressed-tensors reshapes each row into whole groups on load.
+    return bad(absl::StrCat("group_size ", scheme.group_size,
+                            " is larger than its ", weight.size(-1),
+                            " input features, which compressed-tensors cannot "
+                            "load (use a group_size that divides them, "
+                            "ignore the module, or --format=torchscript)"));
+  }
   checkpoint::CtLinear linear;
   linear.path = path;
   linear.args.num_bits = scheme.bits;
@@ -201,7 +210,8 @@ absl::Status CheckOutputDir(const fs::path& out, const std::string& where) {
   std::error_code ec;
   if (fs::exists(out, ec) &&
       !(fs::is_directory(out, ec) &&
-        (fs::is_empty(out, ec) || IsCompressedTensorsDir(out)))) {
+        (fs::is_empty(out, ec) || IsCompressedTensorsDir(out) ||
+         util::HoldsOnlyManifestFiles(out.string())))) {
     return absl::FailedPreconditionError(absl::StrCat(
         where,
         ": it exists and is not an earlier compressed-tensors output; "
@@ -236,6 +246,7 @@ absl::StatusOr<std::string> ModelConfig(
 // output only once the new one is in place.
 absl::Status Publish(const fs::path& tmp, const fs::path& out,
                      const std::string& where) {
+  RETURN_IF_ERROR(util::WriteOutputManifest(tmp.string()));
   std::error_code ec;
   const fs::path parent =
       out.has_parent_path() ? out.parent_path() : fs::path(".");

@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "runtime/torch_status.h"
+#include "runtime/zip_writer.h"
 #include "util/status.h"
 #include "util/status_macros.h"
 
@@ -217,10 +218,8 @@ absl::Status Collective::BroadcastIValue(c10::IValue& value, int root,
   if (!distributed()) return absl::OkStatus();
   std::vector<char> bytes;
   if (rank_ == root) {
-    ASSIGN_OR_RETURN(bytes,
-                     runtime::TorchCall(absl::StrCat("pickling ", what), [&] {
-                       return torch::jit::pickle_save(value);
-                     }));
+    ASSIGN_OR_RETURN(
+        bytes, runtime::PickleSave(value, absl::StrCat("pickling ", what)));
   }
   at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
   RETURN_IF_ERROR(Broadcast(size, root, absl::StrCat("the size of ", what)));

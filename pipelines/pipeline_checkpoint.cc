@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "runtime/torch_status.h"
+#include "runtime/zip_writer.h"
 #include "util/files.h"
 #include "util/status_macros.h"
 
@@ -131,9 +132,7 @@ absl::Status RunCheckpoint::Write(int next, RunContext& ctx,
       weights.insert(path, t.detach());
     }
     ASSIGN_OR_RETURN(std::vector<char> bytes,
-                     runtime::TorchCall("checkpoint weights", [&] {
-                       return torch::jit::pickle_save(weights);
-                     }));
+                     runtime::PickleSave(weights, "checkpoint weights"));
     std::string name = WeightFileName(next - 1);
     RETURN_IF_ERROR(WritePickle(absl::StrCat(dir_, "/", name), bytes));
     weight_files_.push_back(name);
@@ -164,9 +163,7 @@ absl::Status RunCheckpoint::Write(int next, RunContext& ctx,
   }
   state.insert("cache", values_per_batch);
   ASSIGN_OR_RETURN(std::vector<char> bytes,
-                   runtime::TorchCall("checkpoint state", [&] {
-                     return torch::jit::pickle_save(state);
-                   }));
+                   runtime::PickleSave(state, "checkpoint state"));
   RETURN_IF_ERROR(WritePickle(StatePath(next), bytes));
   if (keep_previous_) {
     // The new one is safely on disk: all but it and the one before go.

@@ -45,9 +45,11 @@ absl::Status QuantScheme::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("bits must be in [2, 8], got ", bits));
   }
-  if (group_size != -1 && group_size <= 0) {
+  // Bounded so group arithmetic cannot overflow (2^63 - 1 once did).
+  if (group_size != -1 && (group_size <= 0 || group_size > (1 << 24))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "group_size must be > 0 or -1 (per-channel), got ", group_size));
+        "group_size must be in [1, 16777216] or -1 (per-channel), got ",
+        group_size));
   }
   if (per_tensor && group_size != -1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -94,6 +94,17 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
                                      internal::DescribeTensor(w), ")"));
       continue;
     }
+    // Groups must tile each row: a partial last group is what
+    // compressed-tensors refuses to load (strict group division).
+    const int64_t in_features = w.size(conv1d ? 0 : 1);
+    const int64_t group = options_.scheme.group_size;
+    if (group > 0 && group < in_features && in_features % group != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": group_size ", group, " does not divide the ", in_features,
+          " input features of ", leaf->path, " (", ShortType(leaf->type),
+          "), and a checkpoint with a partial group does not load; use a "
+          "group_size that divides it, or add the module to ignore"));
+    }
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
   }

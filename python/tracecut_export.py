@@ -18,16 +18,31 @@ files embedded next to the program, which `tracecut` reads back:
 --torchscript writes a TorchScript .pt (torch.jit.trace) with the same
 files embedded, for LibTorch-only users.
 
-Errors go to stderr as one line "tracecut export: ..." (exit 1); when
-torch.export fails, the line names the innermost module and source line of
-model code that the failure points at.
+Errors go to stderr as one line "tracecut export: ..." and never as a
+traceback: exit 1 for an error (bad input, a config value out of range, a
+full disk or read-only output, out of memory), 2 for bad flags, 128 + N when
+stopped by signal N (130 for Ctrl-C). When torch.export fails, the line
+names the innermost module and source line of model code that the failure
+points at.
+
+A checkpoint directory is untrusted input: the files its index names must be
+regular files inside it (or, for a Hugging Face cache snapshot, in its
+repository's blobs/), and config values must be in sane ranges before any
+model is built. The output is written to a hidden temporary beside it and
+renamed into place; an existing output is replaced only when it is an
+earlier .pt2/.pt archive, and temporaries left by killed exports are
+removed.
 """
 
 import argparse
+import errno
 import json
 import os
 import re
+import signal
+import stat
 import sys
+import tempfile
 import traceback
 
 EXIT_ERROR = 1
@@ -42,6 +57,144 @@ def _fail(message):
   raise ExportError(message)
 
 
+def _first_line(error):
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
+# Config values that become shapes and layer counts, with the ranges
+# tracecut accepts (tracer/hf/config.cc has the same table): far above any
+# released model, far below what would exhaust a machine.
+_INT_RANGES = {
+    "vocab_size": (1, 1 << 24),
+    "hidden_size": (1, 1 << 18),
+    "intermediate_size": (1, 1 << 20),
+    "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1 << 14),
+    "num_key_value_heads": (1, 1 << 14),
+    "max_position_embeddings": (1, 1 << 24),
+    "n_positions": (1, 1 << 24),
+    "type_vocab_size": (0, 1 << 16),
+    "num_channels": (1, 4096),
+    "image_size": (1, 1 << 16),
+    "patch_size": (1, 1 << 16),
+    "num_labels": (0, 1 << 20),
+    "head_dim": (1, 1 << 16),
+    "num_local_experts": (1, 1 << 16),
+    "num_experts": (1, 1 << 16),
+    "n_routed_experts": (1, 1 << 16),
+    "moe_intermediate_size": (1, 1 << 20),
+    "n_embd": (1, 1 << 18),
+    "n_layer": (1, 1024),
+    "n_head": (1, 1 << 14),
+    "d_model": (1, 1 << 18),
+    "num_layers": (1, 1024),
+    "encoder_layers": (1, 1024),
+    "decoder_layers": (1, 1024),
+}
+_SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
+# Elements of one example input (tracer/hf/inputs.cc: the same bound).
+_MAX_INPUT_ELEMENTS = 1 << 26
+
+
+def check_config_values(values, source, prefix=""):
+  """Fails naming the key when a size in a config.json dict is not an
+  integer in its range (a bool is not an integer)."""
+  for key, (low, high) in _INT_RANGES.items():
+    v = values.get(key)
+    if v is None:
+      continue
+    items = v if isinstance(v, (list, tuple)) else [v]
+    for x in items:
+      if isinstance(x, bool) or not isinstance(x, int) or not low <= x <= high:
+        _fail(f"{source}: \"{prefix}{key}\" must be an integer between "
+              f"{low} and {high}, got {json.dumps(v)[:40]}")
+  for sub in _SUB_CONFIGS:
+    if isinstance(values.get(sub), dict):
+      check_config_values(values[sub], source, f"{prefix}{sub}.")
+
+
+def _blobs_root(real_dir):
+  """A Hugging Face cache snapshot (REPO/snapshots/REV) keeps its files as
+  links into REPO/blobs: that directory, resolved, or None."""
+  snapshots = os.path.dirname(real_dir)
+  repo = os.path.dirname(snapshots)
+  if (os.path.basename(snapshots) == "snapshots" and
+      os.path.basename(repo).startswith("models--")):
+    blobs = os.path.join(repo, "blobs")
+    if os.path.isdir(blobs):
+      return os.path.realpath(blobs)
+  return None
+
+
+def _within(path, root):
+  return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve_inside(directory, name, where):
+  """The real path of `name` from one of the checkpoint's own files: a
+  regular file inside `directory` (checkpoint/closed_dir.h has the same
+  rules), else an error naming `where`."""
+  def refuse(why):
+    _fail(f"{where}: {why}; a checkpoint's files must be regular files "
+          f"inside its directory '{directory}'")
+  if not isinstance(name, str) or not name:
+    refuse("not a file name")
+  if "\0" in name:
+    refuse("a file name with a NUL byte")
+  if name.startswith("/"):
+    refuse("an absolute path")
+  if ".." in name.split("/"):
+    refuse("a path with '..'")
+  root = os.path.realpath(directory)
+  real = os.path.realpath(os.path.join(root, name))
+  roots = [root] + [b for b in [_blobs_root(root)] if b]
+  if not os.path.lexists(os.path.join(root, name)):
+    _fail(f"{where}: no such file in '{directory}'")
+  if not any(_within(real, r) for r in roots):
+    refuse("a symbolic link (or a directory link on the way) to a file "
+           "outside")
+  try:
+    mode = os.stat(real).st_mode
+  except OSError as e:
+    refuse(f"cannot stat it ({e.strerror})")
+  if not stat.S_ISREG(mode):
+    kind = ("a directory" if stat.S_ISDIR(mode) else
+            "a FIFO" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+            "not a regular file")
+    refuse(f"it is {kind}")
+  return real
+
+
+def checkpoint_files(source):
+  """The safetensors files of checkpoint directory `source`, resolved and
+  checked (see resolve_inside); [] when it has none."""
+  index = os.path.join(source, "model.safetensors.index.json")
+  single = os.path.join(source, "model.safetensors")
+  if os.path.lexists(index):
+    path = resolve_inside(source, "model.safetensors.index.json", index)
+    if os.path.getsize(path) > 64 << 20:
+      _fail(f"{index}: over 64 MiB, not a safetensors index")
+    try:
+      with open(path) as f:
+        weight_map = json.load(f)["weight_map"]
+      if not isinstance(weight_map, dict):
+        raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError) as e:
+      _fail(f"{index}: not a safetensors index (wants {{\"weight_map\": "
+            f"{{tensor: file}}}}): {e}")
+    files = {}
+    for tensor, name in sorted(weight_map.items()):
+      if name not in files:
+        files[name] = resolve_inside(
+            source, name, f"{index}: weight_map entry '{tensor}' -> '{name}'")
+    return sorted(files.values())
+  if os.path.lexists(single):
+    return [resolve_inside(source, "model.safetensors", single)]
+  return []
+
+
 def _load_config(source, trust_remote_code=False):
   import transformers
   if os.path.isfile(source) and source.endswith(".json"):
@@ -51,14 +204,27 @@ def _load_config(source, trust_remote_code=False):
     if not os.path.isfile(os.path.join(source, "config.json")):
       _fail(f"{source}: no config.json in this directory (not a Hugging Face "
             "checkpoint)")
+  if os.path.isdir(source):
+    cfg = os.path.join(source, "config.json")
+    try:
+      with open(resolve_inside(source, "config.json", cfg)) as f:
+        values = json.load(f)
+    except ValueError as e:
+      _fail(f"{cfg}: not JSON ({e})")
+    if not isinstance(values, dict):
+      _fail(f"{cfg}: a config must be a JSON object")
+    check_config_values(values, cfg)
   try:
-    return transformers.AutoConfig.from_pretrained(
+    config = transformers.AutoConfig.from_pretrained(
         source, local_files_only=True, trust_remote_code=trust_remote_code)
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, TypeError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
     _fail(f"{source}: cannot read a Hugging Face config ({first}); give a "
           "checkpoint directory or a model id already in the local Hugging "
           "Face cache (tracecut never downloads)")
+  # What transformers made of it (a model id's config, defaults filled in).
+  check_config_values(config.to_dict(), f"{source}: config.json")
+  return config
 
 
 def _model_class(config, name):
@@ -79,6 +245,30 @@ def _model_class(config, name):
           f"{transformers.__version__} knows ({names or 'none'}) and "
           f"model_type '{config.model_type}' has no AutoModel class; give "
           "--class=NAME")
+
+
+def _large_on_meta_mode():
+  import torch
+  from torch.overrides import TorchFunctionMode
+
+  factories = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand,
+               torch.randn, torch.randint, torch.arange, torch.eye,
+               torch.empty_strided, torch.linspace}
+
+  class LargeOnMeta(TorchFunctionMode):
+    """Factory calls whose result has more than 2^22 elements return meta
+    tensors: no model's computed buffer (rotary frequencies, a causal mask)
+    is that large, and a parameter that large is never allocated."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+      kwargs = dict(kwargs or {})
+      if func in factories and kwargs.get("device") is None:
+        probe = func(*args, **{**kwargs, "device": "meta"})
+        if probe.numel() > (1 << 22):
+          return probe
+      return func(*args, **kwargs)
+
+  return LargeOnMeta()
 
 
 def _has_weights(directory):
@@ -104,8 +294,11 @@ def build_model(source, class_name=None, random_weights=False, seed=0,
     config.use_cache = False
   if meta:
     from accelerate import init_empty_weights
-    with init_empty_weights(include_buffers=False):
-      shell = cls(config)  # Parameters on meta, buffers computed.
+    # Parameters on meta, buffers computed. accelerate moves each parameter
+    # to meta once it is registered, after it was allocated: large tensors
+    # are made on meta from the start.
+    with init_empty_weights(include_buffers=False), _large_on_meta_mode():
+      shell = cls(config)
     buffers = {n: b.detach().contiguous().clone()
                for n, b in shell.named_buffers() if b.device.type != "meta"}
     with torch.device("meta"):
@@ -118,6 +311,8 @@ def build_model(source, class_name=None, random_weights=False, seed=0,
     torch.manual_seed(seed)
     model = cls(config)
   else:
+    if os.path.isdir(source):
+      checkpoint_files(source)  # Every shard inside, before transformers.
     try:
       model = cls.from_pretrained(
           source, config=config, local_files_only=True, dtype=torch.float32)
@@ -173,12 +368,24 @@ def input_specs(model, config, batch, seq_len):
   return specs
 
 
-def make_inputs(specs, seed=1234):
+def make_inputs(specs, seed=1234, meta=False):
+  """Example inputs from their descriptions; with `meta`, on the meta
+  device (nothing allocated)."""
   import torch
   g = torch.Generator().manual_seed(seed)
   out = {}
   for s in specs:
+    numel = 1
+    for d in s["shape"]:
+      numel *= d
+    if numel > _MAX_INPUT_ELEMENTS:
+      _fail(f"example input '{s['name']}' would have shape {s['shape']} "
+            f"({numel} elements, more than {_MAX_INPUT_ELEMENTS}); check the "
+            "config's sizes or give smaller --batch/--seq-len")
     dtype = getattr(torch, s["dtype"])
+    if meta:
+      out[s["name"]] = torch.empty(s["shape"], dtype=dtype, device="meta")
+      continue
     if s["kind"] == "tokens":
       out[s["name"]] = torch.randint(0, s["high"], s["shape"], generator=g,
                                      dtype=dtype)
@@ -275,20 +482,17 @@ def _checkpoint_shapes(source):
   """Tensor name -> shape in the checkpoint's safetensors (headers only);
   None when `source` has no safetensors."""
   from safetensors import safe_open
-  files = []
-  index = os.path.join(source, "model.safetensors.index.json")
-  if os.path.isfile(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
-  elif os.path.isfile(os.path.join(source, "model.safetensors")):
-    files = ["model.safetensors"]
-  else:
+  files = checkpoint_files(source)
+  if not files:
     return None
   shapes = {}
-  for name in files:
-    with safe_open(os.path.join(source, name), framework="pt") as f:
-      for k in f.keys():
-        shapes[k] = list(f.get_slice(k).get_shape())
+  for path in files:
+    try:
+      with safe_open(path, framework="pt") as f:
+        for k in f.keys():
+          shapes[k] = list(f.get_slice(k).get_shape())
+    except Exception as e:  # pylint: disable=broad-except
+      _fail(f"{path}: not a valid safetensors file ({_first_line(e)})")
   return shapes
 
 
@@ -426,16 +630,16 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   if meta and torchscript:
     _fail("--meta and --torchscript exclude each other (a TorchScript file "
           "holds its weights)")
+  check_output(output, source)
   model, config, buffers = build_model(source, class_name, random_weights,
                                        seed, meta)
   specs = input_specs(model, config, batch, seq_len)
-  inputs = make_inputs(specs)
+  inputs = make_inputs(specs, meta=meta)
   tied = _tied_groups(model)
   shapes = _checkpoint_shapes(source) if os.path.isdir(source) else None
   layout = checkpoint_layout(model, shapes) if shapes else {}
   if meta:
     _check_meta_names(model, source, shapes, tied, layout)
-    inputs = {k: v.to("meta") for k, v in inputs.items()}
   files = {
       "config.json": config.to_json_string(use_diff=False),
       # "outputs" is filled in once they are known.
@@ -459,44 +663,137 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   kwargs = dict(inputs)
   if "use_cache" in _forward_params(model):
     kwargs["use_cache"] = False
-  # torch.export.save wants a name ending in .pt2.
+  with torch.no_grad():
+    if torchscript:
+      try:
+        traced = torch.jit.trace(model, example_kwarg_inputs=kwargs,
+                                 strict=False, check_trace=False)
+      except Exception as e:  # pylint: disable=broad-except
+        _fail(_explain(model, e).replace("torch.export", "torch.jit.trace"))
+      files["tracecut_inputs.json"] = json.dumps(
+          {"inputs": specs, "outputs": output_names(model, inputs)}, indent=1)
+      program = traced
+    else:
+      try:
+        ep = _export_dynamic(model, kwargs, specs)
+        # Exported under no_grad, the program has no grad-mode regions;
+        # other higher-order operators (autocast regions) go away in the
+        # inference IR, which costs about twice the export itself, so only
+        # when needed.
+        if any(n.op == "call_function" and
+               isinstance(n.target, torch._ops.HigherOrderOperator)
+               for n in ep.graph.nodes):
+          ep = ep.run_decompositions({})
+      except ExportError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        _fail(_explain(model, e))
+      files["tracecut_inputs.json"] = json.dumps(
+          {"inputs": specs, "outputs": program_output_names(ep)}, indent=1)
+      program = ep
+  write_output(program, output, files, torchscript)
+  return model, inputs
+
+
+def check_output(output, source):
+  """Fails before any work when writing `output` would destroy a user's
+  file: it is a directory, a file of the source checkpoint (its weights,
+  config or index), or any existing file that is not an earlier export."""
+  if not output or output.endswith("/"):
+    _fail(f"-o '{output}': not a file path")
+  if os.path.isdir(output):
+    _fail(f"cannot write '{output}': it is a directory")
+  parent = os.path.dirname(os.path.abspath(output))
+  if not os.path.isdir(parent):
+    _fail(f"cannot write '{output}': '{parent}' is not an existing directory")
+  # Permission bits do not stop root, and /proc refuses new files whatever
+  # they say: create (and remove) one to know, before the export's work.
+  try:
+    probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".tracecut-probe.")
+    probe.close()
+  except OSError as e:
+    _fail(f"cannot write '{output}': cannot create a file in '{parent}' "
+          f"({e.strerror or e})")
+  if not os.path.lexists(output):
+    return
+  if os.path.isdir(source) and os.path.exists(output):
+    real = os.path.realpath(output)
+    for name in os.listdir(source):
+      path = os.path.join(source, name)
+      if (not name.endswith((".pt2", ".pt")) and os.path.isfile(path) and
+          os.path.samefile(path, real)):
+        _fail(f"refusing to write '{output}': it is '{name}' of the input "
+              f"checkpoint '{source}'; choose another output path")
+  try:
+    mode = os.lstat(output).st_mode
+    with open(output, "rb") as f:
+      magic = f.read(4) if stat.S_ISREG(mode) else b""
+  except OSError as e:
+    _fail(f"cannot write '{output}': {e.strerror}")
+  if (not stat.S_ISREG(mode) or magic != b"PK\x03\x04" or
+      not output.endswith((".pt2", ".pt"))):
+    _fail(f"refusing to replace '{output}': it exists and is not an earlier "
+          "export (a .pt2 or .pt archive); remove it or choose another path")
+
+
+def _remove_stale_temporaries(output):
+  """Temporaries that killed exports left beside `output`
+  (".NAME.PID.tmp.pt2" whose process is gone)."""
+  parent = os.path.dirname(os.path.abspath(output))
+  pattern = re.compile(r"^\." + re.escape(os.path.basename(output)) +
+                       r"\.(\d+)\.tmp\.pt2$")
+  for name in os.listdir(parent):
+    m = pattern.match(name)
+    if not m:
+      continue
+    try:
+      os.kill(int(m.group(1)), 0)
+      continue  # Still running: another export's.
+    except ProcessLookupError:
+      pass
+    except OSError:
+      continue
+    try:
+      os.remove(os.path.join(parent, name))
+    except OSError:
+      pass
+
+
+def write_output(program, output, files, torchscript):
+  """Serializes `program` in memory (LibTorch's file writer throws from
+  its destructor after a failed write, which aborts), then writes it beside
+  `output` and renames it into place; a full disk or read-only directory is
+  an error naming `output`, and nothing is left behind."""
+  import io
+  import torch
+  buffer = io.BytesIO()
+  if torchscript:
+    torch.jit.save(program, buffer, _extra_files=files)
+  else:
+    torch.export.save(program, buffer, extra_files=files)
+  data = buffer.getbuffer()
+  _remove_stale_temporaries(output)
   tmp = os.path.join(os.path.dirname(os.path.abspath(output)),
                      f".{os.path.basename(output)}.{os.getpid()}.tmp.pt2")
   try:
-    with torch.no_grad():
-      if torchscript:
-        try:
-          traced = torch.jit.trace(model, example_kwarg_inputs=kwargs,
-                                   strict=False, check_trace=False)
-        except Exception as e:  # pylint: disable=broad-except
-          _fail(_explain(model, e).replace("torch.export", "torch.jit.trace"))
-        files["tracecut_inputs.json"] = json.dumps(
-            {"inputs": specs, "outputs": output_names(model, inputs)},
-            indent=1)
-        torch.jit.save(traced, tmp, _extra_files=files)
-      else:
-        try:
-          ep = _export_dynamic(model, kwargs, specs)
-          # Exported under no_grad, the program has no grad-mode regions;
-          # other higher-order operators (autocast regions) go away in the
-          # inference IR, which costs about twice the export itself, so only
-          # when needed.
-          if any(n.op == "call_function" and
-                 isinstance(n.target, torch._ops.HigherOrderOperator)
-                 for n in ep.graph.nodes):
-            ep = ep.run_decompositions({})
-        except ExportError:
-          raise
-        except Exception as e:  # pylint: disable=broad-except
-          _fail(_explain(model, e))
-        files["tracecut_inputs.json"] = json.dumps(
-            {"inputs": specs, "outputs": program_output_names(ep)}, indent=1)
-        torch.export.save(ep, tmp, extra_files=files)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                 0o666)
+    try:
+      view = memoryview(data)
+      while view:
+        view = view[os.write(fd, view):]
+      os.fsync(fd)
+    finally:
+      os.close(fd)
     os.replace(tmp, output)
+  except OSError as e:
+    _fail(f"cannot write '{output}': {e.strerror or e}")
   finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-  return model, inputs
+    if os.path.lexists(tmp):
+      try:
+        os.remove(tmp)
+      except OSError:
+        pass
 
 
 def main(argv=None):
@@ -531,14 +828,44 @@ def main(argv=None):
   os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
   os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
   os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+  signal.signal(signal.SIGTERM, _on_signal)
+  code, message = EXIT_ERROR, None
   try:
     export(a.model, a.output, a.torchscript, a.batch, a.seq_len, a.class_name,
            a.random_weights, a.seed, a.meta)
+    code, message = 0, f"wrote {a.output}"
   except ExportError as e:
-    print(f"tracecut export: {e}", file=sys.stderr)
-    return EXIT_ERROR
-  print(f"tracecut export: wrote {a.output}", file=sys.stderr)
-  return 0
+    message = str(e)
+  except Stopped as e:
+    code, message = 128 + e.signum, f"stopped by signal {e.signum}"
+  except KeyboardInterrupt:
+    code, message = 128 + signal.SIGINT, "interrupted"
+  except MemoryError:
+    message = (f"out of memory exporting '{a.model}' (check the config's "
+               "sizes, or export with --meta)")
+  except OSError as e:
+    where = f"'{e.filename}': " if e.filename else ""
+    cause = e.strerror or _first_line(e)
+    if e.errno == errno.ENOSPC:
+      cause = "no space left on device"
+    message = f"{where}{cause}"
+  except Exception as e:  # pylint: disable=broad-except
+    # The contract is one line: the cause, never a traceback.
+    message = f"cannot export '{a.model}': {type(e).__name__}: {_first_line(e)}"
+  print(f"tracecut export: {message}".replace("\n", " "), file=sys.stderr)
+  return code
+
+
+class Stopped(BaseException):
+  """SIGTERM, raised where Python was so that cleanups run."""
+
+  def __init__(self, signum):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _on_signal(signum, _frame):
+  raise Stopped(signum)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 #include <torch/csrc/jit/api/module.h>
 
-#include <sstream>
 #include <string>
 #include <utility>
 
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
+#include "runtime/zip_writer.h"
 #include "util/files.h"
 #include "util/status.h"
 #include "util/status_macros.h"
@@ -25,11 +25,11 @@ absl::Status SaveModuleAtomically(
         absl::StrCat(context, ": not a file path"));
   }
   // Serialized in memory, then written: LibTorch's file writer throws from
-  // its destructor when a write fails (a full disk), which terminates.
-  std::ostringstream bytes;
-  RETURN_IF_ERROR(TorchCall(context, [&] { module.save(bytes, extra_files); }));
-  return util::Annotate(util::WriteFileAtomically(path, std::move(bytes).str()),
-                        context);
+  // its destructor when a write fails (a full disk), which terminates; the
+  // in-memory one is kept from failing towards LibTorch (zip_writer.h).
+  ASSIGN_OR_RETURN(std::string bytes,
+                   SaveModuleBytes(module, extra_files, context));
+  return util::Annotate(util::WriteFileAtomically(path, bytes), context);
 }
 
 absl::Status SaveTorchScript(const GraphModule& gm, const std::string& path,

@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/export/pt2_import.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer {
@@ -57,6 +58,10 @@ absl::Status CheckArchive(const std::string& path) {
   if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model path '", path, "' is a directory, not a TorchScript .pt file"));
+  }
+  // A FIFO would block the read below; a device never ends.
+  if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    RETURN_IF_ERROR(util::OpenRegularFile(path, "model file").status());
   }
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) {
@@ -137,7 +142,10 @@ absl::StatusOr<std::string> Pt2InDirectory(const std::string& dir) {
   std::vector<std::string> found;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".pt2") {
+    // Hidden names are temporaries (an export killed before it renamed
+    // ".model.pt2.PID.tmp.pt2" into place), never the model.
+    if (entry.is_regular_file() && entry.path().extension() == ".pt2" &&
+        entry.path().filename().string()[0] != '.') {
       found.push_back(entry.path().string());
     }
   }
@@ -197,6 +205,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   }
   if (exported::IsPt2Path(path)) return LoadPt2(path, options);
   RETURN_IF_ERROR(CheckArchive(path));
+  RETURN_IF_ERROR(exported::CheckArchiveMemberSizes(path));
   torch::jit::ExtraFilesMap extra = {
       {kConfigJson, ""}, {kInputsJson, ""}, {kModelJson, ""}};
   LoadedModel loaded;

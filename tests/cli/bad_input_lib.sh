@@ -16,6 +16,12 @@
 #                    exactly one line
 #   ALSO_EMPTY=DIR   DIR must be empty afterwards (e.g. a spill directory)
 #   STDOUT_TO=FILE   where stdout goes (default /dev/null)
+#   MEMORY_LIMIT_KB=N  run under `ulimit -v N` (a memory bound the case
+#                    must stay under: an allocation past it fails)
+#   TIMEOUT_S=N      stop the run after N seconds (default 600); a run that
+#                    times out (a read blocked on a FIFO) fails the case
+#   TRACE_OPENS=FILE run under `strace -f -e trace=open,openat`, writing the
+#                    files opened to FILE (check them with expect_not_opened)
 
 RUNFILES="${TEST_SRCDIR:-$PWD/..}/${TEST_WORKSPACE:-tracecut}"
 TRACECUT="$RUNFILES/tools/tracecut"
@@ -34,15 +40,18 @@ fail() {
 }
 
 run_tracecut() {
-  if [ -n "${FILE_LIMIT_KB:-}" ]; then
-    (
+  (
+    if [ -n "${FILE_LIMIT_KB:-}" ]; then
       trap '' XFSZ
       ulimit -f "$FILE_LIMIT_KB"
-      exec "$TRACECUT" "$@"
-    )
-  else
-    "$TRACECUT" "$@"
-  fi
+    fi
+    if [ -n "${MEMORY_LIMIT_KB:-}" ]; then ulimit -v "$MEMORY_LIMIT_KB"; fi
+    if [ -n "${TRACE_OPENS:-}" ]; then
+      exec timeout -k 5 "${TIMEOUT_S:-600}" strace -f -qq \
+        -e trace=open,openat,openat2 -o "$TRACE_OPENS" "$TRACECUT" "$@"
+    fi
+    exec timeout -k 5 "${TIMEOUT_S:-600}" "$TRACECUT" "$@"
+  )
 }
 
 expect_error() {
@@ -60,7 +69,9 @@ expect_error() {
   else
     cp "$raw" "$err"
   fi
-  if [ "$rc" -eq 0 ]; then
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    fail "$name" "timed out after ${TIMEOUT_S:-600} s: tracecut $*"
+  elif [ "$rc" -eq 0 ]; then
     fail "$name" "exit 0 (expected an error): tracecut $*"
   elif [ "$rc" -ge 128 ]; then
     fail "$name" "killed by a signal (exit $rc): tracecut $*; stderr: $(head -c 500 "$raw")"
@@ -92,4 +103,24 @@ expect_error() {
   if [ "$failures" -eq "$failures_before" ]; then
     echo "ok [$name] exit $rc: $(head -1 "$err")"
   fi
+}
+
+# expect_not_opened NAME TRACE PATH...: none of PATH appears among the files
+# the traced run opened (TRACE_OPENS's file).
+expect_not_opened() {
+  local name="$1" trace="$2"
+  shift 2
+  cases=$((cases + 1))
+  if [ ! -s "$trace" ]; then
+    fail "$name" "no strace output in $trace"
+    return
+  fi
+  local p
+  for p in "$@"; do
+    if grep -F -- "\"$p\"" "$trace" | grep -v ENOENT >/dev/null; then
+      fail "$name" "opened $p: $(grep -F -- "\"$p\"" "$trace" | head -2)"
+      return
+    fi
+  done
+  echo "ok [$name] did not open: $*"
 }

@@ -92,9 +92,9 @@ def main():
           + flags)
 
       files = sorted(os.listdir(out))
-      want_files = sorted(["config.json", "model.safetensors",
-                           "generation_config.json", "recipe.yaml"]
-                          + list(extras))
+      want_files = sorted([".tracecut-output", "config.json",
+                           "model.safetensors", "generation_config.json",
+                           "recipe.yaml"] + list(extras))
       assert files == want_files, (name, files)
       for extra in extras:
         assert filecmp.cmp(os.path.join(ckpt, extra), os.path.join(out, extra),

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -30,6 +31,8 @@
 #include "tools/cli/model_flags.h"
 #include "util/format.h"
 #include "util/json.h"
+#include "util/output_manifest.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -38,6 +41,47 @@ namespace {
 using pipelines::CalibrateOptions;
 using pipelines::CalibrateOutcome;
 using util::Json;
+
+// Recipes are a few kilobytes of text.
+constexpr uint64_t kMaxRecipeBytes = 16 << 20;
+
+// Every path calibrate writes (-o, --report, the run directory) kept apart
+// from every path it reads: none is, contains or lies inside an input.
+absl::Status CheckOutputsApart(const ParsedArgs& args,
+                               const CalibrateOptions& o) {
+  std::error_code ec;
+  std::vector<util::NamedPath> inputs = {
+      {std::filesystem::is_directory(o.model_path, ec)
+           ? "input checkpoint directory"
+           : "input model",
+       o.model_path}};
+  // A .pt2 exported with --meta reads the weights beside it.
+  const std::filesystem::path beside =
+      std::filesystem::path(o.model_path).parent_path();
+  if (!std::filesystem::is_directory(o.model_path, ec) &&
+      (std::filesystem::exists(beside / "model.safetensors", ec) ||
+       std::filesystem::exists(beside / "model.safetensors.index.json", ec))) {
+    inputs.push_back(
+        {"input checkpoint directory", beside.empty() ? "." : beside.string()});
+  }
+  for (const char* flag : {"recipe", "data", "config", "example-inputs"}) {
+    if (std::optional<std::string> v = args.Get(flag)) {
+      inputs.push_back({absl::StrCat("--", flag, " file"), *v});
+    }
+  }
+  RETURN_IF_ERROR(util::CheckOutputApart({"-o", o.output_path}, inputs));
+  if (!o.report_path.empty()) {
+    RETURN_IF_ERROR(
+        util::CheckOutputApart({"--report", o.report_path}, inputs));
+  }
+  if (std::optional<std::string> html = args.Get("html")) {
+    RETURN_IF_ERROR(util::CheckOutputApart({"--html", *html}, inputs));
+  }
+  return util::CheckOutputApart(
+      {"the run directory",
+       o.run_dir.empty() ? o.output_path + ".run" : o.run_dir},
+      inputs);
+}
 
 absl::StatusOr<int64_t> IntFlag(const ParsedArgs& args, absl::string_view name,
                                 int64_t fallback, int64_t min) {
@@ -98,11 +142,35 @@ std::string SummaryErrors(const Json& summary) {
   return out;
 }
 
+// Ranks are processes started at once: checked against the machine and the
+// samples before any starts (each rank needs a sample; more than a few per
+// core only thrash).
+absl::Status CheckRankCount(int64_t nproc, const ParsedArgs& args) {
+  constexpr int64_t kRanksPerCore = 4;
+  const int64_t cores = std::max<int64_t>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
+  if (nproc > kRanksPerCore * cores) {
+    return UsageError(
+        absl::StrCat("--nproc-per-node=", nproc, ": more than ", kRanksPerCore,
+                     " ranks per core on this machine's ", cores, " cores"));
+  }
+  int64_t samples = 0;
+  if (std::optional<std::string> v = args.Get("synthetic");
+      v.has_value() && absl::SimpleAtoi(*v, &samples) && samples > 0 &&
+      nproc > samples) {
+    return UsageError(absl::StrCat("--nproc-per-node=", nproc,
+                                   ": more ranks than the ", samples,
+                                   " samples of --synthetic (each rank needs "
+                                   "one)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   // Data-parallel: launch the ranks here, or be one (launch.h).
   ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
   ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
   if (nproc > 1 && !IsLaunchedRank()) {
+    RETURN_IF_ERROR(CheckRankCount(nproc, args));
     const std::string output = args.Get("output").value_or("");
     return LaunchLocalRanks(
         static_cast<int>(nproc), {output, args.Get("report").value_or("")},
@@ -186,6 +254,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(int64_t stop, IntFlag(args, "stop-after", -1, 0));
   o.stop_after_subgraph = static_cast<int>(stop);
   o.report_run_section = !args.Has("deterministic-report");
+  RETURN_IF_ERROR(CheckOutputsApart(args, o));
+  if (o.output_format == CalibrateOptions::OutputFormat::kCompressedTensors) {
+    RETURN_IF_ERROR(util::CheckOutputDirReplaceable(
+        o.output_path, args.Has("overwrite"), "-o"));
+  }
 
   ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipeFile(*recipe_path));
   o.recipe_source = *recipe_path;
@@ -338,7 +411,7 @@ Subcommand CalibrateCommand() {
                       "calibration recipe: pipelines/recipe.proto in text "
                       "format, or llm-compressor's recipe.yaml (.yaml, "
                       ".yml); see docs/recipes.md")
-          .InputFile(),
+          .InputFile(kMaxRecipeBytes),
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "
                       "list or dict by input name) or .safetensors; token "
@@ -378,6 +451,11 @@ Subcommand CalibrateCommand() {
                       "torchscript (a .pt); default: compressed-tensors for "
                       "a checkpoint directory MODEL unless -o ends in .pt"),
       FlagSpec::Value("report", "FILE", "write the JSON report here"),
+      FlagSpec::Bool("overwrite",
+                     "replace a compressed-tensors OUT directory even when "
+                     "it holds files tracecut did not write (by default "
+                     "only an earlier output, as its .tracecut-output "
+                     "manifest lists it, is replaced)"),
       FlagSpec::Value("html", "FILE",
                       "write the report as a self-contained HTML page here "
                       "(as `tracecut report` does)"),

@@ -43,8 +43,9 @@ start_run() {
   "$tracecut" "${args[@]}" -o "$dir/m.pt" --report="$dir/r.json" \
     2>"$dir/log" &
   pid=$!
-  for _ in $(seq 1 1200); do
-    if [[ -e "$dir/m.pt.run/state.pt" ]]; then break; fi
+  # However long a loaded machine takes: until the checkpoint appears or
+  # the run ends.
+  while [[ ! -e "$dir/m.pt.run/state.pt" ]] && kill -0 "$pid" 2>/dev/null; do
     sleep 0.05
   done
   kill -0 "$pid" 2>/dev/null || fail "the run on $dir finished too early"

@@ -20,6 +20,8 @@
 #include "runtime/torch_status.h"
 #include "tools/cpp/runfiles/runfiles.h"
 #include "util/files.h"
+#include "util/format.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -127,6 +129,19 @@ absl::Status CheckInputFiles(const ParsedArgs& args,
       if (std::filesystem::is_directory(value, ec)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--", f.name, ": '", value, "' is a directory"));
+      }
+      if (!std::filesystem::exists(value, ec)) continue;  // Its reader says.
+      // A FIFO blocks and /dev/zero never ends: neither is read.
+      ASSIGN_OR_RETURN(
+          util::RegularFile file,
+          util::OpenRegularFile(value, absl::StrCat("--", f.name)));
+      if (f.max_bytes > 0 && file.size > f.max_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", f.name, ": '", value, "' has ",
+                         util::HumanBytes(static_cast<int64_t>(file.size)),
+                         ", more than the ",
+                         util::HumanBytes(static_cast<int64_t>(f.max_bytes)),
+                         " such a file may have"));
       }
     }
   }

@@ -15,6 +15,7 @@
 // FlagSpec is what the subcommands declare and ParsedArgs what they read, so
 // that no *_cmd.cc file depends on CLI11 itself. No LibTorch here.
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -32,7 +33,8 @@ struct FlagSpec {
   char short_name = 0;      // 'o' for -o; 0 for none.
   std::string value_name;   // "FILE"; empty for a boolean flag.
   bool repeated = false;    // May be given more than once.
-  bool input_file = false;  // Names a file to read: not a directory.
+  bool input_file = false;  // Names a file to read: a regular file.
+  uint64_t max_bytes = 0;   // Of that file; 0: no limit.
   std::string help;
 
   // --name=VALUE_NAME.
@@ -48,10 +50,13 @@ struct FlagSpec {
     repeated = true;
     return *this;
   }
-  // Main refuses a directory as its value, before the command runs:
-  // "--recipe: 'DIR' is a directory".
-  FlagSpec& InputFile() {
+  // Main refuses a directory, FIFO or device as its value (and, with
+  // `max_bytes`, a larger file) before the command runs: "--recipe: 'DIR' is
+  // a directory", "--data: '/dev/zero' is a character device, not a
+  // regular file".
+  FlagSpec& InputFile(uint64_t max = 0) {
     input_file = true;
+    max_bytes = max;
     return *this;
   }
 };

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -22,6 +23,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "pipelines/interrupt.h"
+#include "tools/cli/common.h"
 #include "util/files.h"
 
 extern char** environ;
@@ -130,6 +133,11 @@ absl::Status LaunchLocalRanks(int nproc,
   argv.push_back(nullptr);
   std::vector<Rank> ranks(nproc);
   io.err.flush();
+  // SIGINT / SIGTERM to the launcher go to the ranks, which stop at their
+  // next safe point; the launcher waits for them and then exits as the
+  // signal would.
+  pipelines::InstallInterruptHandlers();
+  const pid_t launcher = ::getpid();
   for (int r = 0; r < nproc; ++r) {
     ranks[r].log = absl::StrCat(log_dir, "/rank-", r, ".log");
     std::vector<std::string> env;
@@ -162,6 +170,9 @@ absl::Status LaunchLocalRanks(int nproc,
       return util::ErrnoError(err, "cannot start the ranks (fork)");
     }
     if (pid == 0) {
+      // A rank whose launcher dies (SIGKILL, a crash) stops too.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(1);
       FILE* f = std::freopen(ranks[r].log.c_str(), "w", stderr);
       if (f == nullptr) ::_exit(127);
       ::execve("/proc/self/exe", argv.data(), envp.data());
@@ -187,9 +198,26 @@ absl::Status LaunchLocalRanks(int nproc,
     }
     return true;
   };
-  while (remaining > 0 && first_failed < 0) {
+  while (remaining > 0 && first_failed < 0 &&
+         pipelines::InterruptSignal() == 0) {
     if (!reap(0) && errno != EINTR) break;
   }
+  // Only a signal that found ranks running stops the run.
+  const int interrupted = remaining > 0 ? pipelines::InterruptSignal() : 0;
+  if (interrupted != 0) {
+    for (const Rank& r : ranks) {
+      if (!r.done) ::kill(r.pid, interrupted);
+    }
+    // A rank stops at its next safe point (between batches), checkpointing
+    // what it has; one that takes longer than this is killed.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (remaining > 0 && std::chrono::steady_clock::now() < until) {
+      if (!reap(WNOHANG)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+  if (interrupted != 0 && first_failed < 0) first_failed = 0;
   if (first_failed >= 0 && remaining > 0) {
     // Others that fail within a moment failed on their own (they saw the
     // first one go); those still running are stopped.
@@ -258,6 +286,14 @@ absl::Status LaunchLocalRanks(int nproc,
     resume = absl::StrCat("; the checkpoints in ", run_dir,
                           " are kept: rerun the same command with --resume "
                           "to continue");
+  }
+  if (interrupted != 0) {
+    return WithExitCode(
+        absl::CancelledError(absl::StrCat(
+            "interrupted by ", interrupted == SIGINT ? "SIGINT" : "SIGTERM",
+            "; the ", nproc, " ranks were stopped and no output was written",
+            resume)),
+        128 + interrupted);
   }
   return absl::UnavailableError(absl::StrFormat(
       "rank %d of %d failed (%s)%s; the other ranks were stopped and no "

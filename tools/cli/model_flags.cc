@@ -33,7 +33,7 @@ std::vector<FlagSpec> ModelFlags() {
                      "modules stay call_module)"),
       FlagSpec::Value("config", "FILE",
                       "HF config.json to use instead of the embedded one")
-          .InputFile(),
+          .InputFile(16 << 20),
       FlagSpec::Value(
           "input", "SPEC",
           absl::StrCat("describe an example input of forward: ", kInputSyntax,

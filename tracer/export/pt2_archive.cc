@@ -2,6 +2,7 @@
 
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/torch_status.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::exported {
@@ -33,6 +35,45 @@ constexpr char kConstantsConfig[] =
     "data/constants/model_constants_config.json";
 constexpr char kExtraDir[] = "extra/";
 constexpr char kSampleInputs[] = "data/sample_inputs/model.pt";
+
+// Members are read whole into memory, and a crafted archive can deflate
+// gigabytes into a few megabytes (a 2.5 MB .pt2 whose extra/config.json is
+// 2 GiB). torch.export and LibTorch store members uncompressed, so no
+// honest member is larger than the archive; a small allowance is left for
+// JSON that another zip tool compressed.
+constexpr uint64_t kCompressedAllowance = 64 << 20;
+
+uint64_t RecordLimit(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  return (ec ? 0 : size) + kCompressedAllowance;
+}
+
+absl::Status CheckRecordSize(caffe2::serialize::PyTorchStreamReader& reader,
+                             const std::string& path, const std::string& name,
+                             uint64_t limit) {
+  const uint64_t size = reader.getRecordSize(name);
+  if (size > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":", name, ": inflates to ", size,
+                     " bytes, more than the ", limit,
+                     " tracecut reads from this archive's members; refusing a "
+                     "compressed member that large"));
+  }
+  return absl::OkStatus();
+}
+
+// Stored members add up to about the archive's size; compressed ones may
+// exceed it only by the allowance, one by one and together.
+absl::Status CheckMemberSizes(caffe2::serialize::PyTorchStreamReader& reader,
+                              const std::string& path) {
+  uint64_t left = RecordLimit(path);
+  for (const std::string& r : reader.getAllRecords()) {
+    RETURN_IF_ERROR(CheckRecordSize(reader, path, r, left));
+    left -= reader.getRecordSize(r);
+  }
+  return absl::OkStatus();
+}
 
 std::string ReadRecord(caffe2::serialize::PyTorchStreamReader& reader,
                        const std::string& name) {
@@ -384,6 +425,19 @@ std::optional<c10::ScalarType> ToScalarType(schema::ScalarType type) {
   }
 }
 
+absl::Status CheckArchiveMemberSizes(const std::string& path) {
+  RETURN_IF_ERROR(util::OpenRegularFile(path, "model file").status());
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+  } catch (const std::exception&) {
+    // Not an archive LibTorch reads: its loader says why, in its words.
+    return absl::OkStatus();
+  }
+  return runtime::TorchCall(absl::StrCat("reading ", path),
+                            [&] { return CheckMemberSizes(*reader, path); });
+}
+
 absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
                                           const Pt2ReadOptions& options) {
   std::error_code ec;
@@ -395,6 +449,8 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("model path '", path, "' is a directory, not a .pt2"));
   }
+  // Not a FIFO (LibTorch's open would block) nor a device.
+  RETURN_IF_ERROR(util::OpenRegularFile(path, "model file").status());
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   RETURN_IF_ERROR(runtime::TorchCall(
       absl::StrCat("model file '", path,
@@ -409,6 +465,9 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
   std::vector<std::string> records;
   RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat("reading ", path), [&] {
     records = reader->getAllRecords();
+  }));
+  RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat("reading ", path), [&] {
+    return CheckMemberSizes(*reader, path);
   }));
   std::string model_json;
   std::vector<std::string> models;

@@ -89,6 +89,13 @@ absl::StatusOr<Pt2Archive> ReadPt2Archive(const std::string& path,
 // c10's dtype for the schema's ScalarType; nullopt for UNKNOWN.
 std::optional<c10::ScalarType> ToScalarType(torch::_export::ScalarType type);
 
+// Fails, naming the member, when a zip archive written for LibTorch (a .pt2
+// or a TorchScript .pt) has a member that inflates to more than the archive
+// holds (plus 64 MiB for JSON another zip tool compressed): what a
+// decompression bomb looks like. Reads the central directory only; an
+// archive LibTorch cannot open passes (its loader then says why).
+absl::Status CheckArchiveMemberSizes(const std::string& path);
+
 }  // namespace tracecut::tracer::exported
 
 #endif  // TRACECUT_TRACER_EXPORT_PT2_ARCHIVE_H_

@@ -1,13 +1,14 @@
 #include "tracer/hf/config.h"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "util/json.h"
+#include "util/path_guard.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::hf {
@@ -21,25 +22,31 @@ namespace {
 // before tracing starts.
 enum class Want { kInt, kNumber, kBool, kString, kStringList, kIntOrIntList };
 
+// Integers also have a range: a config is untrusted input, and its sizes
+// become tensor shapes, layer counts and the output's config.json. The
+// bounds are far above any released model's and far below what a machine
+// could build (num_hidden_layers = 100000, vocab_size = 2^40).
+constexpr int64_t kAny = -1;
 constexpr struct {
   const char* key;
   Want want;
+  int64_t min = kAny, max = kAny;  // Inclusive, for integers.
 } kTypedKeys[] = {
     {"model_type", Want::kString},
     {"architectures", Want::kStringList},
-    {"vocab_size", Want::kInt},
-    {"hidden_size", Want::kInt},
-    {"intermediate_size", Want::kInt},
-    {"num_hidden_layers", Want::kInt},
-    {"num_attention_heads", Want::kInt},
-    {"num_key_value_heads", Want::kInt},
-    {"max_position_embeddings", Want::kInt},
-    {"n_positions", Want::kInt},
-    {"type_vocab_size", Want::kInt},
-    {"num_channels", Want::kInt},
-    {"image_size", Want::kIntOrIntList},
-    {"patch_size", Want::kIntOrIntList},
-    {"num_labels", Want::kInt},
+    {"vocab_size", Want::kInt, 1, int64_t{1} << 24},
+    {"hidden_size", Want::kInt, 1, int64_t{1} << 18},
+    {"intermediate_size", Want::kInt, 1, int64_t{1} << 20},
+    {"num_hidden_layers", Want::kInt, 1, 1024},
+    {"num_attention_heads", Want::kInt, 1, int64_t{1} << 14},
+    {"num_key_value_heads", Want::kInt, 1, int64_t{1} << 14},
+    {"max_position_embeddings", Want::kInt, 1, int64_t{1} << 24},
+    {"n_positions", Want::kInt, 1, int64_t{1} << 24},
+    {"type_vocab_size", Want::kInt, 0, int64_t{1} << 16},
+    {"num_channels", Want::kInt, 1, 4096},
+    {"image_size", Want::kIntOrIntList, 1, int64_t{1} << 16},
+    {"patch_size", Want::kIntOrIntList, 1, int64_t{1} << 16},
+    {"num_labels", Want::kInt, 0, int64_t{1} << 20},
     {"torch_dtype", Want::kString},
     {"tie_word_embeddings", Want::kBool},
     {"is_encoder_decoder", Want::kBool},
@@ -47,6 +54,8 @@ constexpr struct {
     {"layer_norm_eps", Want::kNumber},
     {"rms_norm_eps", Want::kNumber},
 };
+
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
 // Sub-configs of composite models whose keys are checked the same way.
 constexpr const char* kSubConfigs[] = {"text_config", "vision_config"};
@@ -113,6 +122,23 @@ absl::Status CheckKeys(const Json& object, absl::string_view source,
       return TypeError(source, absl::StrCat(prefix, k.key), WantName(k.want),
                        *v);
     }
+    if (k.min == kAny) continue;
+    auto in_range = [&](const Json& e) {
+      if (e.is_number_unsigned()) {  // May be past int64 (2^63 and up).
+        const uint64_t u = e.get<uint64_t>();
+        return u >= static_cast<uint64_t>(k.min) &&
+               u <= static_cast<uint64_t>(k.max);
+      }
+      const int64_t x = e.get<int64_t>();
+      return x >= k.min && x <= k.max;
+    };
+    const bool ok = v->is_array() ? std::all_of(v->begin(), v->end(), in_range)
+                                  : in_range(*v);
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": \"", prefix, k.key, "\" must be between ", k.min, " and ",
+          k.max, ", got ", util::DumpJson(*v).substr(0, 40)));
+    }
   }
   return absl::OkStatus();
 }
@@ -152,14 +178,10 @@ absl::StatusOr<HfConfig> HfConfig::Parse(absl::string_view text,
 }
 
 absl::StatusOr<HfConfig> HfConfig::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open config file '", path, "'"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return Parse(buffer.str(), path);
+  // Configs are a few kilobytes; a FIFO or /dev/zero is not one.
+  ASSIGN_OR_RETURN(std::string text,
+                   util::ReadRegularFile(path, kMaxConfigBytes, "config"));
+  return Parse(text, path);
 }
 
 absl::StatusOr<std::optional<int64_t>> HfConfig::IntIn(

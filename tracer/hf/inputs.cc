@@ -16,6 +16,11 @@ using util::Json;
 
 namespace {
 
+// 2^26 elements: 512 MiB as int64, far above any real example input (a
+// batch of two 224x224 images has 301056).
+constexpr uint64_t kMaxInputElements = uint64_t{1} << 26;
+constexpr size_t kMaxInputRank = 16;
+
 constexpr const char* kKinds[] = {"tokens", "ones", "zeros", "normal",
                                   "arange"};
 
@@ -45,6 +50,10 @@ absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
                      absl::StrCat("\"shape\" of '", spec.name,
                                   "' must be a list of integers"));
   }
+  // The example input is made in memory: its element count is bounded so a
+  // crafted file cannot ask for terabytes ([1000000, 1000000]).
+  uint64_t numel = 1;
+  bool too_many = shape->size() > kMaxInputRank;
   for (const Json& d : *shape) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0) {
       return SpecError(source, index,
@@ -52,6 +61,17 @@ absl::StatusOr<InputSpec> ParseSpec(const Json& j, absl::string_view source,
                                     "' must be a list of integers >= 0"));
     }
     spec.shape.push_back(d.get<int64_t>());
+    too_many |= __builtin_mul_overflow(
+        numel, static_cast<uint64_t>(d.get<int64_t>()), &numel);
+  }
+  if (too_many || numel > kMaxInputElements) {
+    return SpecError(
+        source, index,
+        absl::StrCat("\"shape\" of '", spec.name, "' has ",
+                     too_many ? "too many" : absl::StrCat(numel),
+                     " elements; an example input may have at most ",
+                     kMaxInputElements, " in at most ", kMaxInputRank,
+                     " dimensions"));
   }
   if (const Json* dtype = util::FindMember(j, "dtype"); dtype != nullptr) {
     if (!dtype->is_string() || !IsKnownDType(dtype->get<std::string>())) {
@@ -112,8 +132,19 @@ absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": \"inputs\" must be a list"));
   }
+  uint64_t total = 0;
   for (size_t i = 0; i < inputs->size(); ++i) {
     ASSIGN_OR_RETURN(InputSpec spec, ParseSpec((*inputs)[i], source, i));
+    uint64_t numel = 1;  // At most kMaxInputElements (ParseSpec checked).
+    for (int64_t d : spec.shape) numel *= static_cast<uint64_t>(d);
+    total += numel;
+    if (total > kMaxInputElements) {
+      return SpecError(
+          source, i,
+          absl::StrCat("the example inputs up to '", spec.name, "' have ",
+                       total, " elements together; at most ", kMaxInputElements,
+                       " are allowed"));
+    }
     for (const InputSpec& other : file.inputs) {
       if (other.name == spec.name) {
         return SpecError(source, i,
