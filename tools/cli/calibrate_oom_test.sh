@@ -1,8 +1,9 @@
 #!/bin/bash
 # `tracecut calibrate` out of memory (issue: robust under faults): under an
 # address-space limit (ulimit -v) a little above what a small run needs, a
-# run whose activations need far more (--synthetic=200000: about 3 GiB held
-# between subgraphs) fails with an error, not a crash: exit 1..127 (no
+# run whose activations need far more (--synthetic=65536 --seq-len=64, the
+# most samples calibration data may have: about 4 GiB held between
+# subgraphs) fails with an error, not a crash: exit 1..127 (no
 # signal), one stderr line saying it is out of memory and how much it could
 # not allocate, no output model or report, no spill or temporary file; a
 # run directory is left only with a checkpoint to --resume from.
@@ -46,8 +47,8 @@ mkdir -p "$out"
 rc=0
 (
   ulimit -v "$limit_kb"
-  exec "$tracecut" calibrate "$model" --recipe="$recipe" --synthetic=200000 \
-    --batch-size=1000 -o "$out/m.pt" --report="$out/r.json"
+  exec "$tracecut" calibrate "$model" --recipe="$recipe" --synthetic=65536 \
+    --seq-len=64 --batch-size=1024 -o "$out/m.pt" --report="$out/r.json"
 ) 2>"$out/log" || rc=$?
 grep -v '^\[tracecut\] ' "$out/log" >"$out/errors" || true
 echo "exit $rc: $(cat "$out/errors")"
