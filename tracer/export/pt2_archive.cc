@@ -177,12 +177,29 @@ absl::Status ReadPayloads(caffe2::serialize::PyTorchStreamReader& reader,
             strides.push_back(AsInt(s, fqn));
           }
           const int64_t offset = AsInt(tm.get_storage_offset(), fqn);
+          // The archive's numbers: one stride per size, none negative, and
+          // the last element reached computed without overflow (a fuzzed
+          // .pt2 once read strides past their end).
+          if (strides.size() != sizes.size() || offset < 0) {
+            throw std::invalid_argument(
+                absl::StrCat(sizes.size(), " sizes, ", strides.size(),
+                             " strides and storage offset ", offset));
+          }
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            if (sizes[i] < 0 || strides[i] < 0) {
+              throw std::invalid_argument(
+                  "a negative size or stride in its tensor_meta");
+            }
+          }
           int64_t last = offset;
+          bool overflow = false;
           for (size_t i = 0; i < sizes.size(); ++i) {
             if (sizes[i] == 0) return torch::empty(sizes, flat.options());
-            last += (sizes[i] - 1) * strides[i];
+            int64_t step = 0;
+            overflow |= __builtin_mul_overflow(sizes[i] - 1, strides[i], &step);
+            overflow |= __builtin_add_overflow(last, step, &last);
           }
-          if (last >= flat.numel()) {
+          if (overflow || last >= flat.numel()) {
             throw std::invalid_argument(absl::StrCat(
                 "sizes and strides reach element ", last, " of a payload of ",
                 flat.numel(), " elements (truncated payload?)"));
