@@ -92,13 +92,8 @@ absl::StatusOr<pipelines::OutputError> LogitError(
   return pipelines::CompareOutputs(reference, m, eval);
 }
 
-absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
-  std::string model;
-  if (std::optional<std::string> m = args.Get("model")) {
-    model = UserPath(*m);
-  } else {
-    ASSIGN_OR_RETURN(model, FindBundledModel());
-  }
+// --samples, shared by both demos (default 64).
+absl::StatusOr<int64_t> ParseSamples(const ParsedArgs& args) {
   int64_t samples = 64;
   if (std::optional<std::string> s = args.Get("samples")) {
     if (!absl::SimpleAtoi(*s, &samples) || samples < 1) {
@@ -106,6 +101,17 @@ absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
           absl::StrCat("--samples needs an integer >= 1, got '", *s, "'"));
     }
   }
+  return samples;
+}
+
+absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
+  std::string model;
+  if (std::optional<std::string> m = args.Get("model")) {
+    model = UserPath(*m);
+  } else {
+    ASSIGN_OR_RETURN(model, FindBundledModel());
+  }
+  ASSIGN_OR_RETURN(const int64_t samples, ParseSamples(args));
   const std::string out_dir =
       UserPath(args.Get("output").value_or("tracecut-demo-out"));
   const bool json = args.Has("json");
@@ -306,13 +312,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
     return UsageError(
         "--model is for --torchscript; the main demo generates its model");
   }
-  int64_t samples = 64;
-  if (std::optional<std::string> s = args.Get("samples")) {
-    if (!absl::SimpleAtoi(*s, &samples) || samples < 1) {
-      return UsageError(
-          absl::StrCat("--samples needs an integer >= 1, got '", *s, "'"));
-    }
-  }
+  ASSIGN_OR_RETURN(const int64_t samples, ParseSamples(args));
   const std::string out_dir =
       UserPath(args.Get("output").value_or("tracecut-demo-out"));
   const bool json = args.Has("json");
