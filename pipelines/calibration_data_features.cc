@@ -222,6 +222,10 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
   return runtime::TorchCall(file, [&]() -> absl::StatusOr<CalibrationData> {
     std::map<std::string, at::Tensor> given;
     std::string first;  // The input that sets N.
+    // Token-derived values the model was traced without, left out because
+    // they hold what the model assumes; they must still describe the same
+    // tokens (checked below), or the data is not what the user thinks.
+    std::vector<std::pair<std::string, at::Tensor>> dropped;
     for (const auto& [name, value] : values) {
       const ModelInput* in = nullptr;
       for (const ModelInput& m : model.inputs) {
@@ -235,7 +239,10 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
           absl::StatusOr<at::Tensor> t = value.isTensor()
                                              ? value.toTensor()
                                              : TokensFromIValue(value, where);
-          if (t.ok() && IsDefaultValue(name, *t)) continue;
+          if (t.ok() && IsDefaultValue(name, *t)) {
+            dropped.emplace_back(name, *t);
+            continue;
+          }
         }
         return absl::InvalidArgumentError(absl::StrCat(
             file, " has '", name, "', which is not an input of the model (",
@@ -266,6 +273,32 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
                             absl::StrCat(s.message(), " (input '", name, "')"));
       }
       if (ids == nullptr) ids = &it->second;
+    }
+    for (const auto& [name, t] : dropped) {
+      auto like = given.find(name == "decoder_attention_mask" &&
+                                     given.contains("decoder_input_ids")
+                                 ? "decoder_input_ids"
+                                 : "input_ids");
+      if (like == given.end() && ids != nullptr) {
+        like = given.find("decoder_input_ids");
+      }
+      const bool same =
+          like != given.end()
+              ? t.sizes() == like->second.sizes()
+              : first.empty() ||
+                    (t.dim() > 0 && t.size(0) == given[first].size(0));
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            file, ": input '", name, "' has shape [",
+            absl::StrJoin(t.sizes(), ", "), "], but ",
+            like != given.end()
+                ? absl::StrCat("'", like->first, "' has [",
+                               absl::StrJoin(like->second.sizes(), ", "), "]")
+                : absl::StrCat("'", first, "' has ", given[first].size(0),
+                               " samples"),
+            " (the model was traced without '", name,
+            "', but it must still match the tokens it describes)"));
+      }
     }
     CalibrationData data;
     data.source = source;

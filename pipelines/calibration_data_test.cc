@@ -415,6 +415,30 @@ TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
                                 "of the model (input_ids: int64[2, 16]); the "
                                 "model was traced without it"))
       << masked.status();
+
+  // A mask of ones for other samples than the tokens' is refused, not
+  // dropped silently: the user's data is not what they think.
+  for (const at::Tensor& ones :
+       {at::ones({ids.size(0) + 1, ids.size(1)}, at::kLong),
+        at::ones({ids.size(0), ids.size(1) - 1}, at::kLong)}) {
+    absl::StatusOr<CalibrationData> mismatched = LoadCalibrationData(
+        Saved("ones.pt", Dict({{"attention_mask", ones}, {"input_ids", ids}})),
+        ids_only, 4);
+    ASSERT_FALSE(mismatched.ok());
+    EXPECT_TRUE(absl::StrContains(
+        mismatched.status().message(),
+        absl::StrCat("input 'attention_mask' has shape [", ones.size(0), ", ",
+                     ones.size(1), "], but 'input_ids' has [", ids.size(0),
+                     ", ", ids.size(1), "]")))
+        << mismatched.status();
+  }
+  absl::StatusOr<CalibrationData> matching = LoadCalibrationData(
+      Saved("ones.pt",
+            Dict({{"attention_mask", at::ones_like(ids)}, {"input_ids", ids}})),
+      ids_only, 4);
+  ASSERT_OK(matching);
+  EXPECT_TRUE(
+      at::equal(matching->batches[0][0].toTensor(), ids.narrow(0, 0, 4)));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/closed_dir.h"
 #include "checkpoint/compressed_tensors.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
@@ -132,27 +133,53 @@ bool IsCompressedTensorsDir(const fs::path& dir) {
   return config.ok() && absl::StrContains(*config, "\"compressed-tensors\"");
 }
 
-// The source checkpoint's other files (tokenizer, generation config),
-// copied into `dir`.
-absl::Status CopySourceFiles(const fs::path& dir,
-                             const std::string& source_dir) {
-  if (source_dir.empty()) return absl::OkStatus();
-  std::vector<fs::path> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(source_dir)) {
+// The source checkpoint's other files (tokenizer, generation config) that
+// go into the output: name -> resolved path, sorted by name. A closed world
+// (checkpoint/closed_dir.h): a downloaded checkpoint's "tokenizer.json"
+// linking to ~/.ssh/id_rsa must not end up in an output the user may
+// publish, so links are followed only inside the checkpoint.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SourceFiles(
+    const std::string& source_dir) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (source_dir.empty()) return files;
+  ASSIGN_OR_RETURN(checkpoint::ClosedDir source,
+                   checkpoint::ClosedDir::Open(source_dir));
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(source_dir, ec)) {
     const std::string name = e.path().filename().string();
     const std::string ext = e.path().extension().string();
-    if (!e.is_regular_file() || name[0] == '.' || name == "config.json" ||
-        name == "model.safetensors.index.json" || ext == ".safetensors" ||
-        ext == ".bin" || ext == ".pt" || ext == ".pt2" || ext == ".pth") {
+    // Directories and special files are not copied; links are, once
+    // resolved inside the checkpoint.
+    if ((!e.is_symlink() && !e.is_regular_file()) || name[0] == '.' ||
+        name == "config.json" || name == "model.safetensors.index.json" ||
+        ext == ".safetensors" || ext == ".bin" || ext == ".pt" ||
+        ext == ".pt2" || ext == ".pth") {
       continue;
     }
-    files.push_back(e.path());
+    names.push_back(name);
   }
-  std::sort(files.begin(), files.end());
-  for (const fs::path& f : files) {
-    ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(f.string()));
-    RETURN_IF_ERROR(
-        util::WriteFileAtomically((dir / f.filename()).string(), bytes));
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list '", source_dir, "': ", ec.message()));
+  }
+  std::sort(names.begin(), names.end());
+  for (std::string& name : names) {
+    ASSIGN_OR_RETURN(
+        std::string path,
+        source.Resolve(name, absl::StrCat(source_dir, "/", name,
+                                          " (copied into the output)")));
+    files.emplace_back(std::move(name), std::move(path));
+  }
+  return files;
+}
+
+absl::Status CopySourceFiles(const fs::path& dir,
+                             const std::string& source_dir) {
+  ASSIGN_OR_RETURN(auto files, SourceFiles(source_dir));
+  for (const auto& [name, path] : files) {
+    ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(path));
+    RETURN_IF_ERROR(util::WriteFileAtomically((dir / name).string(), bytes));
   }
   return absl::OkStatus();
 }
@@ -232,8 +259,13 @@ absl::StatusOr<std::string> ModelConfig(
   }
   if (!options.source_dir.empty() &&
       fs::exists(fs::path(options.source_dir) / "config.json", ec)) {
-    return util::ReadFile(
-        (fs::path(options.source_dir) / "config.json").string());
+    ASSIGN_OR_RETURN(checkpoint::ClosedDir source,
+                     checkpoint::ClosedDir::Open(options.source_dir));
+    ASSIGN_OR_RETURN(
+        std::string path,
+        source.Resolve("config.json",
+                       absl::StrCat(options.source_dir, "/config.json")));
+    return util::ReadFile(path);
   }
   return absl::FailedPreconditionError(
       absl::StrCat(where,
@@ -451,6 +483,8 @@ CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
 
   RETURN_IF_ERROR(CheckOutputDir(fs::path(options.output_dir), w->where_));
   ASSIGN_OR_RETURN(w->config_, ModelConfig(extra_files, options, w->where_));
+  // Refused now rather than after the calibration.
+  RETURN_IF_ERROR(SourceFiles(options.source_dir).status());
   if (options.source_dir.empty() ||
       !checkpoint::Checkpoint::HasWeights(options.source_dir)) {
     return absl::InvalidArgumentError(

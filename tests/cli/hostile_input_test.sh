@@ -146,6 +146,18 @@ save(json.dumps(header), length=1 << 40)")
 V_TRAIL=$(single trailing <<<"$HEADER_PY
 save(json.dumps(header), data=data + b'x' * 64)")
 
+# A tokenizer file linking to a secret outside: never copied into the output.
+TOK="$W/tokenizer_link"
+cp -r "$CK" "$TOK"
+ln -s "$DECOY/secret.txt" "$TOK/tokenizer.json"
+# Calibration data whose attention_mask (ones, which a model traced without
+# one would drop) covers other samples than its input_ids.
+"$PYTHON" - "$W/mask.pt" <<'PY' 2>>"$W/gen.err"
+import sys, torch
+torch.save({"input_ids": torch.randint(0, 64, (4, 16)),
+            "attention_mask": torch.ones(3, 16, dtype=torch.long)}, sys.argv[1])
+PY
+
 # The exported program's archive, rebuilt: a deflated member that inflates to
 # 200 MB, and example inputs asking for 10^12 elements.
 ARCHIVE_PY='
@@ -201,6 +213,17 @@ done
 TIMEOUT_S=120 ALLOW_PROGRESS=1 expect_error "calibrate index entry outside" \
   "weight_map entry" "$OUT" "$OUT/q" -- \
   calibrate "$V_ABS2" "--recipe=$RECIPE" --synthetic=2 -o "$OUT/q"
+
+TIMEOUT_S=120 ALLOW_PROGRESS=1 TRACE_OPENS="$TMP/opens_tok.txt" \
+  expect_error "calibrate tokenizer.json link outside" \
+  "tokenizer.json (copied into the output)" "$OUT" "$OUT/q" -- \
+  calibrate "$TOK" "--recipe=$RECIPE" --synthetic=2 -o "$OUT/q"
+expect_not_opened "calibrate tokenizer.json link outside: nothing outside" \
+  "$TMP/opens_tok.txt" "$DECOY/secret.txt"
+expect_error "calibrate attention_mask for other samples" \
+  "'attention_mask' has shape [3, 16], but 'input_ids' has [4, 16]" \
+  "$OUT" "$OUT/q" -- calibrate "$CK" "--recipe=$RECIPE" "--data=$W/mask.pt" \
+  -o "$OUT/q"
 
 for v in overlap duplicate huge_header trailing; do
   case $v in
