@@ -320,7 +320,7 @@ std::string RecipeText(const recipe::Recipe& recipe) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
-    const recipe::Recipe& recipe, Collective* collective) {
+    const recipe::Recipe& recipe, Collective* collective, bool whole_groups) {
   std::vector<std::unique_ptr<Modifier>> out;
   for (int i = 0; i < recipe.modifiers_size(); ++i) {
     const recipe::Modifier& m = recipe.modifiers(i);
@@ -335,6 +335,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.static_groups = g.static_groups();
       o.weights.collective = collective;
       o.weights.all_expert_tokens = recipe.calibrate_all_experts();
+      o.weights.whole_groups = whole_groups;
       out.push_back(std::make_unique<GptqModifier>(std::move(o)));
     } else if (m.has_rtn()) {
       const recipe::RtnModifier& r = m.rtn();
@@ -343,6 +344,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.scheme = ToQuantScheme(r.scheme());
       o.collective = collective;
       o.all_expert_tokens = recipe.calibrate_all_experts();
+      o.whole_groups = whole_groups;
       out.push_back(std::make_unique<RtnModifier>(std::move(o)));
     } else if (m.has_observer()) {
       const recipe::ObserverModifier& r = m.observer();
@@ -535,7 +537,11 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   }
   std::vector<std::unique_ptr<Modifier>> owned;
   if (!extras_only) {
-    ASSIGN_OR_RETURN(owned, BuildModifiers(r, options.collective));
+    ASSIGN_OR_RETURN(
+        owned,
+        BuildModifiers(r, options.collective,
+                       options.output_format ==
+                           CalibrateOptions::OutputFormat::kCompressedTensors));
   }
   std::vector<Modifier*> modifiers;
   for (const auto& m : owned) modifiers.push_back(m.get());

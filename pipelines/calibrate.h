@@ -45,9 +45,11 @@ namespace tracecut::pipelines {
 class Collective;
 
 // The recipe's modifiers, in recipe order; with `collective`, for a
-// data-parallel run (distributed.h).
+// data-parallel run (distributed.h); `whole_groups` for an output that
+// stores rows as whole groups (WeightQuantOptions::whole_groups).
 absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
-    const recipe::Recipe& recipe, Collective* collective = nullptr);
+    const recipe::Recipe& recipe, Collective* collective = nullptr,
+    bool whole_groups = false);
 
 // A model ready to calibrate: traced, with its embedded files.
 struct LoadedForCalibration {

@@ -105,6 +105,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
           "), and a checkpoint with a partial group does not load; use a "
           "group_size that divides it, or add the module to ignore"));
     }
+    if (group > in_features && options_.whole_groups) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name(), ": group_size ", group, " is larger than the ", in_features,
+          " input features of ", leaf->path, " (", ShortType(leaf->type),
+          "), which compressed-tensors cannot load; use a group_size that "
+          "divides them, add the module to ignore, or --format=torchscript"));
+    }
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
   }

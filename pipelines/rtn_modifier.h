@@ -61,6 +61,10 @@ struct WeightQuantOptions {
   // the tokens of their block, not only those routed to them: the recipe's
   // calibrate_all_experts for experts that are no modules of their own.
   bool all_expert_tokens = false;
+  // The output stores each row as whole groups (compressed-tensors reshapes
+  // it so on load): a group_size larger than a module's input features is
+  // refused before any work, not when the output is written.
+  bool whole_groups = false;
   // Data-parallel calibration (distributed.h; not owned): each rank
   // accumulates the sums of its shard, every module gets an owner rank that
   // solves it from the sum over all ranks and broadcasts the result

@@ -398,6 +398,23 @@ else
 fi
 rm -rf "$OUT/ranks.run"
 
+# --- 6. Outputs always load --------------------------------------------------
+# Groups compressed-tensors cannot store, refused before any subgraph runs
+# (the layers' in_features are 32 and 64).
+for g in 3 256; do
+  sed "s/group_size: 16/group_size: $g/" "$RECIPE" >"$W/recipe_g$g.textproto"
+  case $g in
+    3) why="does not divide the 32 input features" ;;
+    256) why="is larger than the 32 input features" ;;
+  esac
+  ALLOW_PROGRESS=1 expect_error "calibrate group_size $g" "$why" "$OUT" \
+    "$OUT/q" -- calibrate "$CK" "--recipe=$W/recipe_g$g.textproto" \
+    --synthetic=2 -o "$OUT/q"
+  if grep -q "subgraph" "$TMP/stderr.txt"; then
+    fail "calibrate group_size $g" "refused only after work began"
+  fi
+done
+
 # --- 4. The exporter: one line, never a traceback -----------------------------
 for ro in /proc /sys; do
   [ -d "$ro" ] || continue
