@@ -31,6 +31,7 @@
 #include "pipelines/compressed_output.h"
 #include "pipelines/distributed.h"
 #include "pipelines/gptq_modifier.h"
+#include "pipelines/interrupt.h"
 #include "pipelines/observers.h"
 #include "pipelines/recipe.h"
 #include "pipelines/recipe_yaml.h"
@@ -498,6 +499,9 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   for (const auto& [path, d] : loaded.deferred) deferred.insert(path);
   RETURN_IF_ERROR(
       runtime::CheckModuleFinite(gm.module(), loaded.file, deferred));
+  // A SIGINT / SIGTERM while loading (one LibTorch call) ends the run here,
+  // before the data is prepared.
+  RETURN_IF_ERROR(CheckInterrupt());
 
   // Data.
   CalibrationData data;
@@ -529,6 +533,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     ASSIGN_OR_RETURN(data, MakeCalibrationData(tokens, ModelInputNames(gm),
                                                options.batch_size, source));
   }
+
+  RETURN_IF_ERROR(CheckInterrupt());
 
   // The recipe with the flag the modifiers read too: one value for both.
   recipe::Recipe r = options.recipe;

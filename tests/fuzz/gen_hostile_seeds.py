@@ -105,6 +105,34 @@ def pt2_seeds(out):
   rewrite("deflated.pt2", lambda n, d: (d + b" " * (1 << 20),
                                         zipfile.ZIP_DEFLATED)
           if n.endswith("extra/config.json") else (d, None))
+  # Regression seeds for the weights' tensor_meta (a fuzzed archive with
+  # fewer strides than sizes once read past the strides: a SIGSEGV).
+  def tensor_meta(change):
+    def walk(j):
+      if isinstance(j, dict):
+        if "sizes" in j and "strides" in j and len(j["sizes"]) >= 2:
+          change(j)
+        for v in j.values():
+          walk(v)
+      elif isinstance(j, list):
+        for v in j:
+          walk(v)
+
+    def edit(name, data):
+      if not name.endswith("model_weights_config.json"):
+        return data, None
+      j = json.loads(data)
+      walk(j)
+      return json.dumps(j).encode(), None
+    return edit
+  rewrite("short_strides.pt2",
+          tensor_meta(lambda m: m.update(strides=m["strides"][:1])))
+  rewrite("negative_stride.pt2",
+          tensor_meta(lambda m: m.update(strides=[{"as_int": -1}] * len(
+              m["strides"]))))
+  rewrite("overflow_sizes.pt2",
+          tensor_meta(lambda m: m.update(sizes=[{"as_int": 1 << 62}] * len(
+              m["sizes"]))))
   big = dict(inputs, inputs=[dict(inputs["inputs"][0], shape=[1000000,
                                                               1000000])])
   rewrite("huge_inputs.pt2", lambda n, d: (json.dumps(big).encode(), None)
