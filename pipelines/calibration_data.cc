@@ -146,6 +146,16 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat("calibration data '", path, "': is a directory"));
   }
+  // The file is held in memory (twice while it is unpickled): refused by
+  // its size before any allocation. 4 GiB is 65536 samples of 8192 int64
+  // tokens, far past what calibration uses (llm-compressor's default: 512).
+  constexpr int64_t kMaxDataBytes = int64_t{4} << 30;
+  if (S_ISREG(st.st_mode) && st.st_size > kMaxDataBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibration data '", path, "': ", st.st_size,
+        " bytes, more than the ", kMaxDataBytes,
+        " tracecut reads; use fewer or shorter samples"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(

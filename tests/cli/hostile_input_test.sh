@@ -256,6 +256,12 @@ for flag in --data --recipe; do
       "${args[@]}" "$flag=$f"
   done
 done
+# A 5 GiB --data file (sparse): refused by its size, not read.
+truncate -s 5G "$W/huge_data.pt"
+MEMORY_LIMIT_KB=$MEMORY_BOUND_KB expect_error "calibrate --data of 5 GiB" \
+  "5368709120 bytes, more than" "$OUT" "$OUT/q" -- \
+  calibrate "$CK" "--recipe=$RECIPE" "--data=$W/huge_data.pt" -o "$OUT/q"
+rm -f "$W/huge_data.pt"
 # Config values out of range, in a --config and in the checkpoint itself.
 "$PYTHON" - "$CK/config.json" "$W/configs" <<'PY' 2>>"$W/gen.err"
 import json, os, sys
