@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "pipelines/awq_modifier.h"
 #include "pipelines/compressed_output.h"
 #include "pipelines/distributed.h"
 #include "pipelines/gptq_modifier.h"
@@ -39,6 +40,7 @@
 #include "pipelines/rtn_modifier.h"
 #include "pipelines/smoothquant_modifier.h"
 #include "pipelines/weight_stream.h"
+#include "quantization/quant_args.h"
 #include "runtime/finite.h"
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
@@ -318,6 +320,51 @@ std::string RecipeText(const recipe::Recipe& recipe) {
   return text;
 }
 
+// AWQ's options: its own, and the scheme and modules of the gptq or rtn
+// modifier after it (recipe.cc checks there is one).
+absl::StatusOr<AwqOptions> AwqOptionsOf(const recipe::Recipe& recipe,
+                                        int index) {
+  const recipe::AwqModifier& a = recipe.modifiers(index).awq();
+  AwqOptions o;
+  for (const recipe::AwqModifier::Mapping& mapping : a.mappings()) {
+    o.mappings.push_back(
+        {mapping.smooth_layer(),
+         {mapping.balance_layers().begin(), mapping.balance_layers().end()}});
+  }
+  o.duo_scaling =
+      a.duo_scaling() == recipe::AwqModifier::OFF    ? AwqDuoScaling::kOff
+      : a.duo_scaling() == recipe::AwqModifier::BOTH ? AwqDuoScaling::kBoth
+                                                     : AwqDuoScaling::kOn;
+  o.n_grid = a.n_grid();
+  for (int i = index + 1; i < recipe.modifiers_size(); ++i) {
+    const recipe::Modifier& m = recipe.modifiers(i);
+    if (!m.has_gptq() && !m.has_rtn()) continue;
+    const recipe::QuantizationScheme& s =
+        m.has_gptq() ? m.gptq().scheme() : m.rtn().scheme();
+    o.quantized = m.has_gptq() ? Selector(m.gptq().targets(), m.gptq().ignore())
+                               : Selector(m.rtn().targets(), m.rtn().ignore());
+    // The quantizer's scheme as compressed-tensors' args: the grid AWQ's
+    // search quantizes on (llm-compressor's).
+    quantization::QuantizationArgs& w = o.weights;
+    w.num_bits = s.bits();
+    w.type = quantization::QuantType::kInt;
+    w.symmetric = s.symmetric();
+    if (s.per_tensor()) {
+      w.strategy = quantization::Strategy::kTensor;
+    } else if (s.group_size() > 0) {
+      w.strategy = quantization::Strategy::kGroup;
+      w.group_size = s.group_size();
+    } else {
+      w.strategy = quantization::Strategy::kChannel;
+    }
+    RETURN_IF_ERROR(w.Resolve(absl::StrCat("recipe: modifiers[", i, "]")));
+    return o;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("recipe: modifiers[", index,
+                   "].awq is not followed by a gptq or rtn modifier"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
@@ -381,10 +428,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       o.ignore.assign(q.ignore().begin(), q.ignore().end());
       o.collective = collective;
       out.push_back(std::make_unique<SmoothQuantModifier>(std::move(o)));
+    } else if (m.has_awq()) {
+      ASSIGN_OR_RETURN(AwqOptions o, AwqOptionsOf(recipe, i));
+      o.collective = collective;
+      out.push_back(std::make_unique<AwqModifier>(std::move(o)));
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "recipe: modifiers[", i,
-          "] names no modifier (gptq, observer, rtn or smoothquant)"));
+          "] names no modifier (awq, gptq, observer, rtn or smoothquant)"));
     }
   }
   if (out.empty()) {

@@ -17,6 +17,7 @@
 #include "pipelines/progress.h"
 #include "runtime/finite.h"
 #include "runtime/torch_status.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -319,6 +320,33 @@ std::set<std::string> RunContext::TakeUpdatedTensors() {
 void RunContext::Warn(std::string message) {
   if (progress_ != nullptr) progress_->Note(absl::StrCat("warning: ", message));
   results_->warnings.push_back(std::move(message));
+}
+
+std::string ParentModulePath(absl::string_view path) {
+  const size_t dot = path.rfind('.');
+  return dot == absl::string_view::npos ? "" : std::string(path.substr(0, dot));
+}
+
+std::string ModelArchitecture(const runtime::GraphModule& model) {
+  auto it = model.extra_files().find("config.json");
+  if (it == model.extra_files().end()) return "";
+  absl::StatusOr<util::Json> config = util::ParseJson(it->second);
+  if (!config.ok()) return "";
+  const util::Json* archs = util::FindMember(*config, "architectures");
+  if (archs == nullptr || !archs->is_array() || archs->empty() ||
+      !(*archs)[0].is_string()) {
+    return "";
+  }
+  return (*archs)[0].get<std::string>();
+}
+
+absl::Status RunContext::ReplaySubgraph(const CallVisitor& visit) {
+  if (!replayer_) {
+    return absl::FailedPreconditionError(
+        "replaying a subgraph needs a partitioned pipeline (sequential or "
+        "layer_sequential), inside OnSubgraphEnd");
+  }
+  return replayer_(visit);
 }
 
 bool ModuleSelector::Matches(absl::string_view path,

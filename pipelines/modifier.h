@@ -62,6 +62,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -210,6 +211,19 @@ class RunContext {
   // A warning for the report (also printed as a progress note).
   void Warn(std::string message);
 
+  // Runs the current subgraph again on every calibration batch (its cached
+  // inputs), with the model's weights as they are now, calling `visit`
+  // after each leaf module call (`output` set). `visit` returns false to
+  // end that batch there: the rest of the subgraph is not run. For
+  // transforms that search for weights by the outputs they give (AWQ).
+  // Only inside OnSubgraphEnd of the partitioned pipelines (sequential,
+  // layer_sequential); FailedPrecondition elsewhere.
+  using CallVisitor = std::function<absl::StatusOr<bool>(const ModuleCall&)>;
+  absl::Status ReplaySubgraph(const CallVisitor& visit);
+  // Set by the pipeline while a subgraph's OnSubgraphEnd callbacks run.
+  using Replayer = std::function<absl::Status(const CallVisitor&)>;
+  void set_replayer(Replayer replayer) { replayer_ = std::move(replayer); }
+
  private:
   runtime::GraphModule* model_;
   CalibrationResults* results_;
@@ -218,6 +232,7 @@ class RunContext {
   std::vector<LeafModule> leaves_;
   std::set<std::string> updated_;
   int64_t update_count_ = 0;
+  Replayer replayer_;
 };
 
 class Modifier {
@@ -285,6 +300,14 @@ struct ModuleSelector {
 
 // Short module type ("Linear" for "torch.nn.modules.linear.Linear").
 std::string ShortType(absl::string_view type);
+
+// The module at `path`'s parent path ("" for a top-level module).
+std::string ParentModulePath(absl::string_view path);
+
+// The "architectures" entry of the model's embedded config.json
+// ("LlamaForCausalLM"), or "" (none, or not readable): what picks a
+// transform's default mappings.
+std::string ModelArchitecture(const runtime::GraphModule& model);
 
 // Stores what `results` holds as buffers of `model`: for a module at P,
 // P.weight_scale, P.weight_zero_point (and P.weight_g_idx) when its weight

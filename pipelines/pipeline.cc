@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -104,6 +105,9 @@ class PartitionedRun {
   absl::Status RunStep(int i, RunContext& ctx, HookDispatcher& hooks,
                        HookDispatcher* transform_hooks);
   // With `experts`, they run on all tokens after each batch.
+  // RunContext::ReplaySubgraph for subgraph `i`.
+  absl::Status Replay(int i, RunContext& ctx,
+                      const RunContext::CallVisitor& visit);
   absl::Status RunBatches(int i, const char* stage, bool store,
                           HookDispatcher* hooks, AllExpertsRunner* experts);
   // Returns the subgraph to start at (0 without a checkpoint).
@@ -328,6 +332,58 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
   return absl::OkStatus();
 }
 
+absl::Status PartitionedRun::Replay(int i, RunContext& ctx,
+                                    const RunContext::CallVisitor& visit) {
+  Step& step = steps_[i];
+  const partition::Subgraph& s = *step.subgraph;
+  // Thrown by the hook to end a batch early (or on the visitor's error):
+  // the interpreter unwinds and returns an error, told apart by `stopped`.
+  struct StopBatch {};
+  absl::Status failure;
+  bool stopped = false;
+  int64_t batch = 0;
+  Interpreter::HookId id = step.interp->AddModuleHook(
+      [&](const ir::Node& node, const torch::jit::Module& module,
+          absl::Span<const c10::IValue> inputs, const c10::IValue* output) {
+        if (output == nullptr) return;
+        const LeafModule* leaf = ctx.FindLeaf(node.target());
+        ModuleCall call;
+        call.node = &node;
+        call.path = node.target();
+        call.type = leaf != nullptr ? absl::string_view(leaf->type) : "";
+        call.module = &module;
+        call.inputs = inputs;
+        call.output = output;
+        call.batch = batch;
+        call.subgraph = i;
+        absl::StatusOr<bool> go = visit(call);
+        if (go.ok() && *go) return;
+        if (!go.ok()) failure = go.status();
+        stopped = true;
+        throw StopBatch();
+      });
+  absl::Cleanup remove = [&] { step.interp->RemoveHook(id); };
+  const int64_t num_batches = static_cast<int64_t>(data_.batches.size());
+  for (batch = 0; batch < num_batches; ++batch) {
+    RETURN_IF_ERROR(CheckInterrupt());
+    std::vector<c10::IValue> inputs;
+    inputs.reserve(s.input_names.size());
+    for (const std::string& name : s.input_names) {
+      ASSIGN_OR_RETURN(c10::IValue v, cache_->Get(batch, name));
+      inputs.push_back(std::move(v));
+    }
+    stopped = false;
+    absl::StatusOr<c10::IValue> out = step.interp->Run(std::move(inputs));
+    RETURN_IF_ERROR(failure);
+    if (!out.ok() && !stopped) {
+      return util::Annotate(out.status(),
+                            absl::StrFormat("subgraph %d (%s), replay batch %d",
+                                            i + 1, step.label, batch));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
                                      HookDispatcher& hooks,
                                      HookDispatcher* transform_hooks) {
@@ -346,6 +402,10 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
     return m->OnSubgraphStart(ctx, step.info);
   }));
 
+  ctx.set_replayer([this, i, &ctx](const RunContext::CallVisitor& visit) {
+    return Replay(i, ctx, visit);
+  });
+  absl::Cleanup no_replay = [&ctx] { ctx.set_replayer(nullptr); };
   absl::Time t0 = absl::Now();
   if (transform_hooks != nullptr) {
     Interpreter::HookId tid = transform_hooks->Attach(*step.interp, i);

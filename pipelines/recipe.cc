@@ -284,6 +284,43 @@ absl::Status CheckSmoothQuant(const Checker& c,
   return absl::OkStatus();
 }
 
+absl::Status CheckAwq(const Checker& c, const recipe::AwqModifier& m,
+                      const recipe::Recipe& r, int index) {
+  const int least = m.duo_scaling() == recipe::AwqModifier::BOTH  ? 4
+                    : m.duo_scaling() == recipe::AwqModifier::OFF ? 2
+                                                                  : 3;
+  if (m.duo_scaling() == recipe::AwqModifier::DUO_SCALING_UNSPECIFIED) {
+    return c.Error("duo_scaling", "must be ON, OFF or BOTH");
+  }
+  if (m.n_grid() < least || m.n_grid() > 1000) {
+    return c.Error("n_grid", absl::StrCat("must be in [", least,
+                                          ", 1000] here, got ", m.n_grid()));
+  }
+  for (int i = 0; i < m.mappings_size(); ++i) {
+    const recipe::AwqModifier::Mapping& mapping = m.mappings(i);
+    Checker mc = c.Element("mappings", i, mapping);
+    if (mapping.smooth_layer().empty()) {
+      return mc.Error("smooth_layer", "is required");
+    }
+    if (mapping.balance_layers().empty()) {
+      return mc.MessageError("names no balance_layers");
+    }
+    for (int k = 0; k < mapping.balance_layers_size(); ++k) {
+      if (mapping.balance_layers(k).empty()) {
+        return mc.Error("balance_layers", "is empty", k);
+      }
+    }
+  }
+  for (int i = index + 1; i < r.modifiers_size(); ++i) {
+    if (r.modifiers(i).has_gptq() || r.modifiers(i).has_rtn()) {
+      return absl::OkStatus();
+    }
+  }
+  return c.MessageError(
+      "is not followed by a gptq or rtn modifier, whose scheme it searches "
+      "scales for");
+}
+
 absl::Status CheckCache(const Checker& c,
                         const recipe::IntermediatesCacheConfig& m) {
   try {
@@ -325,9 +362,12 @@ absl::Status Check(const recipe::Recipe& r, const Checker& c) {
         RETURN_IF_ERROR(CheckSmoothQuant(
             mc.Nested("smoothquant", m.smoothquant()), m.smoothquant()));
         break;
+      case recipe::Modifier::kAwq:
+        RETURN_IF_ERROR(CheckAwq(mc.Nested("awq", m.awq()), m.awq(), r, i));
+        break;
       case recipe::Modifier::KIND_NOT_SET:
         return mc.MessageError(
-            "names no modifier (gptq, observer, rtn or smoothquant)");
+            "names no modifier (awq, gptq, observer, rtn or smoothquant)");
     }
   }
   if (r.pipeline() == recipe::Recipe::PIPELINE_UNSPECIFIED) {

@@ -31,26 +31,6 @@ std::vector<SmoothQuantMapping> LlamaMappings() {
       {{"re:.*gate_proj", "re:.*up_proj"}, "re:.*post_attention_layernorm"}};
 }
 
-// The "architectures" entry of the model's config.json, or "".
-std::string Architecture(const runtime::GraphModule& model) {
-  auto it = model.extra_files().find("config.json");
-  if (it == model.extra_files().end()) return "";
-  absl::StatusOr<util::Json> config = util::ParseJson(it->second);
-  if (!config.ok()) return "";
-  const util::Json* archs = util::FindMember(*config, "architectures");
-  if (archs == nullptr || !archs->is_array() || archs->empty() ||
-      !(*archs)[0].is_string()) {
-    return "";
-  }
-  return (*archs)[0].get<std::string>();
-}
-
-// The module at `path`'s parent path ("" for a top-level module).
-std::string ParentPath(absl::string_view path) {
-  const size_t dot = path.rfind('.');
-  return dot == absl::string_view::npos ? "" : std::string(path.substr(0, dot));
-}
-
 bool MatchesAny(const std::vector<ir::ModulePattern>& patterns,
                 absl::string_view path, absl::string_view type) {
   for (const ir::ModulePattern& p : patterns) {
@@ -130,7 +110,7 @@ absl::Status SmoothQuantModifier::OnRunStart(RunContext& ctx) {
   std::vector<SmoothQuantMapping> mappings = options_.mappings;
   const bool defaults = mappings.empty();
   if (defaults)
-    mappings = DefaultSmoothQuantMappings(Architecture(ctx.model()));
+    mappings = DefaultSmoothQuantMappings(ModelArchitecture(ctx.model()));
   std::vector<ir::ModulePattern> ignore;
   for (const std::string& i : options_.ignore) {
     ASSIGN_OR_RETURN(ir::ModulePattern p, Pattern(i));
@@ -164,7 +144,7 @@ absl::Status SmoothQuantModifier::OnRunStart(RunContext& ctx) {
     bool matched = false;
     for (const auto& [smooth, smooth_type] : modules) {
       if (!smooth_pattern.Matches(smooth, smooth_type)) continue;
-      const std::string scope = ParentPath(smooth);
+      const std::string scope = ParentModulePath(smooth);
       std::vector<std::string> balance;
       for (const LeafModule& leaf : ctx.leaf_modules()) {
         if (leaf.path == smooth) continue;

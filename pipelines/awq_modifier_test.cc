@@ -1,0 +1,250 @@
+// AWQ: its grid, scales and weight means against llm-compressor's formulas,
+// the model's output unchanged by the smoothing it applies, and the recipe
+// wiring. Parity with llm-compressor is tests/cli/awq_parity_test.py.
+
+#include "pipelines/awq_modifier.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "pipelines/calibrate.h"
+#include "pipelines/recipe.h"
+#include "util/testing/runfiles.h"
+#include "util/testing/status_matchers.h"
+#include "util/testing/temp_dir.h"
+
+namespace tracecut::pipelines {
+namespace {
+
+using ::testing::HasSubstr;
+using ::tracecut::util::testing::Runfile;
+using ::tracecut::util::testing::StatusIs;
+using ::tracecut::util::testing::TempDir;
+
+std::string Llama() { return Runfile("tests/fixtures/llama.pt"); }
+
+quantization::QuantizationArgs Int4Group32Asym() {
+  quantization::QuantizationArgs a;
+  a.num_bits = 4;
+  a.symmetric = false;
+  a.strategy = quantization::Strategy::kGroup;
+  a.group_size = 32;
+  EXPECT_OK(a.Resolve("weights"));
+  return a;
+}
+
+at::Tensor Logits(const torch::jit::Module& m, const at::Tensor& ids) {
+  std::vector<c10::IValue> inputs = {ids, at::ones_like(ids)};
+  return const_cast<torch::jit::Module&>(m)
+      .forward(inputs)
+      .toTupleRef()
+      .elements()[0]
+      .toTensor();
+}
+
+TEST(AwqGridTest, PointsInLlmCompressorsOrder) {
+  std::vector<std::pair<double, bool>> on = AwqGrid(AwqDuoScaling::kOn, 20);
+  ASSERT_EQ(on.size(), 20u);
+  EXPECT_EQ(on[0], std::make_pair(0.0, false));  // The identity first.
+  EXPECT_EQ(on[1], std::make_pair(0.0, true));
+  EXPECT_EQ(on[19], std::make_pair(1.0, true));
+  EXPECT_DOUBLE_EQ(on[2].first, 1.0 / 18);
+  std::vector<std::pair<double, bool>> both = AwqGrid(AwqDuoScaling::kBoth, 20);
+  ASSERT_EQ(both.size(), 20u);
+  EXPECT_EQ(both[0], std::make_pair(0.0, false));
+  EXPECT_EQ(both[1], std::make_pair(0.0, true));
+  EXPECT_DOUBLE_EQ(both[2].first, 1.0 / 9);
+  std::vector<std::pair<double, bool>> off = AwqGrid(AwqDuoScaling::kOff, 5);
+  ASSERT_EQ(off.size(), 5u);
+  EXPECT_DOUBLE_EQ(off[1].first, 0.25);
+  EXPECT_FALSE(off[4].second);
+}
+
+TEST(AwqScalesTest, FollowLlmCompressorsFormula) {
+  at::Tensor x = at::tensor({0.5f, 2.0f, 8.0f, 0.0f});
+  at::Tensor w = at::tensor({0.25, 0.5, 1.0, 0.75}, at::kDouble);
+  const double r = 0.4;
+  ASSERT_OK_AND_ASSIGN(at::Tensor duo, AwqScales(x, w, r, /*duo=*/true));
+  EXPECT_EQ(duo.scalar_type(), at::kDouble);
+  std::vector<double> want(4);
+  double lo = 1e300, hi = 0;
+  for (int j = 0; j < 4; ++j) {
+    const double xj = x[j].item<float>();
+    want[j] = std::max(std::pow(static_cast<float>(std::pow(xj, r)), 1.0) /
+                           (std::pow(w[j].item<double>(), 1 - r) + 1e-4),
+                       1e-4);
+    lo = std::min(lo, want[j]);
+    hi = std::max(hi, want[j]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_NEAR(duo[j].item<double>(), want[j] / std::sqrt(lo * hi),
+                1e-6 * want[j])
+        << j;
+  }
+  // Without duo scaling: x^r alone, in x's dtype; x = 0 clamps to 1e-4.
+  ASSERT_OK_AND_ASSIGN(at::Tensor plain, AwqScales(x, {}, r, /*duo=*/false));
+  EXPECT_EQ(plain.scalar_type(), at::kFloat);
+  EXPECT_NEAR(plain[2].item<float>() / plain[3].item<float>(),
+              std::pow(8.0, r) / 1e-4, 1e-2);
+}
+
+TEST(AwqWeightMeansTest, MagnitudesRelativeToTheirGroup) {
+  // Two rows of 4 columns in groups of 2: each |w| over its group's max.
+  at::Tensor w = at::tensor({1.0f, -2.0f, 3.0f, 0.0f,  //
+                             -4.0f, 4.0f, 1.0f, 1.0f})
+                     .view({2, 4});
+  quantization::QuantizationArgs a = Int4Group32Asym();
+  a.group_size = 2;
+  ASSERT_OK_AND_ASSIGN(at::Tensor m, AwqWeightMeans({w}, a));
+  EXPECT_EQ(m.scalar_type(), at::kDouble);
+  const double e = 1e-6;
+  const double want[] = {
+      (1 / (2 + e) + 4 / (4 + e)) / 2, (2 / (2 + e) + 4 / (4 + e)) / 2,
+      (3 / (3 + e) + 1 / (1 + e)) / 2, (0 / (3 + e) + 1 / (1 + e)) / 2};
+  // The normalization runs in the weight's dtype (fp32), the sum in fp64.
+  for (int j = 0; j < 4; ++j) EXPECT_NEAR(m[j].item<double>(), want[j], 1e-7);
+}
+
+TEST(AwqDefaultMappingsTest, DenseModelsGetLlamasMoeModelsNone) {
+  ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> llama,
+                       AwqDefaultMappings("LlamaForCausalLM"));
+  ASSERT_EQ(llama.size(), 4u);
+  EXPECT_EQ(llama[1].smooth_layer, "re:.*v_proj$");
+  EXPECT_EQ(llama[1].balance_layers,
+            std::vector<std::string>({"re:.*o_proj$"}));
+  EXPECT_THAT(
+      AwqDefaultMappings("MixtralForCausalLM").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give mappings")));
+}
+
+TEST(AwqModifierTest, SmoothingKeepsWhatTheModelComputes) {
+  AwqOptions options;
+  options.weights = Int4Group32Asym();
+  options.quantized.targets = {"Linear"};
+  options.quantized.ignore = {"lm_head"};
+  options.n_grid = 6;
+  AwqModifier awq(options);
+  CalibrateOptions o;
+  o.model_path = Llama();
+  o.recipe.add_sequential_targets("LlamaDecoderLayer");
+  o.extra_modifiers = {&awq};
+  o.synthetic_samples = 8;
+  o.batch_size = 4;
+  std::string dir = TempDir("awq");
+  o.output_path = absl::StrCat(dir, "/model.pt");
+  ASSERT_OK_AND_ASSIGN(CalibrateOutcome out, Calibrate(o));
+  ASSERT_TRUE(out.model.has_value());
+
+  // All four mappings of both layers, each with its parent.
+  ASSERT_EQ(awq.resolved().size(), 8u);
+  EXPECT_EQ(awq.resolved()[0].smooth, "model.layers.0.input_layernorm");
+  EXPECT_EQ(awq.resolved()[0].parent, "model.layers.0.self_attn");
+  EXPECT_EQ(awq.resolved()[0].loss_leaf, "model.layers.0.self_attn.o_proj");
+  const AwqModifier::Resolved* v_o = nullptr;
+  for (const AwqModifier::Resolved& r : awq.resolved()) {
+    if (r.smooth == "model.layers.1.self_attn.v_proj") v_o = &r;
+  }
+  ASSERT_NE(v_o, nullptr);
+  EXPECT_EQ(v_o->parent, "model.layers.1.self_attn.o_proj");
+  EXPECT_EQ(v_o->loss_leaf, "model.layers.1.self_attn.o_proj");
+  // Each smooth layer got its search recorded.
+  const ModuleRecord* norm =
+      out.results.FindModule("model.layers.1.post_attention_layernorm");
+  ASSERT_NE(norm, nullptr);
+  ASSERT_EQ(norm->notes.size(), 1u);
+  EXPECT_THAT(norm->notes[0], HasSubstr("awq: scales for "));
+
+  // Some weights moved, and the model computes the same.
+  torch::jit::Module original = torch::jit::load(Llama());
+  ASSERT_OK_AND_ASSIGN(
+      at::Tensor q,
+      out.model->GetTensor("model.layers.0.self_attn.q_proj.weight"));
+  at::Tensor q0 = original.attr("model")
+                      .toModule()
+                      .attr("layers")
+                      .toModule()
+                      .attr("0")
+                      .toModule()
+                      .attr("self_attn")
+                      .toModule()
+                      .attr("q_proj")
+                      .toModule()
+                      .attr("weight")
+                      .toTensor();
+  EXPECT_FALSE(at::equal(q, q0));
+  at::manual_seed(5);
+  at::Tensor ids = at::randint(0, 256, {2, 16}, at::kLong);
+  at::Tensor want = Logits(original, ids);
+  at::Tensor got = Logits(out.model->module(), ids);
+  const double err = ((got - want).norm() / want.norm()).item<double>();
+  EXPECT_LT(err, 1e-5) << "logits relative error " << err;
+}
+
+TEST(AwqModifierTest, RecipeNeedsAQuantizerAfterIt) {
+  EXPECT_THAT(ParseRecipe("modifiers { awq {} }", "r.textproto").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is not followed by a gptq or rtn modifier")));
+  EXPECT_THAT(ParseRecipe(R"pb(
+                            modifiers { awq { n_grid: 2 } }
+                            modifiers {
+                              rtn {
+                                scheme { bits: 4 group_size: 32 }
+                                targets: "Linear"
+                              }
+                            })pb",
+                          "r.textproto")
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("n_grid: must be in [3, 1000]")));
+  EXPECT_OK(ParseRecipe(R"pb(
+                          modifiers { awq { duo_scaling: BOTH } }
+                          modifiers {
+                            rtn {
+                              scheme { bits: 4 group_size: 32 symmetric: false }
+                              targets: "Linear"
+                              ignore: "lm_head"
+                            }
+                          })pb",
+                        "r.textproto"));
+}
+
+TEST(AwqModifierTest, RunsBeforeItsQuantizerFromARecipe) {
+  CalibrateOptions o;
+  o.model_path = Llama();
+  ASSERT_OK_AND_ASSIGN(
+      o.recipe,
+      ParseRecipe(R"pb(
+                    modifiers { awq { n_grid: 4 } }
+                    modifiers {
+                      rtn {
+                        scheme { bits: 4 group_size: 32 symmetric: false }
+                        targets: "Linear"
+                        ignore: "lm_head"
+                      }
+                    }
+                    sequential_targets: "LlamaDecoderLayer"
+                  )pb",
+                  "r.textproto"));
+  o.synthetic_samples = 8;
+  o.batch_size = 4;
+  std::string dir = TempDir("awq_rtn");
+  o.output_path = absl::StrCat(dir, "/model.pt");
+  ASSERT_OK_AND_ASSIGN(CalibrateOutcome out, Calibrate(o));
+  const ModuleRecord* q =
+      out.results.FindModule("model.layers.0.self_attn.q_proj");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->weight_method, "rtn");
+  const ModuleRecord* norm =
+      out.results.FindModule("model.layers.0.input_layernorm");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_THAT(norm->notes.front(), HasSubstr("awq: scales for "));
+}
+
+}  // namespace
+}  // namespace tracecut::pipelines
