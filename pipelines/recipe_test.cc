@@ -159,7 +159,7 @@ TEST(RecipeTest, ValidationErrorsNameFieldAndPlace) {
             "group_size -1, got 64");
   EXPECT_EQ(ErrorOf(""), "recipe.textproto: recipe: has no modifiers");
   EXPECT_EQ(ErrorOf("pipeline: BASIC\nmodifiers {}"),
-            "recipe.textproto:2:1: modifiers[0]: names no modifier (gptq, "
+            "recipe.textproto:2:1: modifiers[0]: names no modifier (awq, gptq, "
             "observer, rtn or smoothquant)");
   EXPECT_EQ(ErrorOf("modifiers { smoothquant { smoothing_strength: 2 } }"),
             "recipe.textproto:1:27: modifiers[0].smoothquant."

@@ -36,7 +36,7 @@ using recipe_yaml_internal::Reader;
 using recipe_yaml_internal::ResolveGroups;
 
 constexpr absl::string_view kRuns =
-    "(tracecut runs GPTQModifier, QuantizationModifier and "
+    "(tracecut runs AWQModifier, GPTQModifier, QuantizationModifier and "
     "SmoothQuantModifier)";
 
 // Stages, modifier groups and modifiers, in order, into one recipe.
@@ -229,10 +229,7 @@ class RecipeReader {
       return ReadQuantization(m, path, m.key == "GPTQModifier");
     }
     if (m.key == "SmoothQuantModifier") return ReadSmoothQuant(m, path);
-    if (m.key == "AWQModifier") {
-      return r_.Error(m.key_node, path,
-                      absl::StrCat(m.key, " not supported yet ", kRuns));
-    }
+    if (m.key == "AWQModifier") return ReadAwq(m, path);
     return r_.Error(m.key_node, path,
                     absl::StrCat("unsupported modifier ", kRuns));
   }
@@ -325,6 +322,83 @@ class RecipeReader {
       }
     }
     *out_.add_modifiers()->mutable_smoothquant() = std::move(q);
+    return absl::OkStatus();
+  }
+
+  // AWQModifier (llmcompressor.modifiers.transform.awq): mappings as
+  // AWQMapping fields, duo_scaling true / false / "both", n_grid.
+  absl::Status ReadAwq(const Reader::Entry& m, const std::string& path) {
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(m.value, path));
+    recipe::AwqModifier a;
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join(path, e.key);
+      const YAML::Node& v = e.value;
+      ASSIGN_OR_RETURN(bool common, CommonField(e, p));
+      if (common) continue;
+      if (e.key == "duo_scaling") {
+        if (v.IsScalar() && v.Scalar() == "both") {
+          a.set_duo_scaling(recipe::AwqModifier::BOTH);
+        } else {
+          absl::StatusOr<bool> duo = r_.Bool(v, p);
+          if (!duo.ok()) {
+            return r_.Error(v, p, "must be true, false or \"both\"");
+          }
+          a.set_duo_scaling(*duo ? recipe::AwqModifier::ON
+                                 : recipe::AwqModifier::OFF);
+        }
+      } else if (e.key == "n_grid") {
+        ASSIGN_OR_RETURN(int64_t n, r_.Int(v, p));
+        if (n < 2 || n > 1000) {
+          return r_.Error(v, p, absl::StrCat("must be in [2, 1000], got ", n));
+        }
+        a.set_n_grid(static_cast<int32_t>(n));
+      } else if (e.key == "offload_device") {
+        // Where llm-compressor keeps the parent modules' cached inputs;
+        // tracecut replays the subgraph from its intermediates cache
+        // (recipe `cache`) instead, so any value is accepted.
+      } else if (e.key == "mappings") {
+        if (v.IsNull()) continue;
+        if (!v.IsSequence()) return r_.Error(v, p, "must be a list");
+        for (size_t i = 0; i < v.size(); ++i) {
+          RETURN_IF_ERROR(ReadAwqMapping(v[i], absl::StrCat(p, "[", i, "]"),
+                                         a.add_mappings()));
+        }
+      } else {
+        return r_.Error(e.key_node, p, "unsupported field");
+      }
+    }
+    *out_.add_modifiers()->mutable_awq() = std::move(a);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadAwqMapping(const YAML::Node& node, const std::string& path,
+                              recipe::AwqModifier::Mapping* out) {
+    if (!node.IsMap()) {
+      return r_.Error(node, path, "must be {smooth_layer, balance_layers}");
+    }
+    ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries,
+                     r_.Entries(node, path));
+    for (const Reader::Entry& e : entries) {
+      const std::string p = Reader::Join(path, e.key);
+      if (e.key == "smooth_layer") {
+        ASSIGN_OR_RETURN(std::string smooth, r_.String(e.value, p));
+        out->set_smooth_layer(smooth);
+      } else if (e.key == "balance_layers") {
+        ASSIGN_OR_RETURN(std::vector<std::string> b, r_.Strings(e.value, p));
+        for (std::string& layer : b) out->add_balance_layers(std::move(layer));
+      } else if (e.key == "activation_hook_target") {
+        RETURN_IF_ERROR(
+            r_.NullOr(e.value, p,
+                      "only null (the first balance layer's input is what is "
+                      "measured)"));
+      } else {
+        return r_.Error(e.key_node, p, "unsupported field");
+      }
+    }
+    if (out->smooth_layer().empty() || out->balance_layers().empty()) {
+      return r_.Error(node, path, "needs smooth_layer and balance_layers");
+    }
     return absl::OkStatus();
   }
 
@@ -553,6 +627,7 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
     const char* type = m.has_gptq()          ? "GPTQModifier"
                        : m.has_rtn()         ? "QuantizationModifier"
                        : m.has_smoothquant() ? "SmoothQuantModifier"
+                       : m.has_awq()         ? "AWQModifier"
                                              : nullptr;
     if (type == nullptr) {
       return absl::InvalidArgumentError(
@@ -592,6 +667,27 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
       }
     } else if (m.has_rtn()) {
       EmitQuantFields(out, m.rtn());
+    } else if (m.has_awq()) {
+      const recipe::AwqModifier& a = m.awq();
+      out << YAML::Key << "duo_scaling" << YAML::Value;
+      if (a.duo_scaling() == recipe::AwqModifier::BOTH) {
+        out << "both";
+      } else {
+        out << (a.duo_scaling() != recipe::AwqModifier::OFF);
+      }
+      out << YAML::Key << "n_grid" << YAML::Value << a.n_grid();
+      if (!a.mappings().empty()) {
+        out << YAML::Key << "mappings" << YAML::Value << YAML::BeginSeq;
+        for (const recipe::AwqModifier::Mapping& mapping : a.mappings()) {
+          out << YAML::Flow << YAML::BeginMap;
+          out << YAML::Key << "smooth_layer" << YAML::Value
+              << mapping.smooth_layer();
+          out << YAML::Key << "balance_layers" << YAML::Value;
+          EmitList(out, mapping.balance_layers());
+          out << YAML::EndMap;
+        }
+        out << YAML::EndSeq;
+      }
     } else {
       const recipe::SmoothQuantModifier& q = m.smoothquant();
       out << YAML::Key << "smoothing_strength" << YAML::Value

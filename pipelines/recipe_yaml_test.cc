@@ -251,18 +251,65 @@ TEST(RecipeYamlTest, SmoothQuantModifierAsLlmCompressorWritesIt) {
               HasSubstr("SmoothQuantModifier.targets: unsupported field"));
 }
 
+TEST(RecipeYamlTest, AwqModifierAsLlmCompressorWritesIt) {
+  // Recipe.from_modifiers([AWQModifier(), QuantizationModifier(
+  // scheme="W4A16_ASYM", targets=["Linear"], ignore=["lm_head"])]).yaml()
+  // of llm-compressor 0.14, offload_device's sentinel included.
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml(
+          "default_stage:\n"
+          "  default_modifiers:\n"
+          "    AWQModifier:\n"
+          "      requires_calibration_data: true\n"
+          "      offload_device: !!python/object/apply:llmcompressor.sentinel."
+          "Sentinel [not_provided,\n"
+          "        /x/llmcompressor/sentinel.py]\n"
+          "      duo_scaling: true\n"
+          "      n_grid: 20\n"
+          "    QuantizationModifier:\n"
+          "      targets: [Linear]\n"
+          "      ignore: [lm_head]\n"
+          "      scheme: W4A16_ASYM\n"
+          "      bypass_divisibility_checks: false\n"
+          "      requires_calibration_data: false\n"));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  EXPECT_EQ(r.modifiers(0).awq().duo_scaling(), recipe::AwqModifier::ON);
+  EXPECT_EQ(r.modifiers(0).awq().n_grid(), 20);
+  EXPECT_FALSE(r.modifiers(1).rtn().scheme().symmetric());
+  EXPECT_EQ(r.modifiers(1).rtn().scheme().group_size(), 128);
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe mapped,
+      ParseRecipeYaml(
+          "s_stage:\n  m_modifiers:\n    AWQModifier:\n      duo_scaling: "
+          "both\n"
+          "      mappings:\n"
+          "      - smooth_layer: re:.*input_layernorm$\n"
+          "        balance_layers: ['re:.*q_proj$', 're:.*k_proj$']\n"
+          "        activation_hook_target: null\n"
+          "    GPTQModifier: {scheme: W4A16, targets: [Linear]}\n"));
+  const recipe::AwqModifier& a = mapped.modifiers(0).awq();
+  EXPECT_EQ(a.duo_scaling(), recipe::AwqModifier::BOTH);
+  ASSERT_EQ(a.mappings_size(), 1);
+  EXPECT_EQ(a.mappings(0).smooth_layer(), "re:.*input_layernorm$");
+  EXPECT_EQ(a.mappings(0).balance_layers_size(), 2);
+}
+
 TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
   EXPECT_EQ(
       ErrorOf(Gptq("      scheme: W4A16\n      offload_hessians: true\n")),
       "recipe.yaml:5:7: quant_stage.quant_modifiers.GPTQModifier."
       "offload_hessians: unsupported field");
-  EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier: {}\n"),
-            "recipe.yaml:3:5: quant_stage.quant_modifiers.AWQModifier: "
-            "AWQModifier not supported yet (tracecut runs GPTQModifier, "
-            "QuantizationModifier and SmoothQuantModifier)");
+  EXPECT_THAT(
+      ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier: {}\n"),
+      HasSubstr("is not followed by a gptq or rtn modifier"));
+  EXPECT_EQ(ErrorOf("quant_stage:\n  quant_modifiers:\n    AWQModifier:\n"
+                    "      duo_scaling: maybe\n"),
+            "recipe.yaml:4:20: quant_stage.quant_modifiers.AWQModifier."
+            "duo_scaling: must be true, false or \"both\"");
   EXPECT_EQ(ErrorOf("s_stage:\n  m_modifiers:\n    WandaPruningModifier: {}\n"),
             "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
-            "unsupported modifier (tracecut runs GPTQModifier, "
+            "unsupported modifier (tracecut runs AWQModifier, GPTQModifier, "
             "QuantizationModifier and SmoothQuantModifier)");
   EXPECT_EQ(
       ErrorOf(Gptq("      scheme: FP8\n")),
@@ -385,6 +432,25 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
              gptq {
                scheme { bits: 8 group_size: 128 }
                targets: "Linear"
+             }
+           })pb",
+      // AWQ before its quantizer, with its own mappings.
+      R"pb(modifiers {
+             awq {
+               duo_scaling: BOTH
+               n_grid: 10
+               mappings {
+                 smooth_layer: "re:.*input_layernorm$"
+                 balance_layers: "re:.*q_proj$"
+                 balance_layers: "re:.*k_proj$"
+               }
+             }
+           }
+           modifiers {
+             rtn {
+               scheme { bits: 4 symmetric: false group_size: 128 }
+               targets: "Linear"
+               ignore: "lm_head"
              }
            })pb",
       // config_groups forms, repeated modifier types, pipeline settings.
