@@ -203,6 +203,27 @@ TEST(AwqModifierTest, RecipeNeedsAQuantizerAfterIt) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("n_grid: must be in [3, 1000]")));
   EXPECT_OK(ParseRecipe(R"pb(
+                          modifiers {
+                            awq {
+                              scheme { bits: 4 group_size: 32 }
+                              ignore: "lm_head"
+                            }
+                          })pb",
+                        "r.textproto"));
+  EXPECT_THAT(
+      ParseRecipe(R"pb(
+                    modifiers { awq { ignore: "lm_head" } }
+                    modifiers {
+                      rtn {
+                        scheme { bits: 4 group_size: 32 }
+                        targets: "Linear"
+                      }
+                    })pb",
+                  "r.textproto")
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("scheme: is required with targets or ignore")));
+  EXPECT_OK(ParseRecipe(R"pb(
                           modifiers { awq { duo_scaling: BOTH } }
                           modifiers {
                             rtn {

@@ -336,13 +336,17 @@ absl::StatusOr<AwqOptions> AwqOptionsOf(const recipe::Recipe& recipe,
       : a.duo_scaling() == recipe::AwqModifier::BOTH ? AwqDuoScaling::kBoth
                                                      : AwqDuoScaling::kOn;
   o.n_grid = a.n_grid();
-  for (int i = index + 1; i < recipe.modifiers_size(); ++i) {
+  for (int i = a.has_scheme() ? index : index + 1; i < recipe.modifiers_size();
+       ++i) {
     const recipe::Modifier& m = recipe.modifiers(i);
-    if (!m.has_gptq() && !m.has_rtn()) continue;
-    const recipe::QuantizationScheme& s =
-        m.has_gptq() ? m.gptq().scheme() : m.rtn().scheme();
+    if (!m.has_gptq() && !m.has_rtn() && i != index) continue;
+    const recipe::QuantizationScheme& s = m.has_gptq()  ? m.gptq().scheme()
+                                          : m.has_rtn() ? m.rtn().scheme()
+                                                        : a.scheme();
     o.quantized = m.has_gptq() ? Selector(m.gptq().targets(), m.gptq().ignore())
-                               : Selector(m.rtn().targets(), m.rtn().ignore());
+                  : m.has_rtn() ? Selector(m.rtn().targets(), m.rtn().ignore())
+                                : Selector(a.targets(), a.ignore());
+    if (o.quantized.targets.empty()) o.quantized.targets = {"Linear"};
     // The quantizer's scheme as compressed-tensors' args: the grid AWQ's
     // search quantizes on (llm-compressor's).
     quantization::QuantizationArgs& w = o.weights;

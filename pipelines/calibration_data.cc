@@ -152,9 +152,8 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path) {
   constexpr int64_t kMaxDataBytes = int64_t{4} << 30;
   if (S_ISREG(st.st_mode) && st.st_size > kMaxDataBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "calibration data '", path, "': ", st.st_size,
-        " bytes, more than the ", kMaxDataBytes,
-        " tracecut reads; use fewer or shorter samples"));
+        "calibration data '", path, "': ", st.st_size, " bytes, more than the ",
+        kMaxDataBytes, " tracecut reads; use fewer or shorter samples"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -311,6 +311,19 @@ absl::Status CheckAwq(const Checker& c, const recipe::AwqModifier& m,
       }
     }
   }
+  if (m.has_scheme()) {
+    RETURN_IF_ERROR(CheckScheme(c, true, m.scheme(), /*required=*/true));
+    for (int i = 0; i < m.targets_size(); ++i) {
+      if (m.targets(i).empty()) return c.Error("targets", "is empty", i);
+    }
+    for (int i = 0; i < m.ignore_size(); ++i) {
+      if (m.ignore(i).empty()) return c.Error("ignore", "is empty", i);
+    }
+    return absl::OkStatus();
+  }
+  if (!m.targets().empty() || !m.ignore().empty()) {
+    return c.Error("scheme", "is required with targets or ignore");
+  }
   for (int i = index + 1; i < r.modifiers_size(); ++i) {
     if (r.modifiers(i).has_gptq() || r.modifiers(i).has_rtn()) {
       return absl::OkStatus();
@@ -318,7 +331,7 @@ absl::Status CheckAwq(const Checker& c, const recipe::AwqModifier& m,
   }
   return c.MessageError(
       "is not followed by a gptq or rtn modifier, whose scheme it searches "
-      "scales for");
+      "scales for (or give it a scheme of its own)");
 }
 
 absl::Status CheckCache(const Checker& c,

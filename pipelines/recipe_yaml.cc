@@ -634,6 +634,12 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
           absl::StrCat("recipe: modifiers[", i,
                        "] (an observer) has no llm-compressor recipe form"));
     }
+    if (m.has_awq() && m.awq().has_scheme()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recipe: modifiers[", i,
+          "].awq has a scheme of its own, which has no llm-compressor form "
+          "(its AWQModifier takes the scheme of a quantizer after it)"));
+    }
     if (m.has_gptq() && m.gptq().actorder() && !m.gptq().static_groups() &&
         m.gptq().scheme().group_size() > 0 && !m.gptq().scheme().per_tensor()) {
       return absl::InvalidArgumentError(absl::StrCat(
