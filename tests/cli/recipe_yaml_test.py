@@ -4,7 +4,8 @@ A tiny transformers Llama (seeded, from a config) is saved as a checkpoint
 directory and exported with `tracecut export`. For each recipe that
 llm-compressor 0.14 itself writes (`Recipe.from_modifiers([...]).yaml()`:
 GPTQ W4A16, QuantizationModifier W4A16_ASYM, GPTQ with config_groups,
-SmoothQuant followed by GPTQ W8A16):
+SmoothQuant followed by GPTQ W8A16, AWQ followed by QuantizationModifier
+W4A16_ASYM, with default and with its own settings):
 
 * `tracecut calibrate --recipe=that.yaml` accepts it and writes OUT_DIR with
   a recipe.yaml;
@@ -15,8 +16,8 @@ SmoothQuant followed by GPTQ W8A16):
 * calibrating again with OUT_DIR/recipe.yaml reproduces OUT_DIR: the same
   bytes in every file.
 
-An llm-compressor recipe tracecut does not run (AWQModifier) is refused
-with one line naming the file and key, and nothing is written.
+An llm-compressor recipe tracecut does not run (WandaPruningModifier) is
+refused with one line naming the file and key, and nothing is written.
 
     recipe_yaml_test.py TRACECUT
 """
@@ -58,6 +59,18 @@ def recipes():
       "smoothquant_gptq": [SmoothQuantModifier(smoothing_strength=0.8),
                            GPTQModifier(targets="Linear", scheme="W8A16",
                                         ignore=["lm_head"])],
+      # llm-compressor's examples/awq: AWQ, then the scheme it searches for.
+      # (offload_device is given: the YAML of its unset default, a Python
+      # sentinel object, is one llm-compressor's own reader refuses.)
+      "awq_w4a16_asym": [AWQModifier(offload_device=None), QuantizationModifier(
+          targets="Linear", scheme="W4A16_ASYM", ignore=["lm_head"])],
+      "awq_both_mapped": [
+          AWQModifier(offload_device=None, duo_scaling="both", n_grid=10,
+                      mappings=[
+              {"smooth_layer": "re:.*post_attention_layernorm$",
+               "balance_layers": ["re:.*gate_proj$", "re:.*up_proj$"]}]),
+          GPTQModifier(targets="Linear", scheme="W4A16",
+                       ignore=["lm_head"])],
   }
 
 
@@ -71,6 +84,12 @@ def summary(recipe):
   """What a recipe makes llm-compressor compute, modifier by modifier."""
   out = []
   for m in recipe.modifiers:
+    if isinstance(m, AWQModifier):
+      out.append(("AWQModifier", m.duo_scaling, m.n_grid,
+                  [(getattr(x, "smooth_layer", None) or x["smooth_layer"],
+                    list(getattr(x, "balance_layers", None) or
+                         x["balance_layers"])) for x in (m.mappings or [])]))
+      continue
     if isinstance(m, SmoothQuantModifier):
       out.append(("SmoothQuantModifier", m.smoothing_strength,
                   [[list(b), s] for b, s in (m.mappings or [])],
@@ -139,19 +158,20 @@ def main():
       print(f"{name}: calibrating with the output's recipe.yaml reproduces "
             f"all {len(first)} files byte for byte")
 
-    # AWQ is refused by name, with nothing written.
-    awq = os.path.join(d, "awq.yaml")
-    Recipe.from_modifiers([AWQModifier(), QuantizationModifier(
-        targets="Linear", scheme="W4A16_ASYM")]).yaml(file_path=awq)
-    out = os.path.join(d, "awq-out")
-    p = run([tracecut, "calibrate", ckpt, "--recipe=" + awq, "-o", out]
+    # A modifier tracecut does not run is refused by name, nothing written.
+    from llmcompressor.modifiers.pruning import WandaPruningModifier
+    wanda = os.path.join(d, "wanda.yaml")
+    Recipe.from_modifiers([WandaPruningModifier(
+        sparsity=0.5, targets="__ALL_PRUNABLE__")]).yaml(file_path=wanda)
+    out = os.path.join(d, "wanda-out")
+    p = run([tracecut, "calibrate", ckpt, "--recipe=" + wanda, "-o", out]
             + flags, code=1)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert awq in lines[0] and "default_modifiers.AWQModifier" in lines[0] \
-        and "not supported yet" in lines[0], lines[0]
+    assert wanda in lines[0] and "WandaPruningModifier" in lines[0] \
+        and "unsupported modifier" in lines[0], lines[0]
     assert not os.path.exists(out), os.listdir(d)
-    print(f"AWQModifier refused: {lines[0]}")
+    print(f"WandaPruningModifier refused: {lines[0]}")
 
 
 if __name__ == "__main__":
