@@ -20,7 +20,8 @@ same 8 samples of 16 token ids calibrate it, in this one test run:
 Checked: every smoothed weight (norms, q/k/v/o, gate/up/down of each layer)
 equals llm-compressor's within 1e-5 relative (max |a - b| / max |b|: the
 same grid point won every search), and at least one weight of each mapping
-moved; the smoothed model's logits equal the original's within 1e-5; and
+moved; the smoothed model's logits equal the original's within 1e-5; a
+2-rank data-parallel run gives the same weights within 1e-5; and
 transformers' final-logit error of tracecut's compressed-tensors output is
 within 5 % of llm-compressor's own output's error (both loaded by
 transformers, decompressed by compressed-tensors). The smoothed weights
@@ -191,6 +192,20 @@ def main():
     assert err <= 1e-5, f"logits changed by smoothing: relative {err:.3g}"
     print(f"smoothed model's logits vs the original transformers model's: "
           f"relative error {err:.3g} (bound 1e-5)")
+
+    # Data-parallel: two ranks, activation sums and errors all-reduced.
+    dp = os.path.join(d, "smoothed-dp.pt")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + alone, "--data=" + data,
+         "--format=torchscript", "--nproc-per-node=2", "-o", dp])
+    dp_state = dict(torch.jit.load(dp).state_dict())
+    dp_worst = 0.0
+    for layer in range(2):
+      for name in SMOOTHED:
+        key = f"model.layers.{layer}.{name}.weight"
+        dp_worst = max(dp_worst, relative(dp_state[key], ours[key]))
+    assert dp_worst <= 1e-5, f"data-parallel differs: {dp_worst:.3g}"
+    print(f"data-parallel (2 ranks): smoothed weights within {dp_worst:.3g} "
+          f"relative of one process's (bound 1e-5: summation order)")
 
     # End to end: llm-compressor's recipe.yaml, compressed-tensors out.
     recipe = os.path.join(theirs_dir, "recipe.yaml")
