@@ -562,6 +562,32 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
                      }));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
+  // The smoothed model must compute what it did: a smooth layer whose
+  // weight does not scale its output linearly (Gemma's norms multiply by
+  // 1 + weight) would otherwise change the model without a word.
+  std::vector<at::Tensor> smoothed;
+  RETURN_IF_ERROR(capture(smoothed));
+  ASSIGN_OR_RETURN(
+      double changed, runtime::TorchCall(where, [&] {
+        double diff = 0, norm = 0;
+        for (size_t b = 0; b < reference.size() && b < smoothed.size(); ++b) {
+          at::Tensor want = reference[b].to(at::kDouble);
+          diff +=
+              (smoothed[b].to(at::kDouble) - want).pow(2).sum().item<double>();
+          norm += want.pow(2).sum().item<double>();
+        }
+        return std::sqrt(diff / std::max(norm, 1e-300));
+      }));
+  const bool half =
+      sw.scalar_type() == at::kHalf || sw.scalar_type() == at::kBFloat16;
+  if (!(changed <= (half ? 5e-2 : 1e-3))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: smoothing changed what %s computes (relative error %.3g): the "
+        "smooth layer's weight does not scale its output (a norm computing "
+        "x * (1 + weight), as Gemma's, or a mapping whose balance layers do "
+        "not read the smooth layer's output); give mappings without it",
+        where, mapping.parent, changed));
+  }
   ctx.results()
       .Module(mapping.smooth)
       .notes.push_back(absl::StrFormat(

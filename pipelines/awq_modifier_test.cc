@@ -186,6 +186,29 @@ TEST(AwqModifierTest, SmoothingKeepsWhatTheModelComputes) {
   EXPECT_LT(err, 1e-5) << "logits relative error " << err;
 }
 
+TEST(AwqModifierTest, SmoothingThatChangesTheModelIsRefused) {
+  // gate/up do not read input_layernorm's output: dividing that norm by the
+  // scales found for them changes what the layer computes.
+  AwqOptions options;
+  options.weights = Int4Group32Asym();
+  options.quantized.targets = {"Linear"};
+  options.mappings = {
+      {"re:.*input_layernorm$", {"re:.*gate_proj$", "re:.*up_proj$"}}};
+  options.n_grid = 4;
+  AwqModifier awq(options);
+  CalibrateOptions o;
+  o.model_path = Llama();
+  o.recipe.add_sequential_targets("LlamaDecoderLayer");
+  o.extra_modifiers = {&awq};
+  o.synthetic_samples = 8;
+  o.batch_size = 4;
+  o.output_path = absl::StrCat(TempDir("awq_wrong"), "/model.pt");
+  EXPECT_THAT(Calibrate(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("_layernorm: smoothing changed what "
+                                 "model.layers.")));
+}
+
 TEST(AwqModifierTest, RecipeNeedsAQuantizerAfterIt) {
   EXPECT_THAT(ParseRecipe("modifiers { awq {} }", "r.textproto").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
