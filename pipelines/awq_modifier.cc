@@ -565,19 +565,23 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   // The smoothed model must compute what it did: a smooth layer whose
   // weight does not scale its output linearly (Gemma's norms multiply by
   // 1 + weight) would otherwise change the model without a word.
-  std::vector<at::Tensor> smoothed;
-  RETURN_IF_ERROR(capture(smoothed));
-  ASSIGN_OR_RETURN(
-      double changed, runtime::TorchCall(where, [&] {
-        double diff = 0, norm = 0;
-        for (size_t b = 0; b < reference.size() && b < smoothed.size(); ++b) {
-          at::Tensor want = reference[b].to(at::kDouble);
-          diff +=
-              (smoothed[b].to(at::kDouble) - want).pow(2).sum().item<double>();
-          norm += want.pow(2).sum().item<double>();
-        }
-        return std::sqrt(diff / std::max(norm, 1e-300));
+  double diff = 0, norm = 0;
+  size_t checked = 0;
+  RETURN_IF_ERROR(
+      ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
+        if (call.path != mapping.loss_leaf) return true;
+        ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+        if (checked >= reference.size()) return false;
+        const at::Tensor& want = reference[checked++];
+        RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+          at::Tensor w = want.to(at::kDouble);
+          diff += (out.to(at::kDouble) - w).pow(2).sum().item<double>();
+          norm += w.pow(2).sum().item<double>();
+          return absl::OkStatus();
+        }));
+        return false;
       }));
+  const double changed = std::sqrt(diff / std::max(norm, 1e-300));
   const bool half =
       sw.scalar_type() == at::kHalf || sw.scalar_type() == at::kBFloat16;
   if (!(changed <= (half ? 5e-2 : 1e-3))) {

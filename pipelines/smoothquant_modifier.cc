@@ -3,13 +3,17 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "ir/graph.h"
 #include "ir/module_pattern.h"
@@ -334,6 +338,26 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
                      ctx.model().GetTensor(absl::StrCat(b, ".weight")));
     weights.push_back(w);
   }
+  // What the balance layers compute on the first batch, before and after:
+  // smoothing must not change it (a norm computing x * (1 + weight), as
+  // Gemma's, would). Only where the pipeline can replay the subgraph (not
+  // `basic`); later batches end at their first leaf call.
+  const std::set<std::string> balance_set(balance.begin(), balance.end());
+  auto outputs = [&](std::vector<at::Tensor>& into) {
+    return ctx.ReplaySubgraph(
+        [&](const ModuleCall& call) -> absl::StatusOr<bool> {
+          if (call.batch > 0) return false;
+          if (balance_set.contains(std::string(call.path)) &&
+              call.output != nullptr && call.output->isTensor()) {
+            into.push_back(call.output->toTensor());
+          }
+          return true;
+        });
+  };
+  std::vector<at::Tensor> before;
+  absl::Status replayed = outputs(before);
+  const bool check = replayed.ok();
+  if (!check && !absl::IsFailedPrecondition(replayed)) return replayed;
   ASSIGN_OR_RETURN(at::Tensor scales,
                    SmoothQuantScales(reduced.min, reduced.max, weights,
                                      options_.smoothing_strength));
@@ -359,6 +383,29 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
                        return (bias / scales).to(bias.scalar_type());
                      }));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
+  }
+  if (!check) return absl::OkStatus();
+  std::vector<at::Tensor> after;
+  RETURN_IF_ERROR(outputs(after));
+  ASSIGN_OR_RETURN(
+      double changed, runtime::TorchCall("smoothquant", [&] {
+        double diff = 0, norm = 0;
+        for (size_t k = 0; k < before.size() && k < after.size(); ++k) {
+          at::Tensor want = before[k].to(at::kDouble);
+          diff += (after[k].to(at::kDouble) - want).pow(2).sum().item<double>();
+          norm += want.pow(2).sum().item<double>();
+        }
+        return std::sqrt(diff / std::max(norm, 1e-300));
+      }));
+  const bool half =
+      sw.scalar_type() == at::kHalf || sw.scalar_type() == at::kBFloat16;
+  if (!(changed <= (half ? 5e-2 : 1e-3))) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "smoothquant: %s: smoothing changed what %s compute (relative error "
+        "%.3g): the smooth layer's weight does not scale its output (a norm "
+        "computing x * (1 + weight), as Gemma's, or balance layers that do "
+        "not read its output); give mappings without it",
+        smooth, absl::StrJoin(balance, ", "), changed));
   }
   return absl::OkStatus();
 }

@@ -170,6 +170,28 @@ TEST(SmoothQuantModifierTest, SmoothingKeepsWhatTheModelComputes) {
   EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5));
 }
 
+TEST(SmoothQuantModifierTest, SmoothingThatChangesTheModelIsRefused) {
+  // gate/up do not read input_layernorm's output (as a Gemma norm, which
+  // multiplies by 1 + weight, would not scale it): refused, not applied.
+  std::string dir = TempDir("wrong");
+  CalibrateOptions o = Options(dir, R"pb(
+    modifiers {
+      smoothquant {
+        mappings {
+          balance_layers: "re:.*gate_proj"
+          balance_layers: "re:.*up_proj"
+          smooth_layer: "re:.*input_layernorm"
+        }
+      }
+    }
+    sequential_targets: "LlamaDecoderLayer"
+  )pb");
+  EXPECT_THAT(Calibrate(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("smoothquant: model.layers.0.input_layernorm: "
+                                 "smoothing changed what")));
+}
+
 TEST(SmoothQuantModifierTest, QuantizerInTheSameRunSeesTheSmoothedModel) {
   // One run (SmoothQuant, then GPTQ) against two: SmoothQuant alone, then
   // GPTQ on its output. The first decoder layer gets the same inputs in
