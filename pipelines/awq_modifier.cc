@@ -616,23 +616,11 @@ absl::Status AwqModifier::OnRunEnd(RunContext& ctx) {
 }
 
 absl::StatusOr<c10::IValue> AwqModifier::SaveState() const {
-  c10::impl::GenericList list(c10::StringType::get());
-  for (const std::string& s : done_) list.push_back(s);
-  return c10::IValue(list);
+  return NamesToState(done_);
 }
 
 absl::Status AwqModifier::RestoreState(const c10::IValue& state) {
-  done_.clear();
-  if (state.isNone()) return absl::OkStatus();
-  if (!state.isList()) {
-    return absl::DataLossError("awq: checkpoint state is not a list");
-  }
-  for (const c10::IValue& v : state.toListRef()) {
-    if (!v.isString()) {
-      return absl::DataLossError("awq: checkpoint state holds a non-string");
-    }
-    done_.insert(v.toStringRef());
-  }
+  ASSIGN_OR_RETURN(done_, NamesFromState(state, "awq"));
   return absl::OkStatus();
 }
 

@@ -322,6 +322,30 @@ void RunContext::Warn(std::string message) {
   results_->warnings.push_back(std::move(message));
 }
 
+c10::IValue NamesToState(const std::set<std::string>& names) {
+  c10::impl::GenericList list(c10::StringType::get());
+  for (const std::string& n : names) list.push_back(n);
+  return c10::IValue(list);
+}
+
+absl::StatusOr<std::set<std::string>> NamesFromState(const c10::IValue& state,
+                                                     absl::string_view owner) {
+  std::set<std::string> names;
+  if (state.isNone()) return names;
+  if (!state.isList()) {
+    return absl::DataLossError(
+        absl::StrCat(owner, ": checkpoint state is not a list"));
+  }
+  for (const c10::IValue& v : state.toListRef()) {
+    if (!v.isString()) {
+      return absl::DataLossError(
+          absl::StrCat(owner, ": checkpoint state holds a non-string"));
+    }
+    names.insert(v.toStringRef());
+  }
+  return names;
+}
+
 std::string ParentModulePath(absl::string_view path) {
   const size_t dot = path.rfind('.');
   return dot == absl::string_view::npos ? "" : std::string(path.substr(0, dot));

@@ -301,6 +301,13 @@ struct ModuleSelector {
 // Short module type ("Linear" for "torch.nn.modules.linear.Linear").
 std::string ShortType(absl::string_view type);
 
+// A set of names as modifier state (SaveState) and back (RestoreState):
+// a list of strings; None reads as empty. DataLoss naming `owner` for
+// anything else.
+c10::IValue NamesToState(const std::set<std::string>& names);
+absl::StatusOr<std::set<std::string>> NamesFromState(const c10::IValue& state,
+                                                     absl::string_view owner);
+
 // The module at `path`'s parent path ("" for a top-level module).
 std::string ParentModulePath(absl::string_view path);
 

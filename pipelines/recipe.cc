@@ -256,15 +256,13 @@ absl::Status CheckRtn(const Checker& c, const recipe::RtnModifier& m) {
   return CheckTargets(c, m);
 }
 
-absl::Status CheckSmoothQuant(const Checker& c,
-                              const recipe::SmoothQuantModifier& m) {
-  const double a = m.smoothing_strength();
-  if (!(a >= 0 && a <= 1)) {
-    return c.Error("smoothing_strength",
-                   absl::StrCat("must be in [0, 1], got ", a));
-  }
-  for (int i = 0; i < m.mappings_size(); ++i) {
-    const recipe::SmoothQuantModifier::Mapping& mapping = m.mappings(i);
+// A transform's mappings: a smooth layer and at least one balance layer
+// each, no empty pattern.
+template <typename Mapping>
+absl::Status CheckMappings(
+    const Checker& c, const google::protobuf::RepeatedPtrField<Mapping>& all) {
+  for (int i = 0; i < all.size(); ++i) {
+    const Mapping& mapping = all.Get(i);
     Checker mc = c.Element("mappings", i, mapping);
     if (mapping.smooth_layer().empty()) {
       return mc.Error("smooth_layer", "is required");
@@ -278,6 +276,17 @@ absl::Status CheckSmoothQuant(const Checker& c,
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSmoothQuant(const Checker& c,
+                              const recipe::SmoothQuantModifier& m) {
+  const double a = m.smoothing_strength();
+  if (!(a >= 0 && a <= 1)) {
+    return c.Error("smoothing_strength",
+                   absl::StrCat("must be in [0, 1], got ", a));
+  }
+  RETURN_IF_ERROR(CheckMappings(c, m.mappings()));
   for (int i = 0; i < m.ignore_size(); ++i) {
     if (m.ignore(i).empty()) return c.Error("ignore", "is empty", i);
   }
@@ -296,21 +305,7 @@ absl::Status CheckAwq(const Checker& c, const recipe::AwqModifier& m,
     return c.Error("n_grid", absl::StrCat("must be in [", least,
                                           ", 1000] here, got ", m.n_grid()));
   }
-  for (int i = 0; i < m.mappings_size(); ++i) {
-    const recipe::AwqModifier::Mapping& mapping = m.mappings(i);
-    Checker mc = c.Element("mappings", i, mapping);
-    if (mapping.smooth_layer().empty()) {
-      return mc.Error("smooth_layer", "is required");
-    }
-    if (mapping.balance_layers().empty()) {
-      return mc.MessageError("names no balance_layers");
-    }
-    for (int k = 0; k < mapping.balance_layers_size(); ++k) {
-      if (mapping.balance_layers(k).empty()) {
-        return mc.Error("balance_layers", "is empty", k);
-      }
-    }
-  }
+  RETURN_IF_ERROR(CheckMappings(c, m.mappings()));
   if (m.has_scheme()) {
     RETURN_IF_ERROR(CheckScheme(c, true, m.scheme(), /*required=*/true));
     for (int i = 0; i < m.targets_size(); ++i) {

@@ -425,24 +425,11 @@ absl::Status SmoothQuantModifier::OnRunEnd(RunContext& ctx) {
 }
 
 absl::StatusOr<c10::IValue> SmoothQuantModifier::SaveState() const {
-  c10::impl::GenericList list(c10::StringType::get());
-  for (const std::string& s : done_) list.push_back(s);
-  return c10::IValue(list);
+  return NamesToState(done_);
 }
 
 absl::Status SmoothQuantModifier::RestoreState(const c10::IValue& state) {
-  done_.clear();
-  if (state.isNone()) return absl::OkStatus();
-  if (!state.isList()) {
-    return absl::DataLossError("smoothquant: checkpoint state is not a list");
-  }
-  for (const c10::IValue& v : state.toListRef()) {
-    if (!v.isString()) {
-      return absl::DataLossError(
-          "smoothquant: checkpoint state holds a non-string");
-    }
-    done_.insert(v.toStringRef());
-  }
+  ASSIGN_OR_RETURN(done_, NamesFromState(state, "smoothquant"));
   return absl::OkStatus();
 }
 

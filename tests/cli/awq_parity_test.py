@@ -33,53 +33,17 @@ measured 0.0857 against 0.0841 when this test was written.
 """
 
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 import transformers
 
-VOCAB = 256
-HIDDEN = 128
+from parity_common import make_model, relative, run, save_tokenizer, VOCAB
+
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
-def run(cmd):
-  p = subprocess.run(cmd, capture_output=True, text=True)
-  if p.returncode != 0:
-    raise AssertionError(f"{' '.join(cmd)}: exit {p.returncode}:\n"
-                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-  return p
-
-
-def save_tokenizer(ckpt):
-  """llm-compressor needs a processor even for tokenized data."""
-  import tokenizers
-  vocab = {f"t{i}": i for i in range(VOCAB)}
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-  transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
-      pad_token="t0").save_pretrained(ckpt)
-
-
-def make_model():
-  torch.manual_seed(0)
-  config = transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-      max_position_embeddings=64)
-  model = transformers.LlamaForCausalLM(config).eval()
-  g = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for layer in model.model.layers:
-      for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        norm.weight.copy_(0.5 + torch.rand(HIDDEN, generator=g))
-    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
-  return model
 
 
 def llmcompressor_awq(ckpt, ids, out):
@@ -119,11 +83,6 @@ def llmcompressor_awq(ckpt, ids, out):
   return smoothed
 
 
-def relative(a, b):
-  return ((a.double() - b.double()).abs().max() /
-          b.double().abs().max()).item()
-
-
 def logit_error(path, want, ids):
   m = transformers.AutoModelForCausalLM.from_pretrained(
       path, dtype=torch.float32).eval()
@@ -135,7 +94,7 @@ def logit_error(path, want, ids):
 def main():
   tracecut = sys.argv[1]
   torch.set_num_threads(2)
-  model = make_model()
+  model = make_model(kv_heads=4)
   original = {k: v.detach().clone() for k, v in model.state_dict().items()}
   ids = torch.randint(0, VOCAB, (8, 16),
                       generator=torch.Generator().manual_seed(3))

@@ -22,53 +22,17 @@ gives bit-identical weights.
 """
 
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 import transformers
 
-VOCAB = 256
+from parity_common import make_model, relative, run, save_tokenizer, VOCAB
+
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
             "mlp.up_proj")
-
-
-def run(cmd):
-  p = subprocess.run(cmd, capture_output=True, text=True)
-  if p.returncode != 0:
-    raise AssertionError(f"{' '.join(cmd)}: exit {p.returncode}:\n"
-                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-  return p
-
-
-def save_tokenizer(ckpt):
-  """llm-compressor needs a processor even for tokenized data."""
-  import tokenizers
-  vocab = {f"t{i}": i for i in range(VOCAB)}
-  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0"))
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-  transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
-      pad_token="t0").save_pretrained(ckpt)
-
-
-def make_model():
-  torch.manual_seed(0)
-  config = transformers.LlamaConfig(
-      vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      max_position_embeddings=64)
-  model = transformers.LlamaForCausalLM(config).eval()
-  g = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for layer in model.model.layers:
-      for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        norm.weight.copy_(0.5 + torch.rand(128, generator=g))
-    # Outlier channels, as trained LLMs have.
-    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
-  return model
 
 
 def llmcompressor_smoothed(ckpt, ids):
@@ -85,15 +49,10 @@ def llmcompressor_smoothed(ckpt, ids):
   return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def relative(a, b):
-  return ((a.double() - b.double()).abs().max() /
-          b.double().abs().max()).item()
-
-
 def main():
   tracecut = sys.argv[1]
   torch.set_num_threads(2)
-  model = make_model()
+  model = make_model(kv_heads=2)
   original = {k: v.detach().clone() for k, v in model.state_dict().items()}
   ids = torch.randint(0, VOCAB, (8, 16),
                       generator=torch.Generator().manual_seed(3))
