@@ -87,6 +87,14 @@ absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
           "balance_layers) in the recipe"));
     }
   }
+  if (architecture == "Phi3ForCausalLM" || architecture == "Phi3VForCausalLM") {
+    // Fused q/k/v and gate/up projections.
+    return std::vector<AwqMapping>{
+        {"re:.*input_layernorm$", {"re:.*qkv_proj$"}},
+        {"re:.*qkv_proj$", {"re:.*o_proj$"}},
+        {"re:.*post_attention_layernorm$", {"re:.*gate_up_proj$"}},
+        {"re:.*gate_up_proj$", {"re:.*down_proj$"}}};
+  }
   return std::vector<AwqMapping>{
       {"re:.*input_layernorm$",
        {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}},
@@ -242,12 +250,15 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
       }
       if (r.balance.empty()) continue;
       matched = true;
-      // Shapes: the smooth weight's channels (a norm's [C], a Linear's
-      // output rows) are what every balance Linear [out, C] reads.
+      // Shapes: every balance Linear [out, C] reads the same C channels; a
+      // norm's weight is [C]; a Linear smooth layer's last C output rows are
+      // scaled (all of v_proj; the v part of a fused qkv_proj, the up part
+      // of a fused gate_up_proj, as llm-compressor does).
       ASSIGN_OR_RETURN(at::Tensor sw,
                        ctx.model().GetTensor(absl::StrCat(smooth, ".weight")));
       bool compatible = sw.dim() == 1 || sw.dim() == 2;
       bool targeted = false;
+      int64_t channels = -1;
       for (const std::string& b : r.balance) {
         const LeafModule* leaf = ctx.FindLeaf(b);
         ASSIGN_OR_RETURN(at::Tensor bw,
@@ -258,11 +269,23 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
               absl::StrCat("awq: balance layer ", b, " of ", smooth, " is a ",
                            ShortType(leaf->type), ", not a Linear"));
         }
-        compatible = compatible && sw.size(0) == bw.size(1);
+        if (channels < 0) channels = bw.size(1);
+        compatible = compatible && bw.size(1) == channels;
+        // llm-compressor's rule: v_proj -> o_proj only when v_proj gives
+        // every channel o_proj reads (not under grouped-query attention),
+        // qkv_proj -> o_proj only when it is 3 x those channels.
+        if (absl::EndsWith(b, ".o_proj") && sw.dim() == 2) {
+          if (absl::EndsWith(smooth, ".v_proj")) {
+            compatible = compatible && sw.size(0) == bw.size(1);
+          }
+          if (absl::EndsWith(smooth, ".qkv_proj")) {
+            compatible = compatible && sw.size(0) == 3 * bw.size(1);
+          }
+        }
         targeted = targeted || options_.quantized.Matches(b, leaf->type);
       }
-      // llm-compressor skips these too: v_proj -> o_proj under grouped
-      // query attention (fewer value channels than o_proj reads).
+      compatible = compatible && (sw.dim() == 1 ? sw.size(0) == channels
+                                                : sw.size(0) >= channels);
       if (!compatible) {
         ++incompatible;
         continue;
@@ -357,7 +380,9 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   done_.insert(mapping.smooth);
   ASSIGN_OR_RETURN(at::Tensor sw, ctx.model().GetTensor(
                                       absl::StrCat(mapping.smooth, ".weight")));
-  const int64_t channels = sw.size(0);
+  ASSIGN_OR_RETURN(at::Tensor first, ctx.model().GetTensor(absl::StrCat(
+                                         mapping.balance.front(), ".weight")));
+  const int64_t channels = first.size(1);
   if (Distributed()) {
     ASSIGN_OR_RETURN(at::Tensor count, runtime::TorchCall(where, [&] {
                        if (!stats.sum.defined()) {
@@ -545,11 +570,18 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     RETURN_IF_ERROR(
         ctx.UpdateTensor(absl::StrCat(mapping.balance[k], ".weight"), w));
   }
-  ASSIGN_OR_RETURN(
-      at::Tensor new_sw, runtime::TorchCall(where, [&] {
-        at::Tensor s = sw.dim() == 1 ? best_scales : best_scales.view({-1, 1});
-        return at::div(sw, s).to(sw.scalar_type());
-      }));
+  // A norm's weight, or a Linear's last C output rows (and bias entries).
+  auto divided = [&](const at::Tensor& t) {
+    return runtime::TorchCall(where, [&] {
+      const int64_t c = best_scales.size(0);
+      at::Tensor s = t.dim() == 1 ? best_scales : best_scales.view({-1, 1});
+      at::Tensor out = t.clone();
+      out.narrow(0, t.size(0) - c, c)
+          .copy_(at::div(t.narrow(0, t.size(0) - c, c), s));
+      return out;
+    });
+  };
+  ASSIGN_OR_RETURN(at::Tensor new_sw, divided(sw));
   RETURN_IF_ERROR(
       ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), new_sw));
   ASSIGN_OR_RETURN(torch::jit::Module m,
@@ -557,9 +589,7 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   if (m.hasattr("bias") && m.attr("bias").isTensor()) {
     const std::string bias_path = absl::StrCat(mapping.smooth, ".bias");
     ASSIGN_OR_RETURN(at::Tensor bias, ctx.model().GetTensor(bias_path));
-    ASSIGN_OR_RETURN(at::Tensor new_bias, runtime::TorchCall(where, [&] {
-                       return at::div(bias, best_scales).to(bias.scalar_type());
-                     }));
+    ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
   // The smoothed model must compute what it did: a smooth layer whose

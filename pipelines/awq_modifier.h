@@ -81,11 +81,12 @@ struct AwqOptions {
   Collective* collective = nullptr;  // Not owned; null: this process alone.
 };
 
-// llm-compressor's default mappings (Llama's: q/k/v <- input_layernorm,
-// o_proj <- v_proj, gate/up <- post_attention_layernorm, down_proj <-
-// up_proj), which it uses for every dense architecture without an entry of
-// its own. MoE architectures have none here: InvalidArgument asking for
-// mappings.
+// llm-compressor's default mappings: Phi-3's for its fused projections
+// (qkv_proj <- input_layernorm, o_proj <- qkv_proj, gate_up_proj <-
+// post_attention_layernorm, down_proj <- gate_up_proj); Llama's (q/k/v <-
+// input_layernorm, o_proj <- v_proj, gate/up <- post_attention_layernorm,
+// down_proj <- up_proj) for every other dense architecture, as there. MoE
+// architectures have none here: InvalidArgument asking for mappings.
 absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
     absl::string_view architecture);
 

@@ -182,6 +182,75 @@ def main():
         f"tracecut's error {e_ours:.4f} is more than 5 % above "
         f"llm-compressor's {e_theirs:.4f}")
 
+  phi3(tracecut, ids)
+
+
+def phi3(tracecut, ids):
+  """Phi-3's fused projections: qkv_proj and gate_up_proj are smooth layers
+  whose last rows (v; up) are scaled (llm-compressor's Phi-3 mappings).
+  Checked against llm-compressor: the first mapping of the first layer
+  (input_layernorm -> qkv_proj) gives the same weights. The later ones (and
+  so layer 1's inputs) do not: llm-compressor measures o_proj's error on inputs that differ from the
+  full-precision attention output (its initial error there is 1.3e-6 where
+  tracecut's, on the inputs of a model whose logits match transformers', is
+  5.6e-6), so its grid picks differ; the cause was not found. What is
+  checked for all of them: the smoothed model computes what the original
+  does."""
+  torch.manual_seed(0)
+  config = transformers.Phi3Config(
+      vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+      max_position_embeddings=64, pad_token_id=0)
+  model = transformers.Phi3ForCausalLM(config).eval()
+  with torch.no_grad():
+    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
+  fused = ("input_layernorm", "post_attention_layernorm", "self_attn.qkv_proj",
+           "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+  with tempfile.TemporaryDirectory() as d:
+    ckpt = os.path.join(d, "phi3")
+    model.save_pretrained(ckpt)
+    save_tokenizer(ckpt)
+    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
+    data = os.path.join(d, "ids.pt")
+    torch.save(ids, data)
+    alone = os.path.join(d, "awq.textproto")
+    with open(alone, "w") as f:
+      f.write('modifiers { awq { scheme { bits: 4 symmetric: false '
+              'group_size: 128 } targets: "Linear" ignore: "lm_head" } }\n')
+    out = os.path.join(d, "smoothed.pt")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + alone, "--data=" + data,
+         "--format=torchscript", "-o", out])
+    ours_model = torch.jit.load(out).eval()
+    ours = dict(ours_model.state_dict())
+    theirs = llmcompressor_awq(ckpt, ids, os.path.join(d, "theirs"))
+    original = model.state_dict()
+    worst = 0.0
+    for layer in range(1):
+      for name in ("input_layernorm", "self_attn.qkv_proj"):
+        key = f"model.layers.{layer}.{name}.weight"
+        if name == "self_attn.qkv_proj":
+          # Its columns are the first mapping's; its v rows the second's.
+          ours_w, theirs_w = ours[key][:-128], theirs[key][:-128]
+        else:
+          ours_w, theirs_w = ours[key], theirs[key]
+        err = relative(ours_w, theirs_w)
+        assert err <= 1e-5, f"phi3 {key}: relative difference {err:.3g}"
+        worst = max(worst, err)
+    for layer in range(2):
+      for name in fused:
+        key = f"model.layers.{layer}.{name}.weight"
+        assert not torch.equal(ours[key], original[key]), (
+            f"phi3 {key}: not smoothed")
+    with torch.no_grad():
+      want = model(input_ids=ids[:2]).logits
+      got = ours_model(ids[:2])
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    err = ((got - want).norm() / want.norm()).item()
+    assert err <= 1e-5, f"phi3 logits changed by smoothing: {err:.3g}"
+    print(f"Phi-3 AWQ: the first mapping's weights within {worst:.3g} "
+          f"relative of llm-compressor's; all {2 * len(fused)} fused-layer "
+          f"weights smoothed; logits unchanged ({err:.3g})")
+
 
 if __name__ == "__main__":
   main()
