@@ -19,6 +19,7 @@
 #include "ir/graph.h"
 #include "ir/module_pattern.h"
 #include "pipelines/distributed.h"
+#include "pipelines/output_drift.h"
 #include "quantization/fake_quant.h"
 #include "quantization/observers.h"
 #include "runtime/torch_status.h"
@@ -434,7 +435,7 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
 
   // The balance layers the quantizer quantizes: only they are quantized in
   // the search.
-  std::vector<std::string> quantized;
+  std::vector<bool> quantized;        // Per balance layer.
   std::vector<at::Tensor> originals;  // Of every balance layer.
   std::vector<at::Tensor> quantized_weights;
   for (const std::string& b : mapping.balance) {
@@ -443,10 +444,8 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     ASSIGN_OR_RETURN(at::Tensor copy,
                      runtime::TorchCall(where, [&] { return w.clone(); }));
     originals.push_back(copy);
-    if (options_.quantized.Matches(b, ctx.FindLeaf(b)->type)) {
-      quantized.push_back(b);
-      quantized_weights.push_back(copy);
-    }
+    quantized.push_back(options_.quantized.Matches(b, ctx.FindLeaf(b)->type));
+    if (quantized.back()) quantized_weights.push_back(copy);
   }
   at::Tensor x_mean;
   at::Tensor w_mean;
@@ -484,10 +483,8 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     ASSIGN_OR_RETURN(at::Tensor scales, AwqScales(x_mean, w_mean, ratio, duo));
     // Q(W s) / s on each quantized balance layer, in place.
     for (size_t k = 0; k < mapping.balance.size(); ++k) {
+      if (!quantized[k]) continue;
       const std::string& b = mapping.balance[k];
-      if (std::find(quantized.begin(), quantized.end(), b) == quantized.end()) {
-        continue;
-      }
       ASSIGN_OR_RETURN(at::Tensor w,
                        ctx.model().GetTensor(absl::StrCat(b, ".weight")));
       ASSIGN_OR_RETURN(
@@ -592,36 +589,19 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
-  // The smoothed model must compute what it did: a smooth layer whose
-  // weight does not scale its output linearly (Gemma's norms multiply by
-  // 1 + weight) would otherwise change the model without a word.
-  double diff = 0, norm = 0;
+  // The smoothed model must compute what it did (output_drift.h).
+  OutputDrift drift;
   size_t checked = 0;
   RETURN_IF_ERROR(
       ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
         if (call.path != mapping.loss_leaf) return true;
         ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
-        if (checked >= reference.size()) return false;
-        const at::Tensor& want = reference[checked++];
-        RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
-          at::Tensor w = want.to(at::kDouble);
-          diff += (out.to(at::kDouble) - w).pow(2).sum().item<double>();
-          norm += w.pow(2).sum().item<double>();
-          return absl::OkStatus();
-        }));
+        if (checked < reference.size()) {
+          RETURN_IF_ERROR(drift.Add(reference[checked++], out));
+        }
         return false;
       }));
-  const double changed = std::sqrt(diff / std::max(norm, 1e-300));
-  const bool half =
-      sw.scalar_type() == at::kHalf || sw.scalar_type() == at::kBFloat16;
-  if (!(changed <= (half ? 5e-2 : 1e-3))) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: smoothing changed what %s computes (relative error %.3g): the "
-        "smooth layer's weight does not scale its output (a norm computing "
-        "x * (1 + weight), as Gemma's, or a mapping whose balance layers do "
-        "not read the smooth layer's output); give mappings without it",
-        where, mapping.parent, changed));
-  }
+  RETURN_IF_ERROR(drift.Check(sw.scalar_type(), where, mapping.parent));
   ctx.results()
       .Module(mapping.smooth)
       .notes.push_back(absl::StrFormat(

@@ -39,6 +39,17 @@ quantization::QuantizationArgs Int4Group32Asym() {
   return a;
 }
 
+// A calibration of the Llama fixture on 8 synthetic samples in batches of
+// 4, into a fresh directory; the caller adds the recipe or modifiers.
+CalibrateOptions LlamaRun(const std::string& name) {
+  CalibrateOptions o;
+  o.model_path = Llama();
+  o.synthetic_samples = 8;
+  o.batch_size = 4;
+  o.output_path = absl::StrCat(TempDir(name), "/model.pt");
+  return o;
+}
+
 at::Tensor Logits(const torch::jit::Module& m, const at::Tensor& ids) {
   std::vector<c10::IValue> inputs = {ids, at::ones_like(ids)};
   return const_cast<torch::jit::Module&>(m)
@@ -76,7 +87,7 @@ TEST(AwqScalesTest, FollowLlmCompressorsFormula) {
   double lo = 1e300, hi = 0;
   for (int j = 0; j < 4; ++j) {
     const double xj = x[j].item<float>();
-    want[j] = std::max(std::pow(static_cast<float>(std::pow(xj, r)), 1.0) /
+    want[j] = std::max(static_cast<float>(std::pow(xj, r)) /
                            (std::pow(w[j].item<double>(), 1 - r) + 1e-4),
                        1e-4);
     lo = std::min(lo, want[j]);
@@ -130,14 +141,9 @@ TEST(AwqModifierTest, SmoothingKeepsWhatTheModelComputes) {
   options.quantized.ignore = {"lm_head"};
   options.n_grid = 6;
   AwqModifier awq(options);
-  CalibrateOptions o;
-  o.model_path = Llama();
+  CalibrateOptions o = LlamaRun("awq");
   o.recipe.add_sequential_targets("LlamaDecoderLayer");
   o.extra_modifiers = {&awq};
-  o.synthetic_samples = 8;
-  o.batch_size = 4;
-  std::string dir = TempDir("awq");
-  o.output_path = absl::StrCat(dir, "/model.pt");
   ASSERT_OK_AND_ASSIGN(CalibrateOutcome out, Calibrate(o));
   ASSERT_TRUE(out.model.has_value());
 
@@ -196,13 +202,9 @@ TEST(AwqModifierTest, SmoothingThatChangesTheModelIsRefused) {
       {"re:.*input_layernorm$", {"re:.*gate_proj$", "re:.*up_proj$"}}};
   options.n_grid = 4;
   AwqModifier awq(options);
-  CalibrateOptions o;
-  o.model_path = Llama();
+  CalibrateOptions o = LlamaRun("awq_wrong");
   o.recipe.add_sequential_targets("LlamaDecoderLayer");
   o.extra_modifiers = {&awq};
-  o.synthetic_samples = 8;
-  o.batch_size = 4;
-  o.output_path = absl::StrCat(TempDir("awq_wrong"), "/model.pt");
   EXPECT_THAT(Calibrate(o).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("_layernorm: smoothing changed what "
@@ -259,8 +261,7 @@ TEST(AwqModifierTest, RecipeNeedsAQuantizerAfterIt) {
 }
 
 TEST(AwqModifierTest, RunsBeforeItsQuantizerFromARecipe) {
-  CalibrateOptions o;
-  o.model_path = Llama();
+  CalibrateOptions o = LlamaRun("awq_rtn");
   ASSERT_OK_AND_ASSIGN(
       o.recipe,
       ParseRecipe(R"pb(
@@ -275,10 +276,6 @@ TEST(AwqModifierTest, RunsBeforeItsQuantizerFromARecipe) {
                     sequential_targets: "LlamaDecoderLayer"
                   )pb",
                   "r.textproto"));
-  o.synthetic_samples = 8;
-  o.batch_size = 4;
-  std::string dir = TempDir("awq_rtn");
-  o.output_path = absl::StrCat(dir, "/model.pt");
   ASSERT_OK_AND_ASSIGN(CalibrateOutcome out, Calibrate(o));
   const ModuleRecord* q =
       out.results.FindModule("model.layers.0.self_attn.q_proj");

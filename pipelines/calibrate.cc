@@ -336,37 +336,45 @@ absl::StatusOr<AwqOptions> AwqOptionsOf(const recipe::Recipe& recipe,
       : a.duo_scaling() == recipe::AwqModifier::BOTH ? AwqDuoScaling::kBoth
                                                      : AwqDuoScaling::kOn;
   o.n_grid = a.n_grid();
-  for (int i = a.has_scheme() ? index : index + 1; i < recipe.modifiers_size();
-       ++i) {
-    const recipe::Modifier& m = recipe.modifiers(i);
-    if (!m.has_gptq() && !m.has_rtn() && i != index) continue;
-    const recipe::QuantizationScheme& s = m.has_gptq()  ? m.gptq().scheme()
-                                          : m.has_rtn() ? m.rtn().scheme()
-                                                        : a.scheme();
-    o.quantized = m.has_gptq() ? Selector(m.gptq().targets(), m.gptq().ignore())
-                  : m.has_rtn() ? Selector(m.rtn().targets(), m.rtn().ignore())
-                                : Selector(a.targets(), a.ignore());
-    if (o.quantized.targets.empty()) o.quantized.targets = {"Linear"};
-    // The quantizer's scheme as compressed-tensors' args: the grid AWQ's
-    // search quantizes on (llm-compressor's).
-    quantization::QuantizationArgs& w = o.weights;
-    w.num_bits = s.bits();
-    w.type = quantization::QuantType::kInt;
-    w.symmetric = s.symmetric();
-    if (s.per_tensor()) {
-      w.strategy = quantization::Strategy::kTensor;
-    } else if (s.group_size() > 0) {
-      w.strategy = quantization::Strategy::kGroup;
-      w.group_size = s.group_size();
-    } else {
-      w.strategy = quantization::Strategy::kChannel;
+  // The scheme and modules searched for: AWQ's own, or those of the next
+  // gptq / rtn modifier.
+  int from = index;
+  if (!a.has_scheme()) {
+    do {
+      ++from;
+    } while (from < recipe.modifiers_size() &&
+             !recipe.modifiers(from).has_gptq() &&
+             !recipe.modifiers(from).has_rtn());
+    if (from == recipe.modifiers_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recipe: modifiers[", index,
+                       "].awq is not followed by a gptq or rtn modifier"));
     }
-    RETURN_IF_ERROR(w.Resolve(absl::StrCat("recipe: modifiers[", i, "]")));
-    return o;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("recipe: modifiers[", index,
-                   "].awq is not followed by a gptq or rtn modifier"));
+  const recipe::Modifier& m = recipe.modifiers(from);
+  const recipe::QuantizationScheme& s = m.has_gptq()  ? m.gptq().scheme()
+                                        : m.has_rtn() ? m.rtn().scheme()
+                                                      : a.scheme();
+  o.quantized = m.has_gptq()  ? Selector(m.gptq().targets(), m.gptq().ignore())
+                : m.has_rtn() ? Selector(m.rtn().targets(), m.rtn().ignore())
+                              : Selector(a.targets(), a.ignore());
+  if (o.quantized.targets.empty()) o.quantized.targets = {"Linear"};
+  // The quantizer's scheme as compressed-tensors' args: the grid AWQ's
+  // search quantizes on (llm-compressor's).
+  quantization::QuantizationArgs& w = o.weights;
+  w.num_bits = s.bits();
+  w.type = quantization::QuantType::kInt;
+  w.symmetric = s.symmetric();
+  if (s.per_tensor()) {
+    w.strategy = quantization::Strategy::kTensor;
+  } else if (s.group_size() > 0) {
+    w.strategy = quantization::Strategy::kGroup;
+    w.group_size = s.group_size();
+  } else {
+    w.strategy = quantization::Strategy::kChannel;
+  }
+  RETURN_IF_ERROR(w.Resolve(absl::StrCat("recipe: modifiers[", from, "]")));
+  return o;
 }
 
 }  // namespace

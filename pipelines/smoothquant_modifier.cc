@@ -18,6 +18,7 @@
 #include "ir/graph.h"
 #include "ir/module_pattern.h"
 #include "pipelines/distributed.h"
+#include "pipelines/output_drift.h"
 #include "runtime/torch_status.h"
 #include "util/json.h"
 #include "util/status.h"
@@ -387,26 +388,13 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
   if (!check) return absl::OkStatus();
   std::vector<at::Tensor> after;
   RETURN_IF_ERROR(outputs(after));
-  ASSIGN_OR_RETURN(
-      double changed, runtime::TorchCall("smoothquant", [&] {
-        double diff = 0, norm = 0;
-        for (size_t k = 0; k < before.size() && k < after.size(); ++k) {
-          at::Tensor want = before[k].to(at::kDouble);
-          diff += (after[k].to(at::kDouble) - want).pow(2).sum().item<double>();
-          norm += want.pow(2).sum().item<double>();
-        }
-        return std::sqrt(diff / std::max(norm, 1e-300));
-      }));
-  const bool half =
-      sw.scalar_type() == at::kHalf || sw.scalar_type() == at::kBFloat16;
-  if (!(changed <= (half ? 5e-2 : 1e-3))) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "smoothquant: %s: smoothing changed what %s compute (relative error "
-        "%.3g): the smooth layer's weight does not scale its output (a norm "
-        "computing x * (1 + weight), as Gemma's, or balance layers that do "
-        "not read its output); give mappings without it",
-        smooth, absl::StrJoin(balance, ", "), changed));
+  OutputDrift drift;
+  for (size_t k = 0; k < before.size() && k < after.size(); ++k) {
+    RETURN_IF_ERROR(drift.Add(before[k], after[k]));
   }
+  RETURN_IF_ERROR(drift.Check(sw.scalar_type(),
+                              absl::StrCat("smoothquant: ", smooth),
+                              absl::StrJoin(balance, ", ")));
   return absl::OkStatus();
 }
 

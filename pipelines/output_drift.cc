@@ -1,0 +1,40 @@
+#include "pipelines/output_drift.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "runtime/torch_status.h"
+
+namespace tracecut::pipelines {
+
+absl::Status OutputDrift::Add(const at::Tensor& want, const at::Tensor& got) {
+  return runtime::TorchCall("output drift", [&]() -> absl::Status {
+    at::Tensor w = want.to(at::kDouble);
+    diff_ +=
+        (got.to(w.device()).to(at::kDouble) - w).pow(2).sum().item<double>();
+    norm_ += w.pow(2).sum().item<double>();
+    return absl::OkStatus();
+  });
+}
+
+double OutputDrift::relative() const {
+  return std::sqrt(diff_ / std::max(norm_, 1e-300));
+}
+
+absl::Status OutputDrift::Check(c10::ScalarType dtype, absl::string_view where,
+                                absl::string_view outputs) const {
+  const bool half = dtype == at::kHalf || dtype == at::kBFloat16;
+  const double changed = relative();
+  if (changed <= (half ? 5e-2 : 1e-3)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: smoothing changed what %s compute (relative error %.3g): the "
+      "smooth layer's weight does not scale its output (a norm computing x "
+      "* (1 + weight), as Gemma's, or balance layers that do not read its "
+      "output); give mappings without it",
+      where, outputs, changed));
+}
+
+}  // namespace tracecut::pipelines

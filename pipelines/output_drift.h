@@ -1,0 +1,41 @@
+#ifndef TRACECUT_PIPELINES_OUTPUT_DRIFT_H_
+#define TRACECUT_PIPELINES_OUTPUT_DRIFT_H_
+
+// How far a transform moved what the model computes: SmoothQuant and AWQ
+// must leave the outputs they rescale as they were, up to float rounding.
+// A smooth layer whose weight does not scale its output (a norm computing
+// x * (1 + weight), as Gemma's, or a mapping whose balance layers do not
+// read its output) would otherwise change the model without a word.
+//
+//   OutputDrift drift;
+//   RETURN_IF_ERROR(drift.Add(before, after));  // per output, any number
+//   RETURN_IF_ERROR(drift.Check(weight_dtype, "awq: model.layers.0.x",
+//                               "model.layers.0.mlp"));
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace tracecut::pipelines {
+
+class OutputDrift {
+ public:
+  // Adds one output before (`want`) and after (`got`) the transform.
+  absl::Status Add(const at::Tensor& want, const at::Tensor& got);
+  // ||got - want|| / ||want|| over everything added (fp64).
+  double relative() const;
+  // InvalidArgument "<where>: smoothing changed what <outputs> compute..."
+  // when relative() exceeds float rounding for weights of `dtype` (1e-3;
+  // 5e-2 for fp16 / bf16).
+  absl::Status Check(c10::ScalarType dtype, absl::string_view where,
+                     absl::string_view outputs) const;
+
+ private:
+  double diff_ = 0;
+  double norm_ = 0;
+};
+
+}  // namespace tracecut::pipelines
+
+#endif  // TRACECUT_PIPELINES_OUTPUT_DRIFT_H_
