@@ -361,6 +361,12 @@ absl::StatusOr<AwqOptions> AwqOptionsOf(const recipe::Recipe& recipe,
   if (o.quantized.targets.empty()) o.quantized.targets = {"Linear"};
   // The quantizer's scheme as compressed-tensors' args: the grid AWQ's
   // search quantizes on (llm-compressor's).
+  if (IsTypedScheme(s)) {
+    ASSIGN_OR_RETURN(quantization::QuantizationScheme typed,
+                     ToTypedScheme(s, o.quantized.targets));
+    o.weights = *typed.weights;
+    return o;
+  }
   quantization::QuantizationArgs& w = o.weights;
   w.num_bits = s.bits();
   w.type = quantization::QuantType::kInt;
@@ -388,7 +394,21 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       const recipe::GptqModifier& g = m.gptq();
       GptqModifierOptions o;
       o.weights.modules = Selector(g.targets(), g.ignore());
-      o.weights.scheme = ToQuantScheme(g.scheme());
+      if (IsTypedScheme(g.scheme())) {
+        ASSIGN_OR_RETURN(o.weights.typed,
+                         ToTypedScheme(g.scheme(), o.weights.modules.targets));
+        // GPTQModifier's actorder: "static" unless the scheme names one;
+        // the recipe's actorder: true is "weight", false turns it off.
+        quantization::ActOrder& a = o.weights.typed->weights->actorder;
+        if (g.has_actorder() && !g.actorder()) {
+          a = quantization::ActOrder::kNone;
+        } else if (a == quantization::ActOrder::kNone) {
+          a = g.has_actorder() ? quantization::ActOrder::kWeight
+                               : quantization::ActOrder::kStatic;
+        }
+      } else {
+        o.weights.scheme = ToQuantScheme(g.scheme());
+      }
       o.dampening_frac = g.dampening_frac();
       o.block_size = g.block_size();
       o.act_order = g.actorder();
@@ -401,7 +421,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       const recipe::RtnModifier& r = m.rtn();
       WeightQuantOptions o;
       o.modules = Selector(r.targets(), r.ignore());
-      o.scheme = ToQuantScheme(r.scheme());
+      if (IsTypedScheme(r.scheme())) {
+        ASSIGN_OR_RETURN(o.typed, ToTypedScheme(r.scheme(), o.modules.targets));
+      } else {
+        o.scheme = ToQuantScheme(r.scheme());
+      }
       o.collective = collective;
       o.all_expert_tokens = recipe.calibrate_all_experts();
       o.whole_groups = whole_groups;

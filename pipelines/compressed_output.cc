@@ -25,8 +25,12 @@
 #include "checkpoint/safetensors.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
+#include "quantization/compressors.h"
+#include "quantization/fake_quant.h"
+#include "quantization/quant_args.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/output_manifest.h"
 #include "util/status_macros.h"
 
@@ -38,8 +42,8 @@ using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Buffers calibration adds to a module (ExportQuantParams).
 constexpr const char* kQuantBuffers[] = {
-    "weight_scale",     "weight_zero_point", "weight_g_idx",     "input_scale",
-    "input_zero_point", "output_scale",      "output_zero_point"};
+    "weight_scale", "weight_zero_point", "weight_g_idx", "weight_global_scale",
+    "input_scale",  "input_zero_point",  "output_scale", "output_zero_point"};
 
 // Whether `r` asks for compressed output (anything quantized or observed).
 bool IsQuantRecord(const ModuleRecord& r) {
@@ -95,6 +99,212 @@ absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(const at::Tensor& weight,
   linear.scale = r.weight_scale;
   linear.zero_point = r.weight_zero_point;
   return linear;
+}
+
+// One quantized module for quantization_config: tracecut's integer scheme
+// (`args`) or a compressed-tensors one (`typed`, the record's
+// weight_quantization).
+struct QuantizedModule {
+  std::string path;
+  checkpoint::CtWeightArgs args;
+  std::string typed;
+};
+
+// The compressed-tensors scheme of a typed record and its ignore list.
+struct TypedRecord {
+  quantization::QuantizationScheme scheme;
+  std::vector<std::string> ignore;
+};
+
+absl::StatusOr<TypedRecord> ParseTyped(const std::string& path,
+                                       const std::string& type,
+                                       const std::string& weight_quantization) {
+  auto bad = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("compressed-tensors output: module ", path, " (",
+                     ShortType(type), "): ", why));
+  };
+  absl::StatusOr<util::Json> j =
+      util::ParseJson(weight_quantization, "weight_quantization");
+  if (!j.ok()) return bad(j.status().message());
+  const util::Json* scheme = util::FindMember(*j, "scheme");
+  if (scheme == nullptr) return bad("weight_quantization has no scheme");
+  absl::StatusOr<quantization::QuantizationScheme> s =
+      quantization::QuantizationScheme::FromJson(*scheme, "scheme");
+  if (!s.ok()) return bad(s.status().message());
+  if (!s->weights.has_value()) return bad("its scheme quantizes no weight");
+  TypedRecord t{*std::move(s), {}};
+  if (const util::Json* ig = util::FindMember(*j, "ignore");
+      ig != nullptr && ig->is_array()) {
+    for (const util::Json& name : *ig) {
+      if (name.is_string()) t.ignore.push_back(name.get<std::string>());
+    }
+  }
+  return t;
+}
+
+// The compressed tensors of a Linear quantized with a compressed-tensors
+// scheme, as the format its scheme calls for stores them (compressors.h),
+// after checking that they decode to `weight`.
+absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
+                                      const std::string& path,
+                                      const ModuleRecord& r) {
+  ASSIGN_OR_RETURN(TypedRecord t,
+                   ParseTyped(path, r.type, r.weight_quantization));
+  const quantization::QuantizationArgs& args = *t.scheme.weights;
+  auto bad = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("compressed-tensors output: module ", path, " (",
+                     args.ToString(), "): ", why));
+  };
+  if (ShortType(r.type) != "Linear") {
+    return bad("only Linear weights are stored quantized");
+  }
+  const quantization::QParams q{r.weight_scale, r.weight_zero_point,
+                                r.weight_global_scale};
+  // Round-to-nearest leaves an fp32 module the exact real values of its
+  // codes (QuantizeTyped), which give the codes back in fp32. GPTQ leaves
+  // the checkpoint's dtype (the scale's), as llm-compressor's GPTQ leaves
+  // its module: re-quantized in that dtype, as compressed-tensors does.
+  at::Tensor w = weight;
+  quantization::QParams real = q;
+  const c10::ScalarType sd = r.weight_scale.scalar_type();
+  if (r.weight_method == "rtn" && (weight.scalar_type() == at::kFloat ||
+                                   weight.scalar_type() == at::kDouble)) {
+    real.scale = r.weight_scale.to(weight.scalar_type());
+  } else if (sd == at::kBFloat16 || sd == at::kHalf || sd == at::kFloat ||
+             sd == at::kDouble) {
+    w = weight.to(sd);
+  }
+  // What is stored decodes to the model's weight: quantizing it again
+  // changes nothing, but for the few bf16 values GPTQ leaves between grid
+  // points (llm-compressor's GPTQ too; compressed-tensors stores their
+  // re-quantized codes, as here). More than 1 % means the weight changed
+  // after it was quantized.
+  ASSIGN_OR_RETURN(at::Tensor codes, quantization::Quantize(w, q, args));
+  ASSIGN_OR_RETURN(at::Tensor again,
+                   quantization::Dequantize(codes, real, args));
+  const int64_t off = again.to(w.scalar_type()).ne(w).sum().item<int64_t>();
+  if (off * 100 > w.numel()) {
+    return bad(absl::StrCat(
+        "its weight is not on the scheme's grid (", off, " of ", w.numel(),
+        " values are not: it changed after it was quantized); nothing "
+        "written"));
+  }
+  // A float code of zero keeps its sign in the module's weight (-0 from a
+  // small negative weight), and compressed-tensors, quantizing the
+  // original weight, stores it (fp8's -0, fp4's sign bit). Quantizing -0
+  // itself gives +0 (the zero point added, cast_to_fp4's sign()), so -0 is
+  // handed over as the smallest negative normal float, which gives -0.
+  at::Tensor to_store = w;
+  if (args.type == quantization::QuantType::kFloat) {
+    ASSIGN_OR_RETURN(to_store, runtime::TorchCall("signed zeros", [&] {
+                       return at::where(
+                           w.eq(0) & at::signbit(w),
+                           at::full({}, -1.1754944e-38F, w.options()), w);
+                     }));
+  }
+  ASSIGN_OR_RETURN(Tensors stored, quantization::CompressWeight(
+                                       to_store, q, t.scheme,
+                                       quantization::InferFormat(t.scheme)));
+  for (auto& [name, tensor] : stored) {
+    name = absl::StrCat(path, ".", name);
+    tensor = tensor.contiguous();
+  }
+  return stored;
+}
+
+// quantization_config for modules quantized with compressed-tensors schemes,
+// as llm-compressor writes it: a config group per scheme with the recipe's
+// targets ("Linear"), the observers llm-compressor records and the format
+// compressed-tensors infers; the recipe's ignore list; the model's format
+// (mixed-precision when groups differ).
+absl::StatusOr<std::string> TypedConfig(
+    const std::string& config_json,
+    const std::vector<QuantizedModule>& modules) {
+  ASSIGN_OR_RETURN(util::Json config,
+                   util::ParseJson(config_json, "config.json"));
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError("config.json is not a JSON object");
+  }
+  std::vector<std::string> seen;  // weight_quantization texts, in order.
+  util::Json groups = util::Json::object();
+  std::vector<std::string> ignore;
+  std::set<quantization::CompressionFormat> formats;
+  for (const QuantizedModule& m : modules) {
+    if (std::find(seen.begin(), seen.end(), m.typed) != seen.end()) continue;
+    seen.push_back(m.typed);
+    ASSIGN_OR_RETURN(TypedRecord t, ParseTyped(m.path, "", m.typed));
+    const quantization::CompressionFormat format =
+        quantization::InferFormat(t.scheme);
+    formats.insert(format);
+    util::Json scheme = t.scheme.ToJson();
+    // llm-compressor's observer defaults (QuantizationMixin's overrides).
+    for (const char* key :
+         {"weights", "input_activations", "output_activations"}) {
+      util::Json& a = scheme[key];
+      if (a.is_null() || !a["observer"].is_null()) continue;
+      if (a["dynamic"] == true) continue;
+      a["observer"] =
+          std::string(key) == "weights" ? "memoryless_minmax" : "minmax";
+    }
+    scheme["format"] = std::string(quantization::FormatName(format));
+    groups[absl::StrCat("group_", groups.size())] = std::move(scheme);
+    for (const std::string& name : t.ignore) {
+      if (std::find(ignore.begin(), ignore.end(), name) == ignore.end()) {
+        ignore.push_back(name);
+      }
+    }
+  }
+  util::Json qc = util::Json::object();
+  qc["config_groups"] = std::move(groups);
+  qc["format"] =
+      std::string(quantization::FormatName(quantization::ModelFormat(formats)));
+  qc["global_compression_ratio"] = nullptr;
+  qc["ignore"] = ignore;
+  qc["kv_cache_scheme"] = nullptr;
+  qc["quant_method"] = "compressed-tensors";
+  qc["quantization_status"] = "compressed";
+  qc["sparsity_config"] = util::Json::object();
+  qc["transform_config"] = util::Json::object();
+  config["quantization_config"] = std::move(qc);
+  return util::DumpJson(config, 2) + "\n";
+}
+
+// quantization_config for `modules`: all typed or all tracecut's integer
+// schemes.
+absl::StatusOr<std::string> QuantizationConfigFor(
+    const std::string& config_json,
+    const std::vector<QuantizedModule>& modules) {
+  const bool typed = !modules.empty() && !modules.front().typed.empty();
+  std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> legacy;
+  for (const QuantizedModule& m : modules) {
+    if (m.typed.empty() == typed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "compressed-tensors output: module ", m.path,
+          typed ? " has a tracecut integer scheme and others a "
+                  "compressed-tensors preset/json scheme"
+                : " has a compressed-tensors preset/json scheme and others "
+                  "a tracecut integer scheme",
+          "; one output takes one kind (use presets for all modifiers)"));
+    }
+    legacy.emplace_back(m.path, m.args);
+  }
+  if (typed) return TypedConfig(config_json, modules);
+  return checkpoint::ConfigWithQuantization(config_json, legacy);
+}
+
+// The record's module for the config; errors as QuantizedLinear's.
+absl::StatusOr<QuantizedModule> ModuleEntry(const std::string& path,
+                                            const ModuleRecord& r) {
+  if (!r.weight_quantization.empty() && r.input.observer.empty() &&
+      r.output.observer.empty()) {
+    RETURN_IF_ERROR(ParseTyped(path, r.type, r.weight_quantization).status());
+    return QuantizedModule{path, {}, r.weight_quantization};
+  }
+  ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                   QuantizedLinear(at::Tensor(), path, r));
+  return QuantizedModule{path, linear.args, ""};
 }
 
 // Every parameter and buffer of the model by dotted path.
@@ -305,14 +515,13 @@ absl::Status Publish(const fs::path& tmp, const fs::path& out,
 
 // Every module `results` quantized, with its scheme; errors as
 // QuantizedLinear's. FailedPrecondition when there is none.
-absl::StatusOr<std::vector<std::pair<std::string, checkpoint::CtWeightArgs>>>
-QuantizedModules(const CalibrationResults& results, const std::string& where) {
-  std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> quantized;
+absl::StatusOr<std::vector<QuantizedModule>> QuantizedModules(
+    const CalibrationResults& results, const std::string& where) {
+  std::vector<QuantizedModule> quantized;
   for (const auto& [path, record] : results.modules) {
     if (!IsQuantRecord(record)) continue;
-    ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                     QuantizedLinear(at::Tensor(), path, record));
-    quantized.emplace_back(path, linear.args);
+    ASSIGN_OR_RETURN(QuantizedModule m, ModuleEntry(path, record));
+    quantized.push_back(std::move(m));
   }
   if (quantized.empty()) {
     return absl::FailedPreconditionError(
@@ -321,16 +530,23 @@ QuantizedModules(const CalibrationResults& results, const std::string& where) {
   return quantized;
 }
 
-// Appends `weight` of the quantized Linear at `module` as compressed-tensors'
-// packed tensors; its scheme's arguments.
-absl::StatusOr<checkpoint::CtWeightArgs> AppendPacked(
-    const at::Tensor& weight, const std::string& module,
-    const ModuleRecord& record, Tensors& out) {
-  ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                   QuantizedLinear(weight, module, record));
-  ASSIGN_OR_RETURN(Tensors packed, checkpoint::CompressLinear(linear));
-  for (auto& entry : packed) out.push_back(std::move(entry));
-  return linear.args;
+// Appends `weight` of the quantized Linear at `module` as the tensors its
+// compressed-tensors format stores; its entry for the config.
+absl::StatusOr<QuantizedModule> AppendPacked(const at::Tensor& weight,
+                                             const std::string& module,
+                                             const ModuleRecord& record,
+                                             Tensors& out) {
+  ASSIGN_OR_RETURN(QuantizedModule entry, ModuleEntry(module, record));
+  Tensors packed;
+  if (!entry.typed.empty()) {
+    ASSIGN_OR_RETURN(packed, CompressTyped(weight, module, record));
+  } else {
+    ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
+                     QuantizedLinear(weight, module, record));
+    ASSIGN_OR_RETURN(packed, checkpoint::CompressLinear(linear));
+  }
+  for (auto& e : packed) out.push_back(std::move(e));
+  return entry;
 }
 
 // The weight at `name`: the model's, or its piece of a fused model tensor
@@ -379,7 +595,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
                    ModelConfig(gm.extra_files(), options, where));
 
   Tensors tensors;
-  std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> quantized;
+  std::vector<QuantizedModule> quantized;
   std::set<std::string> replaced;  // Dense names the compressed ones replace.
   RETURN_IF_ERROR(
       runtime::TorchCall("compressing the weights", [&]() -> absl::Status {
@@ -387,9 +603,9 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
           if (!IsQuantRecord(record)) continue;
           ASSIGN_OR_RETURN(at::Tensor weight,
                            WeightOf(gm, layout, path + ".weight"));
-          ASSIGN_OR_RETURN(checkpoint::CtWeightArgs args,
+          ASSIGN_OR_RETURN(QuantizedModule m,
                            AppendPacked(weight, path, record, tensors));
-          quantized.emplace_back(path, args);
+          quantized.push_back(std::move(m));
           replaced.insert(path + ".weight");
           for (const char* buffer : kQuantBuffers) {
             replaced.insert(absl::StrCat(path, ".", buffer));
@@ -412,7 +628,10 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
     for (const std::string& name : source.names()) {
       if (replaced.contains(name)) continue;
       if (state.contains(name)) {
-        names.push_back(name);
+        // In its stored dtype, as the streamed writer keeps it (a bf16
+        // checkpoint traced in fp32 gives its bf16 values back exactly).
+        ASSIGN_OR_RETURN(checkpoint::TensorInfo info, source.Info(name));
+        tensors.emplace_back(name, state.at(name).to(info.dtype));
         continue;
       }
       // A piece of a model tensor (an MoE expert's weight), as stored.
@@ -448,7 +667,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       tensors.begin(), tensors.end(),
       [](const auto& a, const auto& b) { return a.first < b.first; });
   ASSIGN_OR_RETURN(std::string quant_config,
-                   checkpoint::ConfigWithQuantization(config, quantized));
+                   QuantizationConfigFor(config, quantized));
 
   // Built beside OUT_DIR, then renamed into place.
   const fs::path parent =
@@ -571,7 +790,9 @@ absl::Status CompressedTensorsWriter::Finish(
     const CalibrationResults& results) {
   ASSIGN_OR_RETURN(auto quantized, QuantizedModules(results, where_));
   std::set<std::string> replaced;  // Dense names the compressed ones replace.
-  for (const auto& [path, args] : quantized) replaced.insert(path + ".weight");
+  for (const QuantizedModule& m : quantized) {
+    replaced.insert(m.path + ".weight");
+  }
 
   // The parts written, in order, and what they hold.
   std::vector<fs::path> parts;
@@ -641,7 +862,7 @@ absl::Status CompressedTensorsWriter::Finish(
   }
   RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
   ASSIGN_OR_RETURN(std::string quant_config,
-                   checkpoint::ConfigWithQuantization(config_, quantized));
+                   QuantizationConfigFor(config_, quantized));
   RETURN_IF_ERROR(
       util::WriteFileAtomically((dir / "config.json").string(), quant_config));
   RETURN_IF_ERROR(WriteOtherFiles(dir, options_));

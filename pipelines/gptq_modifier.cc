@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "quantization/gptq_typed.h"
 #include "util/status.h"
 #include "util/status_macros.h"
 
@@ -37,6 +38,9 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
     return absl::FailedPreconditionError(
         absl::StrCat("gptq: ", path, ": no calibration inputs"));
   }
+  if (options().typed.has_value()) {
+    return QuantizeTypedGptq(path, weight, hessian);
+  }
   absl::StatusOr<GptqResult> r = GptqQuantize(weight, hessian, gptq_);
   if (!r.ok()) {
     return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
@@ -54,6 +58,28 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
   out.loss = r->loss;
   out.baseline_weight = std::move(rtn->weight);
   out.warning = std::move(r->warning);
+  return out;
+}
+
+absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  const quantization::QuantizationArgs& args = *options().typed->weights;
+  ASSIGN_OR_RETURN(WeightQuantOutcome rtn, QuantizeTyped(path, weight));
+  const quantization::QParams q{rtn.scale, rtn.zero_point, rtn.global_scale};
+  quantization::TypedGptqOptions o;
+  o.dampening_frac = gptq_.dampening_frac;
+  o.block_size = gptq_.block_size;
+  absl::StatusOr<quantization::TypedGptqResult> r =
+      quantization::TypedGptq(TypedWeight(weight), hessian, q, args, o);
+  if (!r.ok()) {
+    return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
+  }
+  WeightQuantOutcome out = rtn;
+  out.baseline_weight = rtn.weight;
+  out.weight = r->weight.to(weight.scalar_type());
+  out.loss = r->loss;
+  out.warning = r->warning;
   return out;
 }
 

@@ -26,7 +26,9 @@
 namespace tracecut::pipelines {
 
 struct GptqModifierOptions {
-  WeightQuantOptions weights;  // weights.scheme is what GPTQ uses.
+  // weights.scheme (or weights.typed, whose weights.actorder applies) is
+  // what GPTQ uses.
+  WeightQuantOptions weights;
   double dampening_frac = 0.01;
   int64_t block_size = 128;
   bool act_order = false;
@@ -47,6 +49,12 @@ class GptqModifier : public WeightQuantModifier {
       const at::Tensor& hessian) override;
 
  private:
+  // GPTQ with options().typed (quantization/gptq_typed.h): its parameters
+  // are round-to-nearest's, fixed up front as llm-compressor's observer
+  // gives them.
+  absl::StatusOr<WeightQuantOutcome> QuantizeTypedGptq(
+      absl::string_view path, const at::Tensor& weight,
+      const at::Tensor& hessian);
   GptqOptions gptq_;
 };
 

@@ -130,6 +130,8 @@ IValue RecordToIValue(const ModuleRecord& r) {
   d.insert("weight_scale", TensorOrNone(r.weight_scale));
   d.insert("weight_zero_point", TensorOrNone(r.weight_zero_point));
   d.insert("weight_g_idx", TensorOrNone(r.weight_g_idx));
+  d.insert("weight_quantization", r.weight_quantization);
+  d.insert("weight_global_scale", TensorOrNone(r.weight_global_scale));
   d.insert("weight_error", r.weight_error);
   d.insert("rtn_error", r.rtn_error);
   d.insert("gptq_loss", r.gptq_loss);
@@ -153,6 +155,8 @@ absl::StatusOr<ModuleRecord> RecordFromIValue(const IValue& v,
   ASSIGN_OR_RETURN(r.weight_scale, in.Tensor("weight_scale"));
   ASSIGN_OR_RETURN(r.weight_zero_point, in.Tensor("weight_zero_point"));
   ASSIGN_OR_RETURN(r.weight_g_idx, in.Tensor("weight_g_idx"));
+  ASSIGN_OR_RETURN(r.weight_quantization, in.String("weight_quantization"));
+  ASSIGN_OR_RETURN(r.weight_global_scale, in.Tensor("weight_global_scale"));
   ASSIGN_OR_RETURN(r.weight_error, in.Double("weight_error"));
   ASSIGN_OR_RETURN(r.rtn_error, in.Double("rtn_error"));
   ASSIGN_OR_RETURN(r.gptq_loss, in.Double("gptq_loss"));
@@ -436,6 +440,7 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
       RETURN_IF_ERROR(set(path, "weight_scale", r.weight_scale));
       RETURN_IF_ERROR(set(path, "weight_zero_point", r.weight_zero_point));
       RETURN_IF_ERROR(set(path, "weight_g_idx", r.weight_g_idx));
+      RETURN_IF_ERROR(set(path, "weight_global_scale", r.weight_global_scale));
     }
     if (!r.input.observer.empty()) {
       RETURN_IF_ERROR(set(path, "input_scale", r.input.scale));
@@ -462,6 +467,7 @@ absl::Status CheckQuantRecordFinite(const std::string& path,
   };
   RETURN_IF_ERROR(check("weight_scale", r.weight_scale));
   RETURN_IF_ERROR(check("weight_zero_point", r.weight_zero_point));
+  RETURN_IF_ERROR(check("weight_global_scale", r.weight_global_scale));
   RETURN_IF_ERROR(check("input_scale", r.input.scale));
   RETURN_IF_ERROR(check("input_zero_point", r.input.zero_point));
   RETURN_IF_ERROR(check("output_scale", r.output.scale));

@@ -130,9 +130,16 @@ struct ModuleRecord {
   // none.
   std::string weight_method;
   std::string weight_scheme;     // QuantScheme::ToString().
-  at::Tensor weight_scale;       // fp32 [rows or 1, groups].
+  at::Tensor weight_scale;       // fp32 [rows or 1, groups] (see below).
   at::Tensor weight_zero_point;  // int32, same shape.
   at::Tensor weight_g_idx;       // int32 [in], GPTQ act_order with groups.
+  // Quantized with a compressed-tensors scheme (quantization/quant_args.h):
+  // {"scheme": its QuantizationScheme JSON with the modifier's targets,
+  //  "ignore": [the modifier's ignore]}; empty for tracecut's integer
+  // schemes. The scale is then in the weight's dtype and the zero point in
+  // the scheme's zp_dtype, as compressed-tensors keeps them.
+  std::string weight_quantization;
+  at::Tensor weight_global_scale;  // fp32 [1]; tensor_group (NVFP4) only.
   // Relative output error on the calibration inputs X this module saw:
   // ||(W - Wq) X|| / ||W X|| (bias left out), from X's second moment.
   double weight_error = std::numeric_limits<double>::quiet_NaN();

@@ -22,6 +22,8 @@
 #include "pipelines/gptq.h"
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.pb.h"
+#include "quantization/quant_args.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -179,6 +181,28 @@ absl::Status CheckScheme(const Checker& parent, bool has_scheme,
     return absl::OkStatus();
   }
   Checker c = parent.Nested("scheme", scheme);
+  if (IsTypedScheme(scheme)) {
+    for (const char* field :
+         {"bits", "symmetric", "group_size", "per_tensor"}) {
+      const FieldDescriptor* f = scheme.GetDescriptor()->FindFieldByName(field);
+      if (scheme.GetReflection()->HasField(scheme, f)) {
+        return c.Error(field,
+                       "cannot be combined with a compressed-tensors preset "
+                       "or json scheme");
+      }
+    }
+    const char* which = scheme.has_preset() ? "preset" : "json";
+    if (scheme.has_preset() && scheme.has_json()) {
+      return c.Error("json", "give either preset or json, not both");
+    }
+    absl::StatusOr<quantization::QuantizationScheme> typed =
+        ToTypedScheme(scheme, {"Linear"});
+    if (!typed.ok()) return c.Error(which, typed.status().message());
+    if (!typed->weights.has_value()) {
+      return c.Error(which, "quantizes no weight");
+    }
+    return absl::OkStatus();
+  }
   if (scheme.bits() < 2 || scheme.bits() > 8) {
     return c.Error("bits",
                    absl::StrCat("must be in [2, 8], got ", scheme.bits()));
@@ -213,6 +237,11 @@ absl::Status CheckTargets(const Checker& c, const M& m) {
 absl::Status CheckGptq(const Checker& c, const recipe::GptqModifier& m) {
   RETURN_IF_ERROR(
       CheckScheme(c, m.has_scheme(), m.scheme(), /*required=*/true));
+  if (IsTypedScheme(m.scheme()) && m.has_static_groups()) {
+    return c.Error("static_groups",
+                   "compressed-tensors schemes always use static groups "
+                   "(llm-compressor's actorder \"weight\")");
+  }
   RETURN_IF_ERROR(CheckTargets(c, m));
   if (!std::isfinite(m.dampening_frac()) || m.dampening_frac() < 0) {
     return c.Error(
@@ -237,6 +266,13 @@ absl::Status CheckObserver(const Checker& c,
   }
   RETURN_IF_ERROR(
       CheckScheme(c, m.has_scheme(), m.scheme(), /*required=*/false));
+  if (m.has_scheme() && IsTypedScheme(m.scheme())) {
+    return c.Nested("scheme", m.scheme())
+        .Error(m.scheme().has_preset() ? "preset" : "json",
+               "the observer modifier takes tracecut's integer scheme "
+               "fields; compressed-tensors schemes go to the rtn or gptq "
+               "modifier");
+  }
   RETURN_IF_ERROR(CheckTargets(c, m));
   if (m.has_averaging_constant() &&
       m.kind() != recipe::ObserverModifier::MOVING_AVERAGE) {
@@ -435,6 +471,26 @@ QuantScheme ToQuantScheme(const recipe::QuantizationScheme& scheme) {
   s.symmetric = scheme.symmetric();
   s.group_size = scheme.group_size();
   s.per_tensor = scheme.per_tensor();
+  return s;
+}
+
+bool IsTypedScheme(const recipe::QuantizationScheme& scheme) {
+  return scheme.has_preset() || scheme.has_json();
+}
+
+absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
+    const recipe::QuantizationScheme& scheme,
+    std::vector<std::string> targets) {
+  if (scheme.has_preset()) {
+    return quantization::PresetScheme(scheme.preset(), std::move(targets));
+  }
+  ASSIGN_OR_RETURN(util::Json j, util::ParseJson(scheme.json(), "json"));
+  if (j.is_object() && !j.contains("targets")) {
+    j["targets"] = util::Json::array();
+  }
+  ASSIGN_OR_RETURN(quantization::QuantizationScheme s,
+                   quantization::QuantizationScheme::FromJson(j, "json"));
+  s.targets = std::move(targets);
   return s;
 }
 

@@ -16,6 +16,7 @@
 //   got 9
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +24,7 @@
 #include "pipelines/gptq.h"
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.pb.h"
+#include "quantization/quant_args.h"
 
 namespace tracecut::pipelines {
 
@@ -41,6 +43,15 @@ absl::Status ValidateRecipe(const recipe::Recipe& recipe,
 // Conversions for validated recipes.
 QuantScheme ToQuantScheme(const recipe::QuantizationScheme& scheme);
 GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq);
+
+// Whether `scheme` names a compressed-tensors scheme (preset or json)
+// rather than tracecut's integer fields.
+bool IsTypedScheme(const recipe::QuantizationScheme& scheme);
+// That scheme with the modifier's `targets`, resolved; InvalidArgument
+// naming the bad field (an unknown preset, a json field compressed-tensors
+// or tracecut refuses).
+absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
+    const recipe::QuantizationScheme& scheme, std::vector<std::string> targets);
 
 }  // namespace tracecut::pipelines
 

@@ -21,6 +21,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/recipe.pb.h"
 #include "pipelines/recipe_yaml_internal.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
@@ -480,6 +481,12 @@ class RecipeReader {
       for (const std::string& t : f.ignore) q->add_ignore(t);
       q->set_dampening_frac(dampening_frac);
       q->set_block_size(block_size);
+      if (IsTypedScheme(g.scheme)) {
+        // Groups are always static; unset keeps llm-compressor's default
+        // ("static", or the scheme's own actorder).
+        if (actorder != ActOrder::kDefault) q->set_actorder(act);
+        continue;
+      }
       q->set_actorder(act);
       // "weight": groups fixed from the original column order.
       q->set_static_groups(act && g.scheme.group_size() > 0);
@@ -532,6 +539,32 @@ void EmitWeights(YAML::Emitter& out, const recipe::QuantizationScheme& s) {
   out << YAML::EndMap;
 }
 
+// A JSON value as YAML (compressed-tensors' scheme fields).
+void EmitJson(YAML::Emitter& out, const util::Json& j) {
+  if (j.is_null()) {
+    out << YAML::Null;
+  } else if (j.is_boolean()) {
+    out << j.get<bool>();
+  } else if (j.is_number_integer()) {
+    out << j.get<int64_t>();
+  } else if (j.is_number()) {
+    out << DoubleText(j.get<double>());
+  } else if (j.is_string()) {
+    out << j.get<std::string>();
+  } else if (j.is_array()) {
+    out << YAML::Flow << YAML::BeginSeq;
+    for (const util::Json& e : j) EmitJson(out, e);
+    out << YAML::EndSeq;
+  } else {
+    out << YAML::BeginMap;
+    for (const auto& [key, value] : j.items()) {
+      out << YAML::Key << key << YAML::Value;
+      EmitJson(out, value);
+    }
+    out << YAML::EndMap;
+  }
+}
+
 // targets and ignore, then `scheme: PRESET` or config_groups.
 template <typename M>
 void EmitQuantFields(YAML::Emitter& out, const M& m) {
@@ -548,8 +581,20 @@ void EmitQuantFields(YAML::Emitter& out, const M& m) {
   out << YAML::Key << "group_0" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "targets" << YAML::Value;
   EmitList(out, m.targets());
-  out << YAML::Key << "weights" << YAML::Value;
-  EmitWeights(out, m.scheme());
+  if (m.scheme().has_json()) {
+    // Validated (ValidateRecipe), so it parses.
+    absl::StatusOr<util::Json> j = util::ParseJson(m.scheme().json(), "json");
+    if (j.ok()) {
+      for (const auto& [key, value] : j->items()) {
+        if (key == "targets") continue;
+        out << YAML::Key << key << YAML::Value;
+        EmitJson(out, value);
+      }
+    }
+  } else {
+    out << YAML::Key << "weights" << YAML::Value;
+    EmitWeights(out, m.scheme());
+  }
   out << YAML::EndMap << YAML::EndMap;
 }
 
@@ -664,12 +709,15 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
       out << YAML::Key << "block_size" << YAML::Value << g.block_size();
       out << YAML::Key << "dampening_frac" << YAML::Value
           << DoubleText(g.dampening_frac());
-      // Explicit either way: llm-compressor's default is "static".
-      out << YAML::Key << "actorder" << YAML::Value;
-      if (g.actorder()) {
-        out << "weight";
-      } else {
-        out << YAML::Null;
+      // Explicit either way: llm-compressor's default is "static" (which
+      // a compressed-tensors scheme without the field keeps).
+      if (!IsTypedScheme(g.scheme()) || g.has_actorder()) {
+        out << YAML::Key << "actorder" << YAML::Value;
+        if (g.actorder()) {
+          out << "weight";
+        } else {
+          out << YAML::Null;
+        }
       }
     } else if (m.has_rtn()) {
       EmitQuantFields(out, m.rtn());

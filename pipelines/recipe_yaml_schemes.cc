@@ -12,11 +12,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pipelines/recipe.pb.h"
 #include "pipelines/recipe_yaml_internal.h"
 #include "quantization/quant_args.h"
+#include "util/json.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines::recipe_yaml_internal {
@@ -24,10 +26,13 @@ namespace {
 
 // Note [llm-compressor presets]
 // Presets come from quantization/quant_args.h (compressed-tensors'
-// PRESET_SCHEMES). tracecut's recipes take integer weight-only schemes of
-// strategy tensor, channel or group: W2A16..W8A16 (symmetric, groups of
-// 128) and W4A16_ASYM. Presets that quantize activations or use float grids
-// are refused by name.
+// PRESET_SCHEMES). Integer weight-only schemes of strategy tensor, channel
+// or group (W2A16..W8A16, W4A16_ASYM, and config groups like them) become
+// tracecut's integer scheme fields; every other scheme (FP8, FP8_DYNAMIC,
+// FP8_BLOCK, W8A8, NVFP4A16, MXFP4, config groups with float weights or
+// activations) becomes a compressed-tensors scheme (`preset` or `json`),
+// which the modifiers refuse at run start where its activations need
+// calibrated scales.
 
 // The recipe scheme for `scheme`, or nullopt when it is not integer
 // weight-only with a strategy recipes express.
@@ -83,10 +88,75 @@ SupportedPresets() {
   return *presets;
 }
 
-std::string SupportedPresetNames() {
-  std::vector<std::string> names;
-  for (const auto& [name, scheme] : SupportedPresets()) names.push_back(name);
-  return absl::StrJoin(names, ", ");
+// A YAML value as JSON: scalars typed as YAML 1.1 readers type them (null,
+// booleans, integers, floats, else strings).
+util::Json YamlToJson(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return nullptr;
+  if (n.IsSequence()) {
+    util::Json a = util::Json::array();
+    for (const YAML::Node& e : n) a.push_back(YamlToJson(e));
+    return a;
+  }
+  if (n.IsMap()) {
+    util::Json o = util::Json::object();
+    for (const auto& e : n) o[e.first.Scalar()] = YamlToJson(e.second);
+    return o;
+  }
+  const std::string& v = n.Scalar();
+  if (n.Tag() == "!") return v;  // Quoted: a string whatever it reads as.
+  const std::string lower = absl::AsciiStrToLower(v);
+  if (lower == "null" || lower == "~") return nullptr;
+  if (lower == "true") return true;
+  if (lower == "false") return false;
+  int64_t i;
+  if (absl::SimpleAtoi(v, &i)) return i;
+  double d;
+  if (v.find_first_of(".eE") != std::string::npos && absl::SimpleAtod(v, &d)) {
+    return d;
+  }
+  return v;
+}
+
+// A config group tracecut's integer fields cannot express, as a
+// compressed-tensors scheme (recipe `json`); nullopt for one they can,
+// which ParseConfigGroup reads field by field.
+absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
+                                                      const YAML::Node& node,
+                                                      const std::string& path) {
+  util::Json j = YamlToJson(node);
+  if (!j.is_object()) return r.Error(node, path, "must be a mapping");
+  const util::Json* targets = util::FindMember(j, "targets");
+  if (targets == nullptr || !targets->is_array() || targets->empty()) {
+    return std::optional<Group>();  // ParseConfigGroup names the error.
+  }
+  absl::StatusOr<quantization::QuantizationScheme> typed =
+      quantization::QuantizationScheme::FromJson(j, path);
+  if (!typed.ok()) {
+    // A float grid, block strategy or activations: compressed-tensors'
+    // rules decide, and their error names the field.
+    const util::Json* w = util::FindMember(j, "weights");
+    const bool beyond_int =
+        (w != nullptr && w->is_object() && w->contains("type") &&
+         (*w)["type"] == "float") ||
+        (util::FindMember(j, "input_activations") != nullptr &&
+         !j["input_activations"].is_null()) ||
+        (util::FindMember(j, "output_activations") != nullptr &&
+         !j["output_activations"].is_null());
+    if (beyond_int) return r.Error(node, path, typed.status().message());
+    return std::optional<Group>();
+  }
+  if (RecipeScheme(*typed).has_value()) return std::optional<Group>();
+  if (!typed->weights.has_value()) {
+    return r.Error(node, path,
+                   "quantizes no weights (tracecut quantizes weights, with "
+                   "activations dynamic or absent)");
+  }
+  Group g;
+  g.targets = typed->targets;
+  util::Json scheme = typed->ToJson();
+  scheme.erase("targets");
+  g.scheme.set_json(util::DumpJson(scheme));
+  return std::optional<Group>(std::move(g));
 }
 
 // QuantizationArgs of a config group's weights.
@@ -210,6 +280,8 @@ absl::StatusOr<Group> ParseWeights(const Reader& r, const YAML::Node& node,
 absl::StatusOr<Group> ParseConfigGroup(const Reader& r, const YAML::Node& node,
                                        const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<Reader::Entry> entries, r.Entries(node, path));
+  ASSIGN_OR_RETURN(std::optional<Group> typed, TypedConfigGroup(r, node, path));
+  if (typed.has_value()) return *std::move(typed);
   std::optional<Group> g;
   std::optional<std::vector<std::string>> targets;
   for (const Reader::Entry& e : entries) {
@@ -247,28 +319,35 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
   absl::StatusOr<quantization::QuantizationScheme> preset =
       quantization::PresetScheme(name, targets);
   if (!preset.ok()) {
-    return r.Error(at, path,
-                   absl::StrCat("scheme ", name,
-                                " is not a compressed-tensors preset "
-                                "(supported: ",
-                                SupportedPresetNames(), ")"));
-  }
-  std::optional<recipe::QuantizationScheme> scheme = RecipeScheme(*preset);
-  if (!scheme.has_value()) {
     return r.Error(
         at, path,
-        absl::StrCat("scheme ", name, " not supported yet (supported: ",
-                     SupportedPresetNames(), ")"));
+        absl::StrCat("scheme ", name,
+                     " is not a compressed-tensors preset "
+                     "(known: ",
+                     absl::StrJoin(quantization::PresetNames(), ", "), ")"));
   }
   Group g;
-  g.scheme = *scheme;
   g.targets = std::move(targets);
+  if (std::optional<recipe::QuantizationScheme> scheme =
+          RecipeScheme(*preset)) {
+    g.scheme = *scheme;
+  } else if (preset->weights.has_value()) {
+    g.scheme.set_preset(absl::AsciiStrToUpper(name));
+  } else {
+    return r.Error(at, path,
+                   absl::StrCat("scheme ", name,
+                                " quantizes no weights (tracecut quantizes "
+                                "weights, with activations dynamic or "
+                                "absent)"));
+  }
   return g;
 }
 
 }  // namespace
 
 std::optional<std::string> PresetOf(const recipe::QuantizationScheme& scheme) {
+  if (scheme.has_preset()) return scheme.preset();
+  if (scheme.has_json()) return std::nullopt;
   for (const auto& [name, preset] : SupportedPresets()) {
     if (scheme.bits() == preset.bits() &&
         scheme.symmetric() == preset.symmetric() &&

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -14,8 +15,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "quantization/fake_quant.h"
+#include "quantization/observers.h"
 #include "runtime/torch_status.h"
 #include "util/format.h"
+#include "util/json.h"
 #include "util/status.h"
 #include "util/status_macros.h"
 
@@ -72,7 +76,33 @@ bool WeightQuantModifier::WantsModule(absl::string_view path,
 }
 
 absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
-  RETURN_IF_ERROR(options_.scheme.Validate());
+  typed_dtype_.reset();
+  if (options_.typed.has_value()) {
+    RETURN_IF_ERROR(options_.typed->Resolve(name()));
+    if (!options_.typed->weights.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": the scheme quantizes no weight"));
+    }
+    if (Distributed()) {
+      return absl::UnimplementedError(absl::StrCat(
+          name(),
+          ": compressed-tensors schemes (preset/json) in a data-parallel run "
+          "are not supported yet; run in one process"));
+    }
+    const auto& in = options_.typed->input_activations;
+    if ((in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) ||
+        options_.typed->output_activations.has_value()) {
+      return absl::UnimplementedError(absl::StrCat(
+          name(), ": ", options_.typed->weights->ToString(),
+          " with calibrated activations (static input scales, or NVFP4's "
+          "input global scale) is not supported yet; choose a scheme whose "
+          "activations are dynamic or absent (FP8_DYNAMIC, FP8_BLOCK, W8A8, "
+          "NVFP4A16, MXFP4A16, MXFP4, W4A16, ...)"));
+    }
+    typed_dtype_ = ConfigDtype(ctx.model());
+  } else {
+    RETURN_IF_ERROR(options_.scheme.Validate());
+  }
   ASSIGN_OR_RETURN(std::vector<const LeafModule*> leaves,
                    options_.modules.Select(ctx, name()));
   selected_.clear();
@@ -97,7 +127,7 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
     // Groups must tile each row: a partial last group is what
     // compressed-tensors refuses to load (strict group division).
     const int64_t in_features = w.size(conv1d ? 0 : 1);
-    const int64_t group = options_.scheme.group_size;
+    const int64_t group = GroupSize();
     if (group > 0 && group < in_features && in_features % group != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           name(), ": group_size ", group, " does not divide the ", in_features,
@@ -114,6 +144,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
     }
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
+  }
+  fused_.clear();
+  fused_scale_.clear();
+  if (options_.typed.has_value() &&
+      options_.typed->weights->resolved_strategy() ==
+          quantization::Strategy::kTensorGroup) {
+    FindFusedGroups(ctx);
   }
   ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name(),
                                                 options_.all_expert_tokens));
@@ -240,6 +277,7 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
   if (tokens > 0 && pending->hessian != nullptr) {
     h = pending->hessian->hessian();
   }
+  ASSIGN_OR_RETURN(global_scale_, FusedGlobalScale(ctx, path));
   WeightQuantOutcome outcome;
   if (tokens > 0) {
     ASSIGN_OR_RETURN(outcome, QuantizeWeight(path, original, h));
@@ -263,9 +301,13 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
     r.notes.push_back(why);
     ctx.Warn(absl::StrCat(name(), ": ", path, ": ", why));
   }
-  r.weight_scheme = options_.scheme.ToString();
+  r.weight_scheme = options_.typed.has_value()
+                        ? options_.typed->weights->ToString()
+                        : options_.scheme.ToString();
+  r.weight_quantization = TypedRecord();
   r.weight_scale = outcome.scale;
   r.weight_zero_point = outcome.zero_point;
+  r.weight_global_scale = outcome.global_scale;
   r.weight_g_idx = outcome.g_idx;
   r.gptq_loss = outcome.loss;
   if (h.defined()) {
@@ -368,8 +410,146 @@ absl::Status WeightQuantModifier::RestoreState(const c10::IValue& state) {
   return absl::OkStatus();
 }
 
+std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model) {
+  auto it = model.extra_files().find("config.json");
+  if (it == model.extra_files().end()) return std::nullopt;
+  absl::StatusOr<util::Json> config = util::ParseJson(it->second);
+  if (!config.ok()) return std::nullopt;
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const util::Json* d = util::FindMember(*config, key);
+    if (d == nullptr || !d->is_string()) continue;
+    const std::string name = d->get<std::string>();
+    if (name == "bfloat16") return at::kBFloat16;
+    if (name == "float16") return at::kHalf;
+    if (name == "float32") return at::kFloat;
+  }
+  return std::nullopt;
+}
+
+void WeightQuantModifier::FindFusedGroups(RunContext& ctx) {
+  // llm-compressor's FUSED_LAYER_NAMES: a module holding all of a group's
+  // names fuses those of them that are quantized.
+  static const std::vector<std::vector<std::string>> kFused = {
+      {"gate_proj", "up_proj"},
+      {"q_proj", "k_proj", "v_proj"},
+      {"q_a_proj", "kv_a_proj_with_mqa"},
+      {"w1", "w3"}};
+  for (const std::string& path : selected_) {
+    const size_t dot = path.rfind('.');
+    const std::string parent =
+        dot == std::string::npos ? "" : path.substr(0, dot + 1);
+    const std::string leaf = path.substr(parent.size());
+    for (const std::vector<std::string>& names : kFused) {
+      if (std::find(names.begin(), names.end(), leaf) == names.end()) continue;
+      std::vector<std::string> members;
+      bool all = true;
+      for (const std::string& n : names) {
+        all = all && ctx.FindLeaf(parent + n) != nullptr;
+        if (selected_.contains(parent + n)) members.push_back(parent + n);
+      }
+      if (all && members.size() > 1) {
+        std::sort(members.begin(), members.end());
+        fused_[path] = std::move(members);
+      }
+    }
+  }
+}
+
+absl::StatusOr<at::Tensor> WeightQuantModifier::FusedGlobalScale(
+    RunContext& ctx, const std::string& path) {
+  auto it = fused_.find(path);
+  if (it == fused_.end()) return at::Tensor();
+  const std::vector<std::string>& members = it->second;
+  at::Tensor& scale = fused_scale_[members.front()];
+  if (scale.defined()) return scale;
+  const quantization::QuantizationArgs& args = *options_.typed->weights;
+  std::vector<quantization::MinMax> stats;
+  for (const std::string& m : members) {
+    ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(m)));
+    if (transposed_.contains(m)) w = w.t();
+    absl::StatusOr<quantization::MinMax> s =
+        quantization::WeightMinMax(TypedWeight(w.detach()), args);
+    if (!s.ok()) {
+      return util::Annotate(
+          s.status(), absl::StrCat(name(), ": ", m, " (fused global scale)"));
+    }
+    stats.push_back(*std::move(s));
+  }
+  absl::StatusOr<at::Tensor> gs = quantization::FusedGlobalScale(stats);
+  if (!gs.ok()) {
+    return util::Annotate(gs.status(),
+                          absl::StrCat(name(), ": global scale of ",
+                                       absl::StrJoin(members, ", ")));
+  }
+  scale = *gs;
+  return scale;
+}
+
+int64_t WeightQuantModifier::GroupSize() const {
+  if (!options_.typed.has_value()) return options_.scheme.group_size;
+  const quantization::QuantizationArgs& w = *options_.typed->weights;
+  const quantization::Strategy s = w.resolved_strategy();
+  if (s == quantization::Strategy::kBlock && w.block_structure.has_value()) {
+    return (*w.block_structure)[1];
+  }
+  return (s == quantization::Strategy::kGroup ||
+          s == quantization::Strategy::kTensorGroup)
+             ? w.group_size.value_or(-1)
+             : -1;
+}
+
+std::string WeightQuantModifier::TypedRecord() const {
+  if (!options_.typed.has_value()) return "";
+  util::Json j = util::Json::object();
+  j["scheme"] = options_.typed->ToJson();
+  j["ignore"] = options_.modules.ignore;
+  return util::DumpJson(j);
+}
+
+at::Tensor WeightQuantModifier::TypedWeight(const at::Tensor& weight) const {
+  return typed_dtype_.has_value() && weight.is_floating_point()
+             ? weight.to(*typed_dtype_)
+             : weight;
+}
+
+absl::StatusOr<WeightQuantOutcome> WeightQuantModifier::QuantizeTyped(
+    absl::string_view path, const at::Tensor& weight) {
+  const quantization::QuantizationArgs& args = *options_.typed->weights;
+  auto annotate = [&](const absl::Status& s) {
+    return util::Annotate(
+        s, absl::StrCat(name(), ": ", path, " (", args.ToString(), ")"));
+  };
+  const at::Tensor w = TypedWeight(weight);
+  absl::StatusOr<quantization::QParams> q =
+      quantization::WeightQParams(w, args, global_scale_);
+  if (!q.ok()) return annotate(q.status());
+  // The grid values as compressed-tensors computes them (in the
+  // checkpoint's dtype), then their real values: in fp32, exactly, when the
+  // module holds fp32, so that the output's codes are read back from the
+  // module's weight as compressed-tensors computed them (a bf16 int8 weight
+  // would lose some); else rounded to the module's dtype, as
+  // compressed-tensors' fake_quantize leaves it.
+  absl::StatusOr<at::Tensor> codes = quantization::Quantize(w, *q, args);
+  if (!codes.ok()) return annotate(codes.status());
+  quantization::QParams real = *q;
+  const bool exact =
+      weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kDouble;
+  if (exact) real.scale = q->scale.to(weight.scalar_type());
+  absl::StatusOr<at::Tensor> fake =
+      quantization::Dequantize(*codes, real, args);
+  if (!fake.ok()) return annotate(fake.status());
+  WeightQuantOutcome out;
+  out.weight = fake->to(weight.scalar_type());
+  out.scale = q->scale;
+  out.zero_point = q->zero_point;
+  out.global_scale = q->global_scale;
+  out.loss = kNaN;
+  return out;
+}
+
 absl::StatusOr<WeightQuantOutcome> WeightQuantModifier::QuantizeWithoutData(
     absl::string_view path, const at::Tensor& weight) {
+  if (options_.typed.has_value()) return QuantizeTyped(path, weight);
   absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, options_.scheme);
   if (!rtn.ok()) {
     return util::Annotate(

@@ -35,6 +35,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,6 +47,8 @@
 #include "pipelines/gptq.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
+#include "quantization/quant_args.h"
+#include "runtime/graph_module.h"
 
 namespace tracecut::pipelines {
 
@@ -54,6 +57,12 @@ class Collective;
 struct WeightQuantOptions {
   ModuleSelector modules;
   QuantScheme scheme;
+  // A compressed-tensors scheme (quantization/quant_args.h) instead of
+  // `scheme`: its weights args decide the quantization (bit-exact with
+  // compressed-tensors, in the checkpoint's dtype, scales in the weight's
+  // dtype); its activation args are recorded for the output. Activations
+  // must be dynamic or absent (calibrated activation scales are refused).
+  std::optional<quantization::QuantizationScheme> typed;
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
   bool measure_error = true;
@@ -78,12 +87,17 @@ struct WeightQuantOutcome {
   at::Tensor weight;  // Fake-quantized, the weight's dtype and shape.
   at::Tensor scale;
   at::Tensor zero_point;
-  at::Tensor g_idx;  // Undefined unless GPTQ act_order with groups.
-  double loss = 0;   // Method-specific; NaN when none.
+  at::Tensor global_scale;  // Typed tensor_group schemes (NVFP4) only.
+  at::Tensor g_idx;         // Undefined unless GPTQ act_order with groups.
+  double loss = 0;          // Method-specific; NaN when none.
   // A weight to compare against on the same inputs (GPTQ: RTN's).
   at::Tensor baseline_weight;
   std::string warning;
 };
+
+// The dtype a model's config.json names ("dtype" or "torch_dtype":
+// bfloat16, float16, float32); none without one.
+std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 
 // sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq, in fp32; 0 when both
 // traces are 0.
@@ -124,6 +138,12 @@ class WeightQuantModifier : public Modifier {
   // calibration data gets.
   absl::StatusOr<WeightQuantOutcome> QuantizeWithoutData(
       absl::string_view path, const at::Tensor& weight);
+  // Round-to-nearest with options().typed, as compressed-tensors computes
+  // it (observer, global scale, fake_quantize).
+  absl::StatusOr<WeightQuantOutcome> QuantizeTyped(absl::string_view path,
+                                                   const at::Tensor& weight);
+  // `weight` in the dtype typed schemes quantize in (the checkpoint's).
+  at::Tensor TypedWeight(const at::Tensor& weight) const;
 
  private:
   struct Pending {
@@ -138,6 +158,17 @@ class WeightQuantModifier : public Modifier {
   absl::Status AddInput(RunContext& ctx, const std::string& path,
                         const at::Tensor& x, const ModuleCall& call);
   bool Distributed() const;
+  // ModuleRecord::weight_quantization of this modifier's modules.
+  std::string TypedRecord() const;
+  // The group size the scheme asks for; -1 when none.
+  int64_t GroupSize() const;
+  // Typed tensor_group (NVFP4) schemes: the global scale `path` shares with
+  // its fused siblings (q/k/v, gate/up: llm-compressor's
+  // FUSED_LAYER_NAMES), from their weights before any of them is
+  // quantized; undefined for a module with none.
+  absl::StatusOr<at::Tensor> FusedGlobalScale(RunContext& ctx,
+                                              const std::string& path);
+  void FindFusedGroups(RunContext& ctx);
   // Compresses `paths` (the same list on every rank, sorted) in a
   // data-parallel run; `subgraph` is the finished subgraph (-1 at the end of
   // the run).
@@ -146,7 +177,17 @@ class WeightQuantModifier : public Modifier {
                                    int subgraph);
 
   WeightQuantOptions options_;
+  // The checkpoint's dtype (config.json), which typed schemes quantize in:
+  // tracecut traces a bf16 checkpoint in fp32, llm-compressor quantizes it
+  // in bf16 (its values convert back exactly).
+  std::optional<c10::ScalarType> typed_dtype_;
   std::set<std::string> selected_;
+  // Typed tensor_group schemes: each fused module's group (sorted paths),
+  // the global scale of each group by its first path, and the one the
+  // module being quantized gets (QuantizeTyped).
+  std::map<std::string, std::vector<std::string>> fused_;
+  std::map<std::string, at::Tensor> fused_scale_;
+  at::Tensor global_scale_;
   // Selected Conv1D modules: weight stored [in, out], quantized transposed.
   std::set<std::string> transposed_;
   FusedExperts experts_;

@@ -36,6 +36,8 @@ absl::Status CheckFinite(const at::Tensor& t, absl::string_view what,
   }
   return TorchCall(what, [&]() -> absl::Status {
     at::Tensor flat = t.detach().reshape({-1});
+    // isfinite has no 1-byte float kernels (float8 zero points, e8m0).
+    if (flat.element_size() == 1) flat = flat.to(at::kFloat);
     const int64_t n = flat.numel();
     for (int64_t begin = 0; begin < n; begin += kChunk) {
       at::Tensor part = flat.slice(0, begin, std::min(n, begin + kChunk));

@@ -19,11 +19,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/distributed.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/progress.h"
+#include "pipelines/recipe.h"
 #include "pipelines/recipe_yaml.h"
 #include "pipelines/report_html.h"
 #include "tools/cli/common.h"
@@ -187,10 +189,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   o.collective = collective.get();
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");
-  if (!recipe_path.has_value()) {
+  std::optional<std::string> scheme = args.Get("scheme");
+  if (recipe_path.has_value() == scheme.has_value()) {
     return UsageError(
-        "--recipe=RECIPE.textproto (or llm-compressor's recipe.yaml) is "
-        "required");
+        "give exactly one of --recipe=RECIPE.textproto (or llm-compressor's "
+        "recipe.yaml) and --scheme=PRESET");
   }
   std::optional<std::string> output = args.Get("output");
   if (!output.has_value()) return UsageError("-o OUT is required");
@@ -213,11 +216,17 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
       o.output_path,
       o.output_format == CalibrateOptions::OutputFormat::kCompressedTensors));
   RETURN_IF_ERROR(CheckOutputIsNotInput(o.output_path, o.model_path));
-  if (args.Has("data") == args.Has("synthetic")) {
+  if (args.Has("data") && args.Has("synthetic")) {
+    return UsageError("give exactly one of --data=FILE and --synthetic=N");
+  }
+  // --scheme quantizes round-to-nearest: data only measures each module's
+  // output error, so one synthetic sample stands in when none is given.
+  if (!args.Has("data") && !args.Has("synthetic") && !scheme.has_value()) {
     return UsageError("give exactly one of --data=FILE and --synthetic=N");
   }
   o.data_path = args.Get("data").value_or("");
-  ASSIGN_OR_RETURN(o.synthetic_samples, IntFlag(args, "synthetic", 0, 1));
+  ASSIGN_OR_RETURN(o.synthetic_samples,
+                   IntFlag(args, "synthetic", args.Has("data") ? 0 : 1, 1));
   ASSIGN_OR_RETURN(o.synthetic_seq_len, IntFlag(args, "seq-len", 16, 1));
   ASSIGN_OR_RETURN(int64_t seed, IntFlag(args, "seed", 0, 0));
   o.seed = static_cast<uint64_t>(seed);
@@ -260,8 +269,25 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
         o.output_path, args.Has("overwrite"), "-o"));
   }
 
-  ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipeFile(*recipe_path));
-  o.recipe_source = *recipe_path;
+  if (scheme.has_value()) {
+    // llm-compressor's QuantizationModifier(targets="Linear", scheme=PRESET,
+    // ignore=["lm_head"]).
+    recipe::RtnModifier* rtn = o.recipe.add_modifiers()->mutable_rtn();
+    rtn->mutable_scheme()->set_preset(*scheme);
+    rtn->add_targets("Linear");
+    rtn->add_ignore("lm_head");
+    o.recipe_source = absl::StrCat("--scheme=", *scheme);
+    absl::Status valid = pipelines::ValidateRecipe(o.recipe, "--scheme");
+    if (!valid.ok()) {
+      return UsageError(absl::StrCat(
+          "--scheme=", *scheme, ": ",
+          absl::StripPrefix(valid.message(),
+                            "--scheme: modifiers[0].rtn.scheme.preset: ")));
+    }
+  } else {
+    ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipeFile(*recipe_path));
+    o.recipe_source = *recipe_path;
+  }
 
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
   pipelines::Progress progress(&io.err, live);
@@ -334,8 +360,8 @@ Subcommand CalibrateCommand() {
   Subcommand c;
   c.name = "calibrate";
   c.synopsis =
-      "MODEL --recipe=RECIPE.textproto|recipe.yaml [--data=FILE | "
-      "--synthetic=N] "
+      "MODEL (--recipe=RECIPE.textproto|recipe.yaml | --scheme=PRESET) "
+      "[--data=FILE | --synthetic=N] "
       "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
       "[--config=config.json] "
       "[--pipeline=sequential|layer_sequential|basic] [--resume] "
@@ -412,6 +438,13 @@ Subcommand CalibrateCommand() {
                       "format, or llm-compressor's recipe.yaml (.yaml, "
                       ".yml); see docs/recipes.md")
           .InputFile(kMaxRecipeBytes),
+      FlagSpec::Value("scheme", "PRESET",
+                      "instead of --recipe: a compressed-tensors preset "
+                      "(W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC, "
+                      "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, ...) applied "
+                      "round-to-nearest to every Linear but lm_head, "
+                      "bit-exact with compressed-tensors and stored in the "
+                      "format it calls for; data is optional"),
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "
                       "list or dict by input name) or .safetensors; token "
