@@ -201,6 +201,9 @@ absl::Status CheckScheme(const Checker& parent, bool has_scheme,
     if (!typed->weights.has_value()) {
       return c.Error(which, "quantizes no weight");
     }
+    if (absl::Status runs = CheckTypedSchemeRuns(*typed); !runs.ok()) {
+      return c.Error(which, runs.message());
+    }
     return absl::OkStatus();
   }
   if (scheme.bits() < 2 || scheme.bits() > 8) {
@@ -492,6 +495,20 @@ absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
                    quantization::QuantizationScheme::FromJson(j, "json"));
   s.targets = std::move(targets);
   return s;
+}
+
+absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s) {
+  const auto& in = s.input_activations;
+  if ((in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) ||
+      s.output_activations.has_value()) {
+    return absl::UnimplementedError(absl::StrCat(
+        s.weights.has_value() ? s.weights->ToString() : "the scheme",
+        " with calibrated activations (static input scales, or NVFP4's "
+        "input global scale) is not supported yet; choose a scheme whose "
+        "activations are dynamic or absent (FP8_DYNAMIC, FP8_BLOCK, W8A8, "
+        "NVFP4A16, MXFP4A16, MXFP4, W4A16, ...)"));
+  }
+  return absl::OkStatus();
 }
 
 GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq) {

@@ -3,11 +3,14 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr char kSource[] = "recipe.textproto";
 
@@ -184,6 +187,56 @@ TEST(RecipeTest, ValidationErrorsNameFieldAndPlace) {
                     "pipeline: PIPELINE_UNSPECIFIED"),
             "recipe.textproto:2:1: pipeline: must be SEQUENTIAL, "
             "LAYER_SEQUENTIAL or BASIC");
+}
+
+TEST(RecipeTest, CompressedTensorsSchemesByPresetOrJson) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipe("modifiers { rtn { scheme { preset: 'NVFP4A16' } "
+                  "targets: 'Linear' ignore: 'lm_head' } }",
+                  "recipe.textproto"));
+  EXPECT_EQ(r.modifiers(0).rtn().scheme().preset(), "NVFP4A16");
+  EXPECT_OK(ParseRecipe(
+      "modifiers { rtn { scheme { json: '{\"weights\": {\"num_bits\": 8, "
+      "\"type\": \"float\", \"strategy\": \"channel\"}}' } "
+      "targets: 'Linear' } }"));
+  EXPECT_OK(ParseRecipe(
+      "modifiers { gptq { scheme { preset: 'FP8_BLOCK' } targets: 'Linear' } "
+      "}"));
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { preset: 'W4A17' } "
+                      "targets: 'Linear' } }"),
+              HasSubstr("recipe.textproto:1:28: "
+                        "modifiers[0].rtn.scheme.preset: "));
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { preset: 'W4A17' } "
+                      "targets: 'Linear' } }"),
+              HasSubstr("W4A17"));
+  EXPECT_EQ(ErrorOf("modifiers { rtn { scheme { preset: 'W4A16' bits: 4 } "
+                    "targets: 'Linear' } }"),
+            "recipe.textproto:1:44: modifiers[0].rtn.scheme.bits: cannot be "
+            "combined with a compressed-tensors preset or json scheme");
+  // NVFP4 with group 128, asymmetric FP8: one line naming the field.
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { json: '{\"weights\": "
+                      "{\"num_bits\": 4, \"type\": \"float\", "
+                      "\"strategy\": \"tensor_group\", \"group_size\": "
+                      "128}}' } targets: 'Linear' } }"),
+              HasSubstr("modifiers[0].rtn.scheme.json: "
+                        "json.weights.group_size"));
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { json: '{\"weights\": "
+                      "{\"num_bits\": 8, \"type\": \"float\", "
+                      "\"symmetric\": false}}' } targets: 'Linear' } }"),
+              HasSubstr("modifiers[0].rtn.scheme.json: json.weights."));
+  // Activations that need calibrated scales are refused up front.
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { preset: 'FP8' } "
+                      "targets: 'Linear' } }"),
+              HasSubstr("modifiers[0].rtn.scheme.preset: float8 sym tensor "
+                        "with calibrated activations"));
+  EXPECT_THAT(ErrorOf("modifiers { gptq { scheme { preset: 'W4A16' } "
+                      "static_groups: true targets: 'Linear' } }"),
+              HasSubstr("modifiers[0].gptq.static_groups: compressed-tensors "
+                        "schemes always use static groups"));
+  EXPECT_THAT(ErrorOf("modifiers { observer { kind: MINMAX scheme { preset: "
+                      "'W8A16' } targets: 'Linear' } }"),
+              HasSubstr("the observer modifier takes tracecut's integer"));
 }
 
 TEST(RecipeTest, ValidateWithoutLocations) {

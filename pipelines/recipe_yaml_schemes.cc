@@ -15,6 +15,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "pipelines/recipe.h"
 #include "pipelines/recipe.pb.h"
 #include "pipelines/recipe_yaml_internal.h"
 #include "quantization/quant_args.h"
@@ -142,7 +144,11 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
          !j["input_activations"].is_null()) ||
         (util::FindMember(j, "output_activations") != nullptr &&
          !j["output_activations"].is_null());
-    if (beyond_int) return r.Error(node, path, typed.status().message());
+    if (beyond_int) {
+      return r.Error(
+          node, path,
+          absl::StripPrefix(typed.status().message(), absl::StrCat(path, ".")));
+    }
     return std::optional<Group>();
   }
   if (RecipeScheme(*typed).has_value()) return std::optional<Group>();
@@ -150,6 +156,9 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
     return r.Error(node, path,
                    "quantizes no weights (tracecut quantizes weights, with "
                    "activations dynamic or absent)");
+  }
+  if (absl::Status runs = CheckTypedSchemeRuns(*typed); !runs.ok()) {
+    return r.Error(node, path, runs.message());
   }
   Group g;
   g.targets = typed->targets;
@@ -332,6 +341,10 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
           RecipeScheme(*preset)) {
     g.scheme = *scheme;
   } else if (preset->weights.has_value()) {
+    if (absl::Status runs = CheckTypedSchemeRuns(*preset); !runs.ok()) {
+      return r.Error(at, path,
+                     absl::StrCat("scheme ", name, ": ", runs.message()));
+    }
     g.scheme.set_preset(absl::AsciiStrToUpper(name));
   } else {
     return r.Error(at, path,

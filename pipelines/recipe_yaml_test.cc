@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pipelines/recipe.h"
+#include "quantization/quant_args.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
@@ -132,6 +133,45 @@ TEST(RecipeYamlTest, SchemeForms) {
   const recipe::QuantizationScheme& tensor = r.modifiers(1).gptq().scheme();
   EXPECT_EQ(tensor.bits(), 8);
   EXPECT_TRUE(tensor.per_tensor());
+}
+
+TEST(RecipeYamlTest, FloatAndActivationSchemesAreCompressedTensors) {
+  // Presets tracecut's integer fields cannot express keep their name.
+  ASSERT_OK_AND_ASSIGN(recipe::Recipe r,
+                       ParseRecipeYaml(Gptq("      scheme: fp8_dynamic\n")));
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().preset(), "FP8_DYNAMIC");
+  EXPECT_FALSE(r.modifiers(0).gptq().has_actorder());  // "static" default.
+  EXPECT_FALSE(r.modifiers(0).gptq().has_static_groups());
+  // A config group with float weights and dynamic activations: its JSON.
+  ASSERT_OK_AND_ASSIGN(
+      r, ParseRecipeYaml(
+             "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+             "      ignore: [lm_head]\n      config_groups:\n        g:\n"
+             "          targets: [Linear]\n"
+             "          weights: {num_bits: 8, type: float, strategy: "
+             "channel}\n"
+             "          input_activations: {num_bits: 8, type: float, "
+             "strategy: token, dynamic: true}\n"));
+  const recipe::RtnModifier& rtn = r.modifiers(0).rtn();
+  ASSERT_TRUE(rtn.scheme().has_json());
+  ASSERT_OK_AND_ASSIGN(quantization::QuantizationScheme got,
+                       ToTypedScheme(rtn.scheme(), {rtn.targets().begin(),
+                                                    rtn.targets().end()}));
+  ASSERT_OK_AND_ASSIGN(quantization::QuantizationScheme want,
+                       quantization::PresetScheme("FP8_DYNAMIC", {"Linear"}));
+  EXPECT_TRUE(got == want);
+  // Both forms write back as llm-compressor's and read back equal.
+  for (const recipe::Recipe& in :
+       {r, *ParseRecipeYaml(Gptq("      scheme: NVFP4A16\n"))}) {
+    ASSERT_OK_AND_ASSIGN(std::string yaml, RecipeToYaml(in));
+    ASSERT_OK_AND_ASSIGN(recipe::Recipe back, ParseRecipeYaml(yaml));
+    google::protobuf::util::MessageDifferencer diff;
+    diff.set_message_field_comparison(
+        google::protobuf::util::MessageDifferencer::EQUIVALENT);
+    std::string report;
+    diff.ReportDifferencesToString(&report);
+    EXPECT_TRUE(diff.Compare(in, back)) << report << "\n" << yaml;
+  }
 }
 
 TEST(RecipeYamlTest, ActOrderResolvesAsGptqModifierDoes) {
@@ -311,26 +351,30 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
             "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
             "unsupported modifier (tracecut runs AWQModifier, GPTQModifier, "
             "QuantizationModifier and SmoothQuantModifier)");
+  // Static activation scales need calibration tracecut does not run yet.
   EXPECT_EQ(
       ErrorOf(Gptq("      scheme: FP8\n")),
       "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
-      "scheme FP8 not supported yet (supported: W4A16_ASYM, W2A16, W3A16, "
-      "W4A16, W5A16, W6A16, W7A16, W8A16)");
-  EXPECT_THAT(ErrorOf(Gptq("      scheme: W8A8\n")),
-              HasSubstr("scheme W8A8 not supported yet"));
+      "scheme FP8: float8 sym tensor with calibrated activations (static "
+      "input scales, or NVFP4's input global scale) is not supported yet; "
+      "choose a scheme whose activations are dynamic or absent "
+      "(FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4A16, MXFP4A16, MXFP4, W4A16, "
+      "...)");
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: NVFP4\n")),
+              HasSubstr("with calibrated activations"));
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
               HasSubstr("scheme W4A17 is not a compressed-tensors preset"));
   EXPECT_THAT(
       ErrorOf(Gptq("      config_groups:\n        g:\n          targets: "
                    "[Linear]\n          weights: {num_bits: 8}\n"
                    "          input_activations: {num_bits: 8}\n")),
-      HasSubstr("recipe.yaml:8:30: quant_stage.quant_modifiers.GPTQModifier."
-                "config_groups.g.input_activations: unsupported value "
-                "(activation quantization not supported yet)"));
+      HasSubstr("recipe.yaml:6:11: quant_stage.quant_modifiers.GPTQModifier."
+                "config_groups.g: int8 sym tensor with calibrated "
+                "activations"));
   EXPECT_THAT(ErrorOf(Gptq("      config_groups:\n        g:\n          "
                            "targets: [Linear]\n          weights: "
-                           "{num_bits: 8, type: float}\n")),
-              HasSubstr("weights.type: type float not supported yet"));
+                           "{num_bits: 6, type: float}\n")),
+              HasSubstr("config_groups.g: weights.num_bits: "));
   EXPECT_THAT(ErrorOf(Gptq("      config_groups:\n        g:\n          "
                            "targets: [Linear]\n          weights: "
                            "{num_bits: 8, strategy: block}\n")),

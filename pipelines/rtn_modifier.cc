@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "pipelines/recipe.h"
 #include "quantization/fake_quant.h"
 #include "quantization/observers.h"
 #include "runtime/torch_status.h"
@@ -89,15 +90,8 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
           ": compressed-tensors schemes (preset/json) in a data-parallel run "
           "are not supported yet; run in one process"));
     }
-    const auto& in = options_.typed->input_activations;
-    if ((in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) ||
-        options_.typed->output_activations.has_value()) {
-      return absl::UnimplementedError(absl::StrCat(
-          name(), ": ", options_.typed->weights->ToString(),
-          " with calibrated activations (static input scales, or NVFP4's "
-          "input global scale) is not supported yet; choose a scheme whose "
-          "activations are dynamic or absent (FP8_DYNAMIC, FP8_BLOCK, W8A8, "
-          "NVFP4A16, MXFP4A16, MXFP4, W4A16, ...)"));
+    if (absl::Status runs = CheckTypedSchemeRuns(*options_.typed); !runs.ok()) {
+      return util::Annotate(runs, name());
     }
     typed_dtype_ = ConfigDtype(ctx.model());
   } else {

@@ -33,6 +33,9 @@ from safetensors.torch import load_file
 # Weight schemes (RTN) whose activations, if any, are dynamic.
 PRESETS = ["W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK",
            "NVFP4A16", "MXFP4A16", "MXFP4"]
+# GPTQ on one preset per grid (int groups, fp8 channels, fp8 blocks, NVFP4,
+# MX): each takes a minute of llm-compressor's time.
+GPTQ_PRESETS = ["W4A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16"]
 
 
 def run(cmd):
@@ -59,6 +62,24 @@ def llmcompressor_output(ckpt, preset, out):
       ckpt, dtype=torch.bfloat16)
   model = oneshot(model=model, recipe=QuantizationModifier(
       targets="Linear", scheme=preset, ignore=["lm_head"]))
+  model.save_pretrained(out, save_compressed=True)
+
+
+def llmcompressor_gptq(ckpt, preset, ids, out):
+  from datasets import Dataset
+  from llmcompressor import oneshot
+  from llmcompressor.modifiers.quantization import GPTQModifier
+  import llmcompressor.pipelines.cache as cache
+  cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      ckpt, dtype=torch.bfloat16)
+  ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                          "attention_mask": torch.ones_like(ids).tolist()})
+  model = oneshot(
+      model=model, dataset=ds,
+      recipe=GPTQModifier(targets="Linear", scheme=preset, ignore=["lm_head"]),
+      max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+      shuffle_calibration_samples=False, pipeline="sequential")
   model.save_pretrained(out, save_compressed=True)
 
 
@@ -143,6 +164,31 @@ def main():
       print(f"{preset}: relative logit error tracecut {err:.4g}, "
             f"llm-compressor {peer_err:.4g}")
       assert err <= 1.1 * peer_err + 1e-6, (preset, err, peer_err)
+
+    # GPTQ (a recipe naming the preset) on the same tokens: the logit error
+    # within 10 % of llm-compressor's GPTQModifier, the same config.
+    calib = torch.randint(0, 256, (8, 16),
+                          generator=torch.Generator().manual_seed(5))
+    data = os.path.join(d, "calib.pt")
+    torch.save(calib, data)
+    for preset in [p for p in GPTQ_PRESETS if p in presets]:
+      recipe = os.path.join(d, f"gptq-{preset}.textproto")
+      with open(recipe, "w") as f:
+        f.write(f'modifiers {{ gptq {{ scheme {{ preset: "{preset}" }} '
+                'targets: "Linear" ignore: "lm_head" } }\n')
+      ours = os.path.join(d, "tracecut-gptq-" + preset)
+      theirs = os.path.join(d, "llmcompressor-gptq-" + preset)
+      run([tracecut, "calibrate", ckpt, "--recipe=" + recipe,
+           "--data=" + data, "-o", ours])
+      llmcompressor_gptq(ckpt, preset, calib, theirs)
+      loaded, got = logits(ours, ids)
+      compare_config(ours, theirs, loaded, preset)
+      _, peer = logits(theirs, ids)
+      assert torch.isfinite(got).all(), preset
+      err, peer_err = relative_error(got, want), relative_error(peer, want)
+      print(f"GPTQ {preset}: relative logit error tracecut {err:.4g}, "
+            f"llm-compressor {peer_err:.4g}")
+      assert err <= 1.1 * peer_err + 1e-6, ("GPTQ", preset, err, peer_err)
 
 
 if __name__ == "__main__":
