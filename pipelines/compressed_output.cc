@@ -648,7 +648,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       ASSIGN_OR_RETURN(at::Tensor piece,
                        checkpoint::PieceOf(state.at(owner->first),
                                            owner->second, info.shape));
-      tensors.emplace_back(name, std::move(piece));
+      tensors.emplace_back(name, piece.to(info.dtype));
     }
   } else {
     for (const auto& [name, t] : state) {

@@ -1,11 +1,12 @@
 """The schemes people ship, end to end, against llm-compressor (issue 30).
 
-A seeded bf16 transformers Llama (from a config) is saved with a small
-word-level tokenizer and exported with `tracecut export`. For each preset
-below, `tracecut calibrate CKPT --scheme=PRESET -o OUT` (round-to-nearest,
-every Linear but lm_head) and llm-compressor's `oneshot` with
-QuantizationModifier(targets="Linear", scheme=PRESET, ignore=["lm_head"])
-on the same checkpoint write compressed-tensors checkpoints. Then:
+A seeded bf16 transformers Llama and Mixtral (from configs) are saved with
+a small word-level tokenizer and exported with `tracecut export`. For each
+preset below, `tracecut calibrate CKPT --recipe=R` with R an rtn (then a
+gptq) modifier naming the preset for every Linear but lm_head (and the MoE
+router), and llm-compressor's `oneshot` with QuantizationModifier (then
+GPTQModifier) and the same targets, preset, ignore list and tokens write
+compressed-tensors checkpoints. Then:
 
 * every tensor llm-compressor stores, tracecut stores too, bit for bit
   (weights, packed codes, scales, global scales; the fraction that differs
@@ -15,9 +16,11 @@ on the same checkpoint write compressed-tensors checkpoints. Then:
   model transformers loads from it;
 * transformers loads both with from_pretrained (compressed-tensors
   decompresses), the logits are finite, and tracecut's relative logit error
-  against the original model is within 10 % of llm-compressor's.
+  against the original model is within 10 % of llm-compressor's;
+* GPTQ (dense model): the same config and logit-error bound;
+* `--scheme=PRESET` writes the same recipe's output.
 
-    schemes_test.py TRACECUT [PRESET...]
+    schemes_test.py TRACECUT [PRESET...]    (default: all of PRESETS)
 """
 
 import json
@@ -55,29 +58,22 @@ def save_tokenizer(ckpt, vocab_size):
   tok.save_pretrained(ckpt)
 
 
-def llmcompressor_output(ckpt, preset, out):
-  from llmcompressor import oneshot
-  from llmcompressor.modifiers.quantization import QuantizationModifier
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      ckpt, dtype=torch.bfloat16)
-  model = oneshot(model=model, recipe=QuantizationModifier(
-      targets="Linear", scheme=preset, ignore=["lm_head"]))
-  model.save_pretrained(out, save_compressed=True)
-
-
-def llmcompressor_gptq(ckpt, preset, ids, out):
+def llmcompressor_output(ckpt, preset, method, ignore, ids, out):
+  """oneshot with QuantizationModifier (rtn) or GPTQModifier (gptq)."""
   from datasets import Dataset
   from llmcompressor import oneshot
-  from llmcompressor.modifiers.quantization import GPTQModifier
+  from llmcompressor.modifiers.quantization import (GPTQModifier,
+                                                    QuantizationModifier)
   import llmcompressor.pipelines.cache as cache
   cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
   model = transformers.AutoModelForCausalLM.from_pretrained(
       ckpt, dtype=torch.bfloat16)
+  modifier = GPTQModifier if method == "gptq" else QuantizationModifier
   ds = Dataset.from_dict({"input_ids": ids.tolist(),
                           "attention_mask": torch.ones_like(ids).tolist()})
   model = oneshot(
       model=model, dataset=ds,
-      recipe=GPTQModifier(targets="Linear", scheme=preset, ignore=["lm_head"]),
+      recipe=modifier(targets="Linear", scheme=preset, ignore=ignore),
       max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
       shuffle_calibration_samples=False, pipeline="sequential")
   model.save_pretrained(out, save_compressed=True)
@@ -95,8 +91,22 @@ def relative_error(got, want):
   return ((got - want).norm() / want.norm()).item()
 
 
+# tracecut writes a fused MoE's experts under the checkpoint names
+# transformers converts from (Mixtral's w1/w3/w2); llm-compressor under the
+# module names of its per-expert calibration modules.
+EXPERT_NAMES = {".w1.": ".gate_proj.", ".w3.": ".up_proj.",
+                ".w2.": ".down_proj."}
+
+
+def expert_name(key):
+  for old, new in EXPERT_NAMES.items():
+    key = key.replace(old, new)
+  return key
+
+
 def compare_tensors(ours_dir, theirs_dir, preset):
-  ours = load_file(os.path.join(ours_dir, "model.safetensors"))
+  ours = {expert_name(k): v for k, v in
+          load_file(os.path.join(ours_dir, "model.safetensors")).items()}
   theirs = load_file(os.path.join(theirs_dir, "model.safetensors"))
   assert sorted(ours) == sorted(theirs), (
       preset, sorted(set(ours) ^ set(theirs))[:10])
@@ -124,6 +134,11 @@ def compare_config(ours_dir, theirs_dir, model, preset):
     theirs = json.load(f)["quantization_config"]
   theirs.pop("version", None)
   ours.pop("version", None)
+  if "mixtral" in preset:
+    # llm-compressor lists the MoE routers it leaves alone by module name;
+    # tracecut keeps the recipe's ignore list.
+    print(f"{preset}: ignore: tracecut {ours.pop('ignore')}, "
+          f"llm-compressor {theirs.pop('ignore')}")
   assert ours == theirs, (preset, json.dumps(ours, indent=1),
                           json.dumps(theirs, indent=1))
   inferred = infer_model_format(model)
@@ -131,64 +146,86 @@ def compare_config(ours_dir, theirs_dir, model, preset):
   assert ours["format"] == inferred, (preset, ours["format"], inferred)
 
 
-def main():
-  tracecut = sys.argv[1]
-  presets = sys.argv[2:] or PRESETS
+def models():
+  """(name, seeded bf16 model, ignore): a dense Llama and a Mixtral MoE (its
+  experts fused into 3-D parameters by transformers, its router left out as
+  llm-compressor's MoE examples leave it)."""
+  common = dict(vocab_size=256, hidden_size=128, intermediate_size=256,
+                num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64)
   torch.manual_seed(0)
-  config = transformers.LlamaConfig(
-      vocab_size=256, hidden_size=128, intermediate_size=256,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-      max_position_embeddings=64)
-  model = transformers.LlamaForCausalLM(config).eval().to(torch.bfloat16)
+  yield ("llama", transformers.LlamaForCausalLM(
+      transformers.LlamaConfig(**common)).eval().to(torch.bfloat16),
+         ["lm_head"])
+  torch.manual_seed(0)
+  yield ("mixtral", transformers.MixtralForCausalLM(
+      transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                 **common)).eval().to(torch.bfloat16),
+         ["lm_head", "re:.*mlp.gate$"])
+
+
+def check(tracecut, name, model, ignore, presets, d):
   ids = torch.randint(0, 256, (2, 12),
                       generator=torch.Generator().manual_seed(3))
+  ckpt = os.path.join(d, name)
+  model.save_pretrained(ckpt)
+  save_tokenizer(ckpt, model.config.vocab_size)
+  run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
+  _, want = logits(ckpt, ids)
+  calib = torch.randint(0, 256, (8, 16),
+                        generator=torch.Generator().manual_seed(5))
+  data = os.path.join(d, name + "-calib.pt")
+  torch.save(calib, data)
+  ignore_text = " ".join(f'ignore: "{i}"' for i in ignore)
+  gptq = [p for p in GPTQ_PRESETS if p in presets]
+  if name == "mixtral":
+    # Checked on the MoE: int4 groups and fp8 channels. Not yet: NVFP4
+    # (each fused expert's gate/up global scale is not shared as
+    # llm-compressor shares it), W4A16_ASYM (transformers cannot convert
+    # the w1/w3 zero points back into fused experts), the other presets
+    # (not run here) and GPTQ on fused experts.
+    presets = [p for p in presets if p in ("W4A16", "FP8_DYNAMIC")]
+    gptq = []
+  # Round-to-nearest for every preset, then GPTQ on the same tokens.
+  for method, preset in [("rtn", p) for p in presets] + [
+      ("gptq", p) for p in gptq]:
+    label = f"{name} {method} {preset}"
+    recipe = os.path.join(d, f"{name}-{method}-{preset}.textproto")
+    with open(recipe, "w") as f:
+      f.write(f'modifiers {{ {method} {{ scheme {{ preset: "{preset}" }} '
+              f'targets: "Linear" {ignore_text} }} }}\n')
+    ours = os.path.join(d, f"tracecut-{name}-{method}-{preset}")
+    theirs = os.path.join(d, f"llmcompressor-{name}-{method}-{preset}")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+         "-o", ours])
+    llmcompressor_output(ckpt, preset, method, ignore, calib, theirs)
+    if method == "rtn":
+      compare_tensors(ours, theirs, label)
+    loaded, got = logits(ours, ids)
+    compare_config(ours, theirs, loaded, label)
+    _, peer = logits(theirs, ids)
+    assert torch.isfinite(got).all(), label
+    err, peer_err = relative_error(got, want), relative_error(peer, want)
+    print(f"{label}: relative logit error tracecut {err:.4g}, "
+          f"llm-compressor {peer_err:.4g}", flush=True)
+    assert err <= 1.1 * peer_err + 1e-6, (label, err, peer_err)
+
+
+def main():
+  tracecut = sys.argv[1]
+  only = sys.argv[2:]
   with tempfile.TemporaryDirectory() as d:
-    ckpt = os.path.join(d, "llama")
-    model.save_pretrained(ckpt)
-    save_tokenizer(ckpt, config.vocab_size)
-    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
-    _, want = logits(ckpt, ids)
-
-    for preset in presets:
-      ours = os.path.join(d, "tracecut-" + preset)
-      theirs = os.path.join(d, "llmcompressor-" + preset)
-      run([tracecut, "calibrate", ckpt, "--scheme=" + preset, "-o", ours,
-           "--synthetic=4", "--seq-len=16"])
-      llmcompressor_output(ckpt, preset, theirs)
-      compare_tensors(ours, theirs, preset)
-      loaded, got = logits(ours, ids)
-      compare_config(ours, theirs, loaded, preset)
-      _, peer = logits(theirs, ids)
-      assert torch.isfinite(got).all(), preset
-      err, peer_err = relative_error(got, want), relative_error(peer, want)
-      print(f"{preset}: relative logit error tracecut {err:.4g}, "
-            f"llm-compressor {peer_err:.4g}")
-      assert err <= 1.1 * peer_err + 1e-6, (preset, err, peer_err)
-
-    # GPTQ (a recipe naming the preset) on the same tokens: the logit error
-    # within 10 % of llm-compressor's GPTQModifier, the same config.
-    calib = torch.randint(0, 256, (8, 16),
-                          generator=torch.Generator().manual_seed(5))
-    data = os.path.join(d, "calib.pt")
-    torch.save(calib, data)
-    for preset in [p for p in GPTQ_PRESETS if p in presets]:
-      recipe = os.path.join(d, f"gptq-{preset}.textproto")
-      with open(recipe, "w") as f:
-        f.write(f'modifiers {{ gptq {{ scheme {{ preset: "{preset}" }} '
-                'targets: "Linear" ignore: "lm_head" } }\n')
-      ours = os.path.join(d, "tracecut-gptq-" + preset)
-      theirs = os.path.join(d, "llmcompressor-gptq-" + preset)
-      run([tracecut, "calibrate", ckpt, "--recipe=" + recipe,
-           "--data=" + data, "-o", ours])
-      llmcompressor_gptq(ckpt, preset, calib, theirs)
-      loaded, got = logits(ours, ids)
-      compare_config(ours, theirs, loaded, preset)
-      _, peer = logits(theirs, ids)
-      assert torch.isfinite(got).all(), preset
-      err, peer_err = relative_error(got, want), relative_error(peer, want)
-      print(f"GPTQ {preset}: relative logit error tracecut {err:.4g}, "
-            f"llm-compressor {peer_err:.4g}")
-      assert err <= 1.1 * peer_err + 1e-6, ("GPTQ", preset, err, peer_err)
+    for name, model, ignore in models():
+      presets = [p for p in PRESETS if not only or p in only]
+      check(tracecut, name, model, ignore, presets, d)
+      # `--scheme` is the recipe above for a dense model (ignore lm_head).
+      if name == "llama" and presets:
+        out = os.path.join(d, "scheme-flag")
+        run([tracecut, "calibrate", os.path.join(d, name),
+             "--scheme=" + presets[0], "-o", out])
+        with open(os.path.join(out, "config.json")) as f:
+          qc = json.load(f)["quantization_config"]
+        assert qc["ignore"] == ["lm_head"], qc
 
 
 if __name__ == "__main__":
