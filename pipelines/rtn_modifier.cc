@@ -84,12 +84,6 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
       return absl::InvalidArgumentError(
           absl::StrCat(name(), ": the scheme quantizes no weight"));
     }
-    if (Distributed()) {
-      return absl::UnimplementedError(absl::StrCat(
-          name(),
-          ": compressed-tensors schemes (preset/json) in a data-parallel run "
-          "are not supported yet; run in one process"));
-    }
     if (absl::Status runs = CheckTypedSchemeRuns(*options_.typed); !runs.ok()) {
       return util::Annotate(runs, name());
     }
@@ -139,6 +133,8 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
     selected_.insert(leaf->path);
     if (conv1d) transposed_.insert(leaf->path);
   }
+  ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name(),
+                                                options_.all_expert_tokens));
   fused_.clear();
   fused_scale_.clear();
   if (options_.typed.has_value() &&
@@ -146,8 +142,6 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
           quantization::Strategy::kTensorGroup) {
     FindFusedGroups(ctx);
   }
-  ASSIGN_OR_RETURN(experts_, FusedExperts::Find(ctx, options_.modules, name(),
-                                                options_.all_expert_tokens));
   if (!experts_.empty() && Distributed()) {
     return absl::UnimplementedError(absl::StrCat(
         name(), ": fused MoE experts (", experts_.linears().begin()->first,
@@ -428,7 +422,13 @@ void WeightQuantModifier::FindFusedGroups(RunContext& ctx) {
       {"q_proj", "k_proj", "v_proj"},
       {"q_a_proj", "kv_a_proj_with_mqa"},
       {"w1", "w3"}};
-  for (const std::string& path : selected_) {
+  // Quantized here: selected modules and fused experts' Linears (w1/w3).
+  auto quantized = [&](const std::string& p) {
+    return selected_.contains(p) || experts_.FindLinear(p) != nullptr;
+  };
+  std::vector<std::string> paths(selected_.begin(), selected_.end());
+  for (const auto& [path, linear] : experts_.linears()) paths.push_back(path);
+  for (const std::string& path : paths) {
     const size_t dot = path.rfind('.');
     const std::string parent =
         dot == std::string::npos ? "" : path.substr(0, dot + 1);
@@ -438,8 +438,9 @@ void WeightQuantModifier::FindFusedGroups(RunContext& ctx) {
       std::vector<std::string> members;
       bool all = true;
       for (const std::string& n : names) {
-        all = all && ctx.FindLeaf(parent + n) != nullptr;
-        if (selected_.contains(parent + n)) members.push_back(parent + n);
+        all = all && (ctx.FindLeaf(parent + n) != nullptr ||
+                      experts_.FindLinear(parent + n) != nullptr);
+        if (quantized(parent + n)) members.push_back(parent + n);
       }
       if (all && members.size() > 1) {
         std::sort(members.begin(), members.end());
@@ -459,8 +460,13 @@ absl::StatusOr<at::Tensor> WeightQuantModifier::FusedGlobalScale(
   const quantization::QuantizationArgs& args = *options_.typed->weights;
   std::vector<quantization::MinMax> stats;
   for (const std::string& m : members) {
-    ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(m)));
-    if (transposed_.contains(m)) w = w.t();
+    at::Tensor w;
+    if (experts_.FindLinear(m) != nullptr) {
+      ASSIGN_OR_RETURN(w, experts_.Weight(ctx, m));
+    } else {
+      ASSIGN_OR_RETURN(w, ctx.model().GetTensor(WeightPath(m)));
+      if (transposed_.contains(m)) w = w.t();
+    }
     absl::StatusOr<quantization::MinMax> s =
         quantization::WeightMinMax(TypedWeight(w.detach()), args);
     if (!s.ok()) {

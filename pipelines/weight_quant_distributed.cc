@@ -27,8 +27,9 @@
 //      owner, which takes H = 2/n * sum_r S_r and solves it with the
 //      single-process code (Compress) — owners solve in parallel;
 //   4. in module order, the owner broadcasts its record (scale, zero point,
-//      g_idx, errors, notes and warnings) and the quantized weight; the other
-//      ranks store both, so every rank continues with the same weights.
+//      g_idx, global scale, scheme, errors, notes and warnings) and the
+//      quantized weight; the other ranks store both, so every rank
+//      continues with the same weights.
 // Modules without tokens on any rank are quantized round-to-nearest from
 // their own weights on every rank (no communication: the same on all).
 // Everything depends only on the world size and the data, never on timing:
@@ -64,14 +65,15 @@ c10::IValue PackRecord(const ModuleRecord& r,
        r.weight_scheme, TensorOrNone(r.weight_scale),
        TensorOrNone(r.weight_zero_point), TensorOrNone(r.weight_g_idx),
        r.weight_error, r.rtn_error, r.gptq_loss, r.calibration_tokens,
-       r.compress_seconds, StringList(r.notes), StringList(warnings)});
+       r.compress_seconds, StringList(r.notes), StringList(warnings),
+       r.weight_quantization, TensorOrNone(r.weight_global_scale)});
 }
 
 absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
                           std::vector<std::string>& warnings) {
   return runtime::TorchCall("a broadcast module record", [&] {
     const auto& e = v.toTupleRef().elements();
-    TORCH_CHECK(e.size() == 14, "expected 14 fields, got ", e.size());
+    TORCH_CHECK(e.size() == 16, "expected 16 fields, got ", e.size());
     r.type = e[0].toStringRef();
     r.subgraph = static_cast<int>(e[1].toInt());
     r.weight_method = e[2].toStringRef();
@@ -86,6 +88,8 @@ absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
     r.compress_seconds = e[11].toDouble();
     r.notes = Strings(e[12]);
     warnings = Strings(e[13]);
+    r.weight_quantization = e[14].toStringRef();
+    r.weight_global_scale = TensorOf(e[15]);
   });
 }
 

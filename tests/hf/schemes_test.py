@@ -141,6 +141,8 @@ def compare_config(ours_dir, theirs_dir, model, preset):
           f"llm-compressor {theirs.pop('ignore')}")
   assert ours == theirs, (preset, json.dumps(ours, indent=1),
                           json.dumps(theirs, indent=1))
+  if model is None:
+    return
   inferred = infer_model_format(model)
   inferred = getattr(inferred, "value", inferred)
   assert ours["format"] == inferred, (preset, ours["format"], inferred)
@@ -178,13 +180,16 @@ def check(tracecut, name, model, ignore, presets, d):
   torch.save(calib, data)
   ignore_text = " ".join(f'ignore: "{i}"' for i in ignore)
   gptq = [p for p in GPTQ_PRESETS if p in presets]
+  loads = set(presets)
   if name == "mixtral":
-    # Checked on the MoE: int4 groups and fp8 channels. Not yet: NVFP4
-    # (each fused expert's gate/up global scale is not shared as
-    # llm-compressor shares it), W4A16_ASYM (transformers cannot convert
-    # the w1/w3 zero points back into fused experts), the other presets
-    # (not run here) and GPTQ on fused experts.
-    presets = [p for p in presets if p in ("W4A16", "FP8_DYNAMIC")]
+    # transformers 5.17 converts a fused MoE's per-expert compressed
+    # tensors back into its 3-D experts for these formats only; for the
+    # others it fails or decompresses wrongly (llm-compressor's own output
+    # loads without its experts at all), so only the stored tensors and the
+    # config are compared. W4A16_ASYM: the w1/w3 zero points do not
+    # convert either way. GPTQ on fused experts is not checked here.
+    loads = {"W4A16", "W8A16", "FP8_DYNAMIC"}
+    presets = [p for p in presets if p != "W4A16_ASYM"]
     gptq = []
   # Round-to-nearest for every preset, then GPTQ on the same tokens.
   for method, preset in [("rtn", p) for p in presets] + [
@@ -201,6 +206,9 @@ def check(tracecut, name, model, ignore, presets, d):
     llmcompressor_output(ckpt, preset, method, ignore, calib, theirs)
     if method == "rtn":
       compare_tensors(ours, theirs, label)
+    if preset not in loads:
+      compare_config(ours, theirs, None, label)
+      continue
     loaded, got = logits(ours, ids)
     compare_config(ours, theirs, loaded, label)
     _, peer = logits(theirs, ids)
