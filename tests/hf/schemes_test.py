@@ -18,13 +18,17 @@ compressed-tensors checkpoints. Then:
   decompresses), the logits are finite, and tracecut's relative logit error
   against the original model is within 10 % of llm-compressor's;
 * GPTQ (dense model): the same config and logit-error bound;
-* `--scheme=PRESET` writes the same recipe's output.
+* `--scheme=PRESET` writes the same recipe's output;
+* NVFP4A16 with weights streamed (`tracecut export --meta`), and on 2
+  data-parallel ranks, writes the same bytes as one process from the whole
+  model.
 
     schemes_test.py TRACECUT [PRESET...]    (default: all of PRESETS)
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,6 +170,41 @@ def models():
          ["lm_head", "re:.*mlp.gate$"])
 
 
+def stored(out):
+  tensors = {}
+  for f in sorted(os.listdir(out)):
+    if f.endswith(".safetensors"):
+      tensors.update(load_file(os.path.join(out, f)))
+  return tensors
+
+
+def check_same_output(tracecut, ckpt, recipe, data, whole, label, how):
+  """The same run with weights streamed from the safetensors (an export
+  without weights; shard by shard), or on 2 data-parallel ranks, writes the
+  same tensors and config."""
+  src, flags = ckpt, []
+  if how == "streamed":
+    src = ckpt + "-meta"
+    if not os.path.isdir(src):
+      shutil.copytree(ckpt, src)
+      run([tracecut, "export", ckpt, "--meta", "-o",
+           os.path.join(src, "model.pt2")])
+  else:
+    flags = ["--nproc-per-node=2"]
+  out = f"{whole}-{how}"
+  run([tracecut, "calibrate", src, "--recipe=" + recipe, "--data=" + data,
+       "-o", out] + flags)
+  a, b = stored(whole), stored(out)
+  assert sorted(a) == sorted(b), label
+  for key in a:
+    assert a[key].dtype == b[key].dtype and torch.equal(
+        a[key].view(torch.uint8), b[key].view(torch.uint8)), (label, key)
+  for f in ("config.json",):
+    with open(os.path.join(whole, f)) as x, open(os.path.join(out, f)) as y:
+      assert x.read() == y.read(), (label, f)
+  print(f"{label}: {how} output equal to the one-process whole-model one")
+
+
 def check(tracecut, name, model, ignore, presets, d):
   ids = torch.randint(0, 256, (2, 12),
                       generator=torch.Generator().manual_seed(3))
@@ -206,6 +245,12 @@ def check(tracecut, name, model, ignore, presets, d):
     llmcompressor_output(ckpt, preset, method, ignore, calib, theirs)
     if method == "rtn":
       compare_tensors(ours, theirs, label)
+      if preset == "NVFP4A16":
+        check_same_output(tracecut, ckpt, recipe, data, ours, label,
+                          "streamed")
+        if name == "llama":
+          check_same_output(tracecut, ckpt, recipe, data, ours, label,
+                            "2-ranks")
     if preset not in loads:
       compare_config(ours, theirs, None, label)
       continue
