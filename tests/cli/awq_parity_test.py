@@ -182,6 +182,20 @@ def main():
         f"tracecut's error {e_ours:.4f} is more than 5 % above "
         f"llm-compressor's {e_theirs:.4f}")
 
+    # The same with compressed-tensors' W4A16_ASYM preset (its numerics,
+    # not tracecut's integer scheme, which the recipe.yaml preset maps to).
+    preset = os.path.join(d, "awq-preset.textproto")
+    with open(preset, "w") as f:
+      f.write('modifiers { awq {} }\nmodifiers { rtn { scheme { preset: '
+              '"W4A16_ASYM" } targets: "Linear" ignore: "lm_head" } }\n')
+    ct_preset = os.path.join(d, "tracecut-preset-out")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + preset, "--data=" + data,
+         "-o", ct_preset])
+    e_preset = logit_error(ct_preset, want, held_out)
+    print(f"AWQ + the W4A16_ASYM preset: tracecut {e_preset:.4f}, "
+          f"llm-compressor {e_theirs:.4f}")
+    assert e_preset <= 1.05 * e_theirs, (e_preset, e_theirs)
+
   phi3(tracecut, ids)
 
 

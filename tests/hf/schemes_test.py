@@ -19,6 +19,8 @@ compressed-tensors checkpoints. Then:
   against the original model is within 10 % of llm-compressor's;
 * GPTQ (dense model): the same config and logit-error bound;
 * `--scheme=PRESET` writes the same recipe's output;
+* NVFP4A16 MLPs with FP8_DYNAMIC attention (mixed-precision) as
+  llm-compressor's two-preset scheme;
 * NVFP4A16 with weights streamed (`tracecut export --meta`), and on 2
   data-parallel ranks, writes the same bytes as one process from the whole
   model.
@@ -219,6 +221,8 @@ def check(tracecut, name, model, ignore, presets, d):
   torch.save(calib, data)
   ignore_text = " ".join(f'ignore: "{i}"' for i in ignore)
   gptq = [p for p in GPTQ_PRESETS if p in presets]
+  if name == "llama" and {"NVFP4A16", "FP8_DYNAMIC"} <= set(presets):
+    check_mixed(tracecut, ckpt, data, calib, d)
   loads = set(presets)
   if name == "mixtral":
     # transformers 5.17 converts a fused MoE's per-expert compressed
@@ -262,6 +266,43 @@ def check(tracecut, name, model, ignore, presets, d):
     print(f"{label}: relative logit error tracecut {err:.4g}, "
           f"llm-compressor {peer_err:.4g}", flush=True)
     assert err <= 1.1 * peer_err + 1e-6, (label, err, peer_err)
+
+
+def check_mixed(tracecut, ckpt, data, calib, d):
+  """NVFP4 MLPs and FP8 attention, a common MoE recipe: two rtn modifiers
+  against QuantizationModifier(scheme={NVFP4A16: [...], FP8_DYNAMIC: [...]}):
+  the same tensors, the same config groups (mixed-precision), loaded."""
+  mlp, attn = "re:.*mlp.*_proj$", "re:.*self_attn.*_proj$"
+  recipe = os.path.join(d, "mixed.textproto")
+  with open(recipe, "w") as f:
+    f.write(f'modifiers {{ rtn {{ scheme {{ preset: "NVFP4A16" }} '
+            f'targets: "{mlp}" }} }}\n'
+            f'modifiers {{ rtn {{ scheme {{ preset: "FP8_DYNAMIC" }} '
+            f'targets: "{attn}" }} }}\n')
+  ours, theirs = os.path.join(d, "tracecut-mixed"), os.path.join(
+      d, "llmcompressor-mixed")
+  run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+       "-o", ours])
+  llmcompressor_output(ckpt, {"NVFP4A16": [mlp], "FP8_DYNAMIC": [attn]},
+                       "rtn", [], calib, theirs)
+  compare_tensors(ours, theirs, "mixed")
+  configs = []
+  for out in (ours, theirs):
+    with open(os.path.join(out, "config.json")) as f:
+      qc = json.load(f)["quantization_config"]
+    qc.pop("version", None)
+    # llm-compressor lists every Linear left unquantized (lm_head here);
+    # tracecut the recipe's ignore list (empty).
+    print(f"mixed: ignore of {os.path.basename(out)}: {qc.pop('ignore')}")
+    qc["config_groups"] = sorted(qc["config_groups"].values(),
+                                 key=lambda g: g["targets"])
+    configs.append(qc)
+  assert configs[0] == configs[1], ("mixed", configs)
+  assert configs[0]["format"] == "mixed-precision", configs[0]["format"]
+  loaded, got = logits(ours, torch.zeros(1, 4, dtype=torch.long))
+  assert torch.isfinite(got).all()
+  print("mixed NVFP4A16 MLPs + FP8_DYNAMIC attention: stored tensors and "
+        "config groups as llm-compressor's (mixed-precision), loaded")
 
 
 def main():
