@@ -21,6 +21,7 @@ namespace tracecut::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 using ::tracecut::cli::testing::Fixture;
 using ::tracecut::cli::testing::Result;
@@ -80,6 +81,11 @@ TEST(CalibrateCmdTest, UsageErrors) {
             "--pipeline=fast", "-o", out},
            {"calibrate", Llama(), "--recipe=" + Recipe(), "--synthetic=4",
             "--propagate-error=maybe", "-o", out},
+           {"calibrate", Llama(), "--recipe=" + Recipe(), "--scheme=W4A16",
+            "-o", out},
+           {"calibrate", Llama(), "--scheme=W4A17", "-o", out},
+           // Static activation scales are not calibrated yet.
+           {"calibrate", Llama(), "--scheme=FP8", "-o", out},
        }) {
     Result r = RunTracecut(args);
     EXPECT_EQ(r.code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
@@ -103,6 +109,19 @@ TEST(CalibrateCmdTest, WritesModelReportAndJson) {
   EXPECT_THAT(r.err, HasSubstr("subgraph 3/3 model.layers.1"));
   EXPECT_THAT(LastLine(r.err),
               StartsWith("tracecut calibrate: wrote " + dir + "/m.pt"));
+}
+
+TEST(CalibrateCmdTest, SchemeIsRoundToNearestOnEveryLinearButLmHead) {
+  const std::string dir = TempDir("scheme");
+  // No data flag: one synthetic sample measures the errors.
+  Result r = RunTracecut({"calibrate", Llama(), "--scheme=FP8_DYNAMIC", "-o",
+                          dir + "/m.pt", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  absl::StatusOr<util::Json> json = util::ParseJson(r.out);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->at("summary").at("weights_quantized").get<int64_t>(), 14);
+  EXPECT_THAT(r.out, HasSubstr("float8 sym channel"));
+  EXPECT_THAT(r.out, Not(HasSubstr("\"lm_head\"")));
 }
 
 // The summary line says what its errors are measured on, and compares GPTQ
