@@ -16,7 +16,10 @@ projections of each layer) equals llm-compressor's within 1e-5 relative
 bit-identical to the original; the smoothed model's logits equal the
 original transformers model's within float tolerance (relative 1e-5); and
 a data-parallel run (--nproc-per-node=2: minima and maxima all-reduced)
-gives bit-identical weights.
+gives bit-identical weights. End to end, SmoothQuant then the W8A8 preset
+from the recipe.yaml llm-compressor saves: layer 0's stored int8 codes are
+llm-compressor's (later layers see differently propagated inputs, see
+below); both outputs load in transformers and their errors are printed.
 
     smoothquant_parity_test.py TRACECUT
 """
@@ -114,6 +117,63 @@ def main():
         assert torch.equal(dp_state[key], ours[key]), f"{key} differs in DP"
     print("data-parallel (2 ranks, min/max all-reduced): smoothed weights "
           "bit-identical to one process")
+
+    # End to end, SmoothQuant then W8A8 (int8 weights per channel, int8
+    # dynamic per-token activations): llm-compressor's oneshot and its
+    # saved recipe.yaml run by tracecut, both loaded by transformers.
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    theirs_dir = os.path.join(d, "llmcompressor-w8a8")
+    ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                           "attention_mask": torch.ones_like(ids).tolist()})
+    peer = oneshot(
+        model=ckpt, dataset=ds,
+        recipe=[SmoothQuantModifier(smoothing_strength=0.8),
+                QuantizationModifier(targets="Linear", scheme="W8A8",
+                                     ignore=["lm_head"])],
+        max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+        shuffle_calibration_samples=False, pipeline="sequential")
+    peer.save_pretrained(theirs_dir, save_compressed=True)
+    ours_dir = os.path.join(d, "tracecut-w8a8")
+    run([tracecut, "calibrate", ckpt,
+         "--recipe=" + os.path.join(theirs_dir, "recipe.yaml"),
+         "--data=" + data, "-o", ours_dir])
+    held_out = torch.randint(0, VOCAB, (4, 16),
+                             generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+      want = model(input_ids=held_out).logits
+    errors = []
+    for path in (ours_dir, theirs_dir):
+      m = transformers.AutoModelForCausalLM.from_pretrained(
+          path, dtype=torch.float32).eval()
+      with torch.no_grad():
+        got = m(input_ids=held_out).logits
+      errors.append(((got - want).norm() / want.norm()).item())
+    print(f"SmoothQuant + W8A8, loaded by transformers, final-logit relative "
+          f"error on held-out tokens: tracecut {errors[0]:.4g}, "
+          f"llm-compressor {errors[1]:.4g}")
+    # Layer 0 sees the same inputs in both: its int8 codes are identical
+    # and its scales equal within 1e-6. Layer 1's inputs differ, so do its
+    # smoothing statistics (its norms by up to 4e-3), and the end-to-end
+    # errors are reported, not bounded. The likely cause, not verified:
+    # llm-compressor propagates layer 0's outputs with its dynamic int8
+    # activations fake-quantized as well as its weights, tracecut with the
+    # weights only.
+    from safetensors.torch import load_file
+    a = load_file(os.path.join(ours_dir, "model.safetensors"))
+    b = load_file(os.path.join(theirs_dir, "model.safetensors"))
+    assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
+    layer0 = [k for k in b if k.startswith("model.layers.0.") and
+              "_proj." in k]
+    for key in layer0:
+      if b[key].dtype == torch.int8:
+        assert torch.equal(a[key], b[key]), key
+      else:
+        assert relative(a[key], b[key]) <= 1e-6, (key,
+                                                  relative(a[key], b[key]))
+    print(f"SmoothQuant + W8A8, layer 0: {len(layer0)} stored tensors equal "
+          f"llm-compressor's (int8 codes bit-identical, scales within 1e-6)")
 
 
 if __name__ == "__main__":
