@@ -23,6 +23,7 @@
 #include "checkpoint/compressed_tensors.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
+#include "partition/partitioner.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
 #include "quantization/compressors.h"
@@ -251,7 +252,15 @@ absl::StatusOr<std::string> TypedConfig(
     scheme["format"] = std::string(quantization::FormatName(format));
     groups[absl::StrCat("group_", groups.size())] = std::move(scheme);
     for (const std::string& name : t.ignore) {
-      if (std::find(ignore.begin(), ignore.end(), name) == ignore.end()) {
+      // A module one modifier ignores and another quantizes is not ignored:
+      // compressed-tensors would load its packed weight as a dense one.
+      const bool quantized =
+          std::any_of(modules.begin(), modules.end(), [&](const auto& q) {
+            return partition::ModulePatternMatches(
+                name, q.path, "torch.nn.modules.linear.Linear");
+          });
+      if (!quantized &&
+          std::find(ignore.begin(), ignore.end(), name) == ignore.end()) {
         ignore.push_back(name);
       }
     }

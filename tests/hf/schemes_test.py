@@ -327,6 +327,21 @@ def main():
         assert sorted(a) == sorted(b) and all(
             torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8))
             for k in a), "--scheme"
+        # One modifier ignores lm_head, another quantizes it: it is no
+        # longer ignored, and transformers loads it quantized.
+        recipe = os.path.join(d, "overlap.textproto")
+        with open(recipe, "w") as f:
+          f.write('modifiers { rtn { scheme { preset: "W8A16" } targets: '
+                  '"Linear" ignore: "lm_head" } }\nmodifiers { rtn { '
+                  'scheme { preset: "FP8_DYNAMIC" } targets: "lm_head" } }\n')
+        out = os.path.join(d, "overlap")
+        run([tracecut, "calibrate", os.path.join(d, name),
+             "--recipe=" + recipe, "-o", out, "--synthetic=1"])
+        with open(os.path.join(out, "config.json")) as f:
+          qc = json.load(f)["quantization_config"]
+        assert qc["ignore"] == [] and qc["format"] == "mixed-precision", qc
+        _, got = logits(out, torch.zeros(1, 4, dtype=torch.long))
+        assert torch.isfinite(got).all()
 
 
 if __name__ == "__main__":
