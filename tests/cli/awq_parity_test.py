@@ -39,7 +39,7 @@ import tempfile
 import torch
 import transformers
 
-from parity_common import make_model, relative, run, save_tokenizer, VOCAB
+from parity_common import export_checkpoint, make_model, relative, run, VOCAB
 
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -101,12 +101,7 @@ def main():
   held_out = torch.randint(0, VOCAB, (4, 16),
                            generator=torch.Generator().manual_seed(4))
   with tempfile.TemporaryDirectory() as d:
-    ckpt = os.path.join(d, "llama")
-    model.save_pretrained(ckpt)
-    save_tokenizer(ckpt)
-    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
-    data = os.path.join(d, "ids.pt")
-    torch.save(ids, data)
+    ckpt, data = export_checkpoint(tracecut, model, d, "llama", ids)
 
     # tracecut, AWQ alone: the smoothed weights.
     alone = os.path.join(d, "awq.textproto")
@@ -221,12 +216,7 @@ def phi3(tracecut, ids):
   fused = ("input_layernorm", "post_attention_layernorm", "self_attn.qkv_proj",
            "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
   with tempfile.TemporaryDirectory() as d:
-    ckpt = os.path.join(d, "phi3")
-    model.save_pretrained(ckpt)
-    save_tokenizer(ckpt)
-    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
-    data = os.path.join(d, "ids.pt")
-    torch.save(ids, data)
+    ckpt, data = export_checkpoint(tracecut, model, d, "phi3", ids)
     alone = os.path.join(d, "awq.textproto")
     with open(alone, "w") as f:
       f.write('modifiers { awq { scheme { bits: 4 symmetric: false '

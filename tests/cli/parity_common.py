@@ -2,6 +2,7 @@
 transformers Llama with outlier channels, the word-level tokenizer
 llm-compressor needs to take a dataset, and the comparisons."""
 
+import os
 import subprocess
 
 import torch
@@ -28,6 +29,19 @@ def save_tokenizer(ckpt):
   transformers.PreTrainedTokenizerFast(
       tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2",
       pad_token="t0").save_pretrained(ckpt)
+
+
+def export_checkpoint(tracecut, model, d, name, ids):
+  """Saves `model` with the tokenizer under d/name, exports it there with
+  `tracecut export` and saves the calibration `ids`; returns (checkpoint
+  directory, data file)."""
+  ckpt = os.path.join(d, name)
+  model.save_pretrained(ckpt)
+  save_tokenizer(ckpt)
+  run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
+  data = os.path.join(d, "ids.pt")
+  torch.save(ids, data)
+  return ckpt, data
 
 
 def make_model(kv_heads):

@@ -31,7 +31,7 @@ import tempfile
 import torch
 import transformers
 
-from parity_common import make_model, relative, run, save_tokenizer, VOCAB
+from parity_common import export_checkpoint, make_model, relative, run, VOCAB
 
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
@@ -60,12 +60,7 @@ def main():
   ids = torch.randint(0, VOCAB, (8, 16),
                       generator=torch.Generator().manual_seed(3))
   with tempfile.TemporaryDirectory() as d:
-    ckpt = os.path.join(d, "llama")
-    model.save_pretrained(ckpt)
-    save_tokenizer(ckpt)
-    run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
-    data = os.path.join(d, "ids.pt")
-    torch.save(ids, data)
+    ckpt, data = export_checkpoint(tracecut, model, d, "llama", ids)
 
     from llmcompressor.modifiers.transform import SmoothQuantModifier
     from llmcompressor.recipe import Recipe

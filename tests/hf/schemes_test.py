@@ -86,11 +86,13 @@ def llmcompressor_output(ckpt, preset, method, ignore, ids, out):
 
 
 def logits(path, ids):
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      path, dtype=torch.bfloat16).eval()
+  """The model transformers loads from `path`, its logits on `ids`, and the
+  names of the tensors it had to initialise (missing from the files)."""
+  model, info = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=torch.bfloat16, output_loading_info=True)
   with torch.no_grad():
-    out = model(input_ids=ids).logits.float()
-  return model, out
+    out = model.eval()(input_ids=ids).logits.float()
+  return model, out, sorted(info["missing_keys"])
 
 
 def relative_error(got, want):
@@ -214,7 +216,7 @@ def check(tracecut, name, model, ignore, presets, d):
   model.save_pretrained(ckpt)
   save_tokenizer(ckpt, model.config.vocab_size)
   run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
-  _, want = logits(ckpt, ids)
+  _, want, _ = logits(ckpt, ids)
   calib = torch.randint(0, 256, (8, 16),
                         generator=torch.Generator().manual_seed(5))
   data = os.path.join(d, name + "-calib.pt")
@@ -258,13 +260,21 @@ def check(tracecut, name, model, ignore, presets, d):
     if preset not in loads:
       compare_config(ours, theirs, None, label)
       continue
-    loaded, got = logits(ours, ids)
+    loaded, got, missing = logits(ours, ids)
+    assert not missing, (label, missing[:5])
     compare_config(ours, theirs, loaded, label)
-    _, peer = logits(theirs, ids)
+    _, peer, peer_missing = logits(theirs, ids)
     assert torch.isfinite(got).all(), label
     err, peer_err = relative_error(got, want), relative_error(peer, want)
     print(f"{label}: relative logit error tracecut {err:.4g}, "
           f"llm-compressor {peer_err:.4g}", flush=True)
+    if peer_missing:
+      # llm-compressor's Mixtral files load without their experts (random
+      # weights there): no bound to compare with; the stored tensors are
+      # compared above.
+      print(f"{label}: llm-compressor's output loads without "
+            f"{len(peer_missing)} tensors ({peer_missing[0]}, ...)")
+      continue
     assert err <= 1.1 * peer_err + 1e-6, (label, err, peer_err)
 
 
@@ -299,8 +309,8 @@ def check_mixed(tracecut, ckpt, data, calib, d):
     configs.append(qc)
   assert configs[0] == configs[1], ("mixed", configs)
   assert configs[0]["format"] == "mixed-precision", configs[0]["format"]
-  loaded, got = logits(ours, torch.zeros(1, 4, dtype=torch.long))
-  assert torch.isfinite(got).all()
+  _, got, missing = logits(ours, torch.zeros(1, 4, dtype=torch.long))
+  assert torch.isfinite(got).all() and not missing, missing
   print("mixed NVFP4A16 MLPs + FP8_DYNAMIC attention: stored tensors and "
         "config groups as llm-compressor's (mixed-precision), loaded")
 
@@ -340,8 +350,8 @@ def main():
         with open(os.path.join(out, "config.json")) as f:
           qc = json.load(f)["quantization_config"]
         assert qc["ignore"] == [] and qc["format"] == "mixed-precision", qc
-        _, got = logits(out, torch.zeros(1, 4, dtype=torch.long))
-        assert torch.isfinite(got).all()
+        _, got, missing = logits(out, torch.zeros(1, 4, dtype=torch.long))
+        assert torch.isfinite(got).all() and not missing, missing
 
 
 if __name__ == "__main__":
