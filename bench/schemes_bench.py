@@ -10,8 +10,11 @@ process, one after the other:
         every Linear but lm_head, compressed-tensors output)
   peer: llm-compressor oneshot(QuantizationModifier(targets="Linear",
         scheme=PRESET, ignore=["lm_head"])) + save_pretrained(save_compressed)
-Both with OMP_NUM_THREADS=1. Prints a markdown table (wall seconds and peak
-RSS of the whole process, model load included).
+Presets with static input activations (FP8, NVFP4) calibrate them on the
+same 32 x 128 seeded tokens on both sides (tracecut --data; llm-compressor
+its sequential pipeline over that dataset). Both with OMP_NUM_THREADS=1.
+Prints a markdown table (wall seconds and peak RSS of the whole process,
+model load included).
 """
 
 import os
@@ -19,8 +22,9 @@ import re
 import subprocess
 import sys
 
-PRESETS = ["W4A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16",
-           "MXFP4A16"]
+PRESETS = ["W4A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4",
+           "NVFP4A16", "MXFP4A16"]
+STATIC_INPUT = {"FP8", "NVFP4"}
 
 PEER = r"""
 import sys, torch, transformers
@@ -28,8 +32,19 @@ from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import QuantizationModifier
 ckpt, preset, out = sys.argv[1:4]
 model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
-model = oneshot(model=model, recipe=QuantizationModifier(
-    targets="Linear", scheme=preset, ignore=["lm_head"]))
+recipe = QuantizationModifier(targets="Linear", scheme=preset, ignore=["lm_head"])
+if len(sys.argv) > 4:  # calibration tokens
+  from datasets import Dataset
+  import llmcompressor.pipelines.cache as cache
+  cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
+  ids = torch.load(sys.argv[4])
+  ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                          "attention_mask": torch.ones_like(ids).tolist()})
+  model = oneshot(model=model, dataset=ds, recipe=recipe,
+                  max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+                  shuffle_calibration_samples=False, pipeline="sequential")
+else:
+  model = oneshot(model=model, recipe=recipe)
 model.save_pretrained(out, save_compressed=True)
 """
 
@@ -41,6 +56,14 @@ config = transformers.LlamaConfig(
     num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
     max_position_embeddings=256)
 transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1])
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+vocab = {f"t{i}": i for i in range(config.vocab_size)}
+transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(
+    WordLevel(vocab, unk_token="t0"))).save_pretrained(sys.argv[1])
+torch.save(torch.randint(0, config.vocab_size, (32, 128),
+                         generator=torch.Generator().manual_seed(1)),
+           sys.argv[2])
 """
 
 
@@ -63,7 +86,9 @@ def main():
   env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
              TRANSFORMERS_VERBOSITY="error")
   ckpt = os.path.join(out, "llama")
-  subprocess.run([sys.executable, "-c", MAKE, ckpt], check=True, env=env)
+  data = os.path.join(out, "calib.pt")
+  subprocess.run([sys.executable, "-c", MAKE, ckpt, data], check=True,
+                 env=env)
   subprocess.run([tracecut, "export", ckpt, "-o",
                   os.path.join(ckpt, "model.pt2")], check=True, env=env,
                  capture_output=True)
@@ -71,10 +96,12 @@ def main():
         "llm-compressor peak RSS |")
   print("|---|---|---|---|---|")
   for preset in presets:
+    calib = [data] if preset in STATIC_INPUT else []
     ours = timed([tracecut, "calibrate", ckpt, "--scheme=" + preset, "-o",
-                  os.path.join(out, "tracecut-" + preset)], env)
+                  os.path.join(out, "tracecut-" + preset)] +
+                 [f"--data={d}" for d in calib], env)
     peer = timed([sys.executable, "-c", PEER, ckpt, preset,
-                  os.path.join(out, "llmcompressor-" + preset)], env)
+                  os.path.join(out, "llmcompressor-" + preset)] + calib, env)
     mib = lambda b: f"{b / 2**20:.0f} MiB"
     print(f"| {preset} | {ours[0]:.2f} | {mib(ours[1])} | {peer[0]:.2f} | "
           f"{mib(peer[1])} |", flush=True)

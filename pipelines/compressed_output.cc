@@ -43,8 +43,9 @@ using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Buffers calibration adds to a module (ExportQuantParams).
 constexpr const char* kQuantBuffers[] = {
-    "weight_scale", "weight_zero_point", "weight_g_idx", "weight_global_scale",
-    "input_scale",  "input_zero_point",  "output_scale", "output_zero_point"};
+    "weight_scale",        "weight_zero_point", "weight_g_idx",
+    "weight_global_scale", "input_scale",       "input_zero_point",
+    "input_global_scale",  "output_scale",      "output_zero_point"};
 
 // Whether `r` asks for compressed output (anything quantized or observed).
 bool IsQuantRecord(const ModuleRecord& r) {
@@ -116,6 +117,11 @@ struct TypedRecord {
   quantization::QuantizationScheme scheme;
   std::vector<std::string> ignore;
 };
+
+bool HasStaticInput(const quantization::QuantizationScheme& scheme) {
+  return scheme.input_activations.has_value() &&
+         scheme.input_activations->dynamic != quantization::Dynamic::kDynamic;
+}
 
 absl::StatusOr<TypedRecord> ParseTyped(const std::string& path,
                                        const std::string& type,
@@ -208,6 +214,19 @@ absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
   ASSIGN_OR_RETURN(Tensors stored, quantization::CompressWeight(
                                        to_store, q, t.scheme,
                                        quantization::InferFormat(t.scheme)));
+  // Calibrated input activations (rtn_modifier.h Note [Static input
+  // activations]), as compressed-tensors' initialize_qparams names them.
+  if (HasStaticInput(t.scheme)) {
+    const quantization::QuantizationArgs& in = *t.scheme.input_activations;
+    if (in.dynamic == quantization::Dynamic::kLocal) {
+      stored.emplace_back("input_global_scale", r.input.global_scale);
+    } else {
+      stored.emplace_back("input_scale", r.input.scale);
+      if (!in.symmetric) {
+        stored.emplace_back("input_zero_point", r.input.zero_point);
+      }
+    }
+  }
   for (auto& [name, tensor] : stored) {
     name = absl::StrCat(path, ".", name);
     tensor = tensor.contiguous();
@@ -306,9 +325,29 @@ absl::StatusOr<std::string> QuantizationConfigFor(
 // The record's module for the config; errors as QuantizedLinear's.
 absl::StatusOr<QuantizedModule> ModuleEntry(const std::string& path,
                                             const ModuleRecord& r) {
-  if (!r.weight_quantization.empty() && r.input.observer.empty() &&
-      r.output.observer.empty()) {
-    RETURN_IF_ERROR(ParseTyped(path, r.type, r.weight_quantization).status());
+  if (!r.weight_quantization.empty() && r.output.observer.empty()) {
+    ASSIGN_OR_RETURN(TypedRecord t,
+                     ParseTyped(path, r.type, r.weight_quantization));
+    auto bad = [&](absl::string_view why) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("compressed-tensors output: module ", path, " (",
+                       ShortType(r.type), "): ", why));
+    };
+    if (!HasStaticInput(t.scheme) && !r.input.observer.empty()) {
+      return bad(
+          "its input activations were observed by an observer modifier, "
+          "which compressed-tensors output does not hold beside a "
+          "compressed-tensors scheme (use --format=torchscript)");
+    }
+    if (HasStaticInput(t.scheme)) {
+      const bool local =
+          t.scheme.input_activations->dynamic == quantization::Dynamic::kLocal;
+      if (!(local ? r.input.global_scale : r.input.scale).defined()) {
+        return bad(absl::StrCat("its scheme's static input activations (",
+                                t.scheme.input_activations->ToString(),
+                                ") were not calibrated"));
+      }
+    }
     return QuantizedModule{path, {}, r.weight_quantization};
   }
   ASSIGN_OR_RETURN(checkpoint::CtLinear linear,

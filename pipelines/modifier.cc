@@ -74,6 +74,16 @@ class DictReader {
     if (!v.isTensor()) return Bad(key, "is not a tensor");
     return v.toTensor();
   }
+  // Fields added after checkpoints were first written: a checkpoint from an
+  // older tracecut lacks them, and reads as their default.
+  absl::StatusOr<at::Tensor> OptionalTensor(const std::string& key) const {
+    if (dict_ && dict_->find(key) == dict_->end()) return at::Tensor();
+    return Tensor(key);
+  }
+  absl::StatusOr<std::string> OptionalString(const std::string& key) const {
+    if (dict_ && dict_->find(key) == dict_->end()) return std::string();
+    return String(key);
+  }
   absl::StatusOr<std::vector<std::string>> Strings(
       const std::string& key) const {
     ASSIGN_OR_RETURN(IValue v, Get(key));
@@ -104,6 +114,7 @@ IValue RangeToIValue(const ActivationRange& r) {
   d.insert("batches", r.batches);
   d.insert("scale", TensorOrNone(r.scale));
   d.insert("zero_point", TensorOrNone(r.zero_point));
+  d.insert("global_scale", TensorOrNone(r.global_scale));
   return d;
 }
 
@@ -118,6 +129,7 @@ absl::StatusOr<ActivationRange> RangeFromIValue(const IValue& v,
   ASSIGN_OR_RETURN(r.batches, in.Int("batches"));
   ASSIGN_OR_RETURN(r.scale, in.Tensor("scale"));
   ASSIGN_OR_RETURN(r.zero_point, in.Tensor("zero_point"));
+  ASSIGN_OR_RETURN(r.global_scale, in.OptionalTensor("global_scale"));
   return r;
 }
 
@@ -155,8 +167,10 @@ absl::StatusOr<ModuleRecord> RecordFromIValue(const IValue& v,
   ASSIGN_OR_RETURN(r.weight_scale, in.Tensor("weight_scale"));
   ASSIGN_OR_RETURN(r.weight_zero_point, in.Tensor("weight_zero_point"));
   ASSIGN_OR_RETURN(r.weight_g_idx, in.Tensor("weight_g_idx"));
-  ASSIGN_OR_RETURN(r.weight_quantization, in.String("weight_quantization"));
-  ASSIGN_OR_RETURN(r.weight_global_scale, in.Tensor("weight_global_scale"));
+  ASSIGN_OR_RETURN(r.weight_quantization,
+                   in.OptionalString("weight_quantization"));
+  ASSIGN_OR_RETURN(r.weight_global_scale,
+                   in.OptionalTensor("weight_global_scale"));
   ASSIGN_OR_RETURN(r.weight_error, in.Double("weight_error"));
   ASSIGN_OR_RETURN(r.rtn_error, in.Double("rtn_error"));
   ASSIGN_OR_RETURN(r.gptq_loss, in.Double("gptq_loss"));
@@ -436,7 +450,10 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
     // A fused MoE expert's Linear (fused_experts.h) is no module of the
     // model: its parameters go to compressed-tensors output only.
     if (!r.weight_method.empty() &&
-        model.GetTensor(absl::StrCat(path, ".weight")).ok()) {
+        !model.GetTensor(absl::StrCat(path, ".weight")).ok()) {
+      continue;
+    }
+    if (!r.weight_method.empty()) {
       RETURN_IF_ERROR(set(path, "weight_scale", r.weight_scale));
       RETURN_IF_ERROR(set(path, "weight_zero_point", r.weight_zero_point));
       RETURN_IF_ERROR(set(path, "weight_g_idx", r.weight_g_idx));
@@ -445,6 +462,7 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
     if (!r.input.observer.empty()) {
       RETURN_IF_ERROR(set(path, "input_scale", r.input.scale));
       RETURN_IF_ERROR(set(path, "input_zero_point", r.input.zero_point));
+      RETURN_IF_ERROR(set(path, "input_global_scale", r.input.global_scale));
     }
     if (!r.output.observer.empty()) {
       RETURN_IF_ERROR(set(path, "output_scale", r.output.scale));
@@ -470,6 +488,7 @@ absl::Status CheckQuantRecordFinite(const std::string& path,
   RETURN_IF_ERROR(check("weight_global_scale", r.weight_global_scale));
   RETURN_IF_ERROR(check("input_scale", r.input.scale));
   RETURN_IF_ERROR(check("input_zero_point", r.input.zero_point));
+  RETURN_IF_ERROR(check("input_global_scale", r.input.global_scale));
   RETURN_IF_ERROR(check("output_scale", r.output.scale));
   RETURN_IF_ERROR(check("output_zero_point", r.output.zero_point));
   if (!r.weight_method.empty() && r.weight_method != "observer") {

@@ -109,14 +109,25 @@ struct ModuleCall {
 };
 
 // The range an observer saw for one activation and its parameters.
+//
+// Observer modifiers (observers.h) record tracecut's integer parameters:
+// scale fp32 [1], zero point int32 [1]. A weight quantizer with a
+// compressed-tensors scheme whose input activations are static (FP8, NVFP4)
+// records them as compressed-tensors keeps them: observer "static_minmax" or
+// "minmax", the scale in the weight's dtype and the zero point in zp_dtype
+// (per tensor), or only the global scale (fp32 [1]; NVFP4's "local"
+// dynamic activations).
 struct ActivationRange {
-  std::string observer;  // "minmax", "moving-average-minmax"; empty: none.
-  std::string scheme;    // QuantScheme::ToString().
+  // "minmax", "moving-average-minmax", "static_minmax"; empty: none.
+  std::string observer;
+  // QuantScheme::ToString() or QuantizationArgs::ToString().
+  std::string scheme;
   double min = 0;
   double max = 0;
   int64_t batches = 0;
-  at::Tensor scale;       // fp32 [1].
-  at::Tensor zero_point;  // int32 [1].
+  at::Tensor scale;
+  at::Tensor zero_point;
+  at::Tensor global_scale;
 };
 
 // What the modifiers found for one module. Fields a modifier did not fill
@@ -325,10 +336,11 @@ std::string ModelArchitecture(const runtime::GraphModule& model);
 
 // Stores what `results` holds as buffers of `model`: for a module at P,
 // P.weight_scale, P.weight_zero_point (and P.weight_g_idx) when its weight
-// was quantized or observed, P.input_scale / P.input_zero_point and
-// P.output_scale / P.output_zero_point when those were observed (weight
-// parameters only where P.weight exists: not for fused MoE experts). An
-// attribute already there (a re-calibrated model) is replaced. Adding buffers
+// was quantized or observed, P.input_scale / P.input_zero_point (and
+// P.input_global_scale) and P.output_scale / P.output_zero_point when those
+// were observed; nothing for a quantized module without a P.weight (a
+// fused MoE expert's Linear, which is no module). An attribute already
+// there (a re-calibrated model) is replaced. Adding buffers
 // may replace module objects (GraphModule::SetTensor): create Interpreters
 // for `model` after this, not before.
 absl::Status ExportQuantParams(const CalibrationResults& results,

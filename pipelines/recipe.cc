@@ -22,6 +22,7 @@
 #include "pipelines/gptq.h"
 #include "pipelines/quantize.h"
 #include "pipelines/recipe.pb.h"
+#include "quantization/observers.h"
 #include "quantization/quant_args.h"
 #include "util/json.h"
 #include "util/status_macros.h"
@@ -498,15 +499,17 @@ absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
 }
 
 absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s) {
-  const auto& in = s.input_activations;
-  if ((in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) ||
-      s.output_activations.has_value()) {
+  if (s.output_activations.has_value()) {
     return absl::UnimplementedError(absl::StrCat(
-        s.weights.has_value() ? s.weights->ToString() : "the scheme",
-        " with calibrated activations (static input scales, or NVFP4's "
-        "input global scale) is not supported yet; choose a scheme whose "
-        "activations are dynamic or absent (FP8_DYNAMIC, FP8_BLOCK, W8A8, "
-        "NVFP4A16, MXFP4A16, MXFP4, W4A16, ...)"));
+        "output_activations (", s.output_activations->ToString(),
+        ") are not supported yet; quantize weights and input activations"));
+  }
+  const auto& in = s.input_activations;
+  if (in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) {
+    // Static ones are calibrated (rtn_modifier.h Note [Static input
+    // activations]) where an observer can: per tensor, or NVFP4's global
+    // scale.
+    RETURN_IF_ERROR(quantization::ActivationObserver::Create(*in).status());
   }
   return absl::OkStatus();
 }

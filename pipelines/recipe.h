@@ -52,10 +52,11 @@ bool IsTypedScheme(const recipe::QuantizationScheme& scheme);
 // or tracecut refuses).
 absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
     const recipe::QuantizationScheme& scheme, std::vector<std::string> targets);
-// Unimplemented for a resolved compressed-tensors scheme tracecut cannot
-// run yet: one whose activations need calibrated scales (static input or
-// output activations, NVFP4's input global scale). Dynamic activations
-// (W8A8, FP8_DYNAMIC, FP8_BLOCK, MXFP4) are recorded, not calibrated.
+// An error for a resolved compressed-tensors scheme tracecut cannot run:
+// output activations (Unimplemented), static input activations no observer
+// calibrates (InvalidArgument; per tensor and NVFP4's "local" global scale
+// are calibrated). Dynamic activations (W8A8, FP8_DYNAMIC, FP8_BLOCK,
+// MXFP4) are recorded, not calibrated.
 absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s);
 
 }  // namespace tracecut::pipelines

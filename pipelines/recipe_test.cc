@@ -225,11 +225,28 @@ TEST(RecipeTest, CompressedTensorsSchemesByPresetOrJson) {
                       "{\"num_bits\": 8, \"type\": \"float\", "
                       "\"symmetric\": false}}' } targets: 'Linear' } }"),
               HasSubstr("modifiers[0].rtn.scheme.json: json.weights."));
-  // Activations that need calibrated scales are refused up front.
-  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { preset: 'FP8' } "
-                      "targets: 'Linear' } }"),
-              HasSubstr("modifiers[0].rtn.scheme.preset: float8 sym tensor "
-                        "with calibrated activations"));
+  // Static input activations are calibrated per tensor (FP8) or as NVFP4's
+  // global scale; other static ones, and output activations, are refused
+  // up front.
+  EXPECT_EQ(ErrorOf("modifiers { rtn { scheme { preset: 'FP8' } "
+                    "targets: 'Linear' } }"),
+            "OK");
+  EXPECT_EQ(ErrorOf("modifiers { gptq { scheme { preset: 'NVFP4' } "
+                    "targets: 'Linear' } }"),
+            "OK");
+  EXPECT_THAT(
+      ErrorOf("modifiers { rtn { scheme { json: '{\"weights\": "
+              "{\"num_bits\": 8}, \"input_activations\": {\"num_bits\": "
+              "8, \"strategy\": \"group\", \"group_size\": 32}}' } "
+              "targets: 'Linear' } }"),
+      HasSubstr("modifiers[0].rtn.scheme.json: input_activations: int8 sym "
+                "group32 is not calibrated"));
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { json: '{\"weights\": "
+                      "{\"num_bits\": 8}, \"output_activations\": "
+                      "{\"num_bits\": 8, \"dynamic\": true, "
+                      "\"strategy\": \"token\"}}' } targets: 'Linear' } }"),
+              HasSubstr("output_activations (int8 sym token dynamic) are not "
+                        "supported yet"));
   EXPECT_THAT(ErrorOf("modifiers { gptq { scheme { preset: 'W4A16' } "
                       "static_groups: true targets: 'Linear' } }"),
               HasSubstr("modifiers[0].gptq.static_groups: compressed-tensors "

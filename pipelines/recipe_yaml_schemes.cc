@@ -154,8 +154,8 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
   if (RecipeScheme(*typed).has_value()) return std::optional<Group>();
   if (!typed->weights.has_value()) {
     return r.Error(node, path,
-                   "quantizes no weights (tracecut quantizes weights, with "
-                   "activations dynamic or absent)");
+                   "quantizes no weights (tracecut quantizes weights and "
+                   "their input activations, not activations alone)");
   }
   if (absl::Status runs = CheckTypedSchemeRuns(*typed); !runs.ok()) {
     return r.Error(node, path, runs.message());
@@ -350,8 +350,8 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
     return r.Error(at, path,
                    absl::StrCat("scheme ", name,
                                 " quantizes no weights (tracecut quantizes "
-                                "weights, with activations dynamic or "
-                                "absent)"));
+                                "weights and their input activations, not "
+                                "activations alone)"));
   }
   return g;
 }

@@ -351,26 +351,32 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
             "recipe.yaml:3:5: s_stage.m_modifiers.WandaPruningModifier: "
             "unsupported modifier (tracecut runs AWQModifier, GPTQModifier, "
             "QuantizationModifier and SmoothQuantModifier)");
-  // Static activation scales need calibration tracecut does not run yet.
-  EXPECT_EQ(
-      ErrorOf(Gptq("      scheme: FP8\n")),
-      "recipe.yaml:4:15: quant_stage.quant_modifiers.GPTQModifier.scheme: "
-      "scheme FP8: float8 sym tensor with calibrated activations (static "
-      "input scales, or NVFP4's input global scale) is not supported yet; "
-      "choose a scheme whose activations are dynamic or absent "
-      "(FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4A16, MXFP4A16, MXFP4, W4A16, "
-      "...)");
-  EXPECT_THAT(ErrorOf(Gptq("      scheme: NVFP4\n")),
-              HasSubstr("with calibrated activations"));
-  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
-              HasSubstr("scheme W4A17 is not a compressed-tensors preset"));
+  // Static input activations are calibrated (FP8, NVFP4); output
+  // activations are refused.
+  EXPECT_EQ(ErrorOf(Gptq("      scheme: FP8\n")), "OK");
+  EXPECT_EQ(ErrorOf(Gptq("      scheme: NVFP4\n")), "OK");
   EXPECT_THAT(
       ErrorOf(Gptq("      config_groups:\n        g:\n          targets: "
                    "[Linear]\n          weights: {num_bits: 8}\n"
-                   "          input_activations: {num_bits: 8}\n")),
+                   "          output_activations: {num_bits: 8, dynamic: "
+                   "true, strategy: token}\n")),
+      HasSubstr("output_activations (int8 sym token dynamic) are not "
+                "supported yet"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A17\n")),
+              HasSubstr("scheme W4A17 is not a compressed-tensors preset"));
+  // INT8 static: int8 weights, static per-tensor int8 inputs.
+  EXPECT_EQ(ErrorOf(Gptq("      config_groups:\n        g:\n          "
+                         "targets: [Linear]\n          weights: {num_bits: "
+                         "8}\n          input_activations: {num_bits: 8}\n")),
+            "OK");
+  EXPECT_THAT(
+      ErrorOf(Gptq("      config_groups:\n        g:\n          targets: "
+                   "[Linear]\n          weights: {num_bits: 8}\n"
+                   "          input_activations: {num_bits: 8, strategy: "
+                   "group, group_size: 32}\n")),
       HasSubstr("recipe.yaml:6:11: quant_stage.quant_modifiers.GPTQModifier."
-                "config_groups.g: int8 sym tensor with calibrated "
-                "activations"));
+                "config_groups.g: input_activations: int8 sym group32 is not "
+                "calibrated"));
   EXPECT_THAT(ErrorOf(Gptq("      config_groups:\n        g:\n          "
                            "targets: [Linear]\n          weights: "
                            "{num_bits: 6, type: float}\n")),

@@ -40,6 +40,7 @@ Json RangeJson(const ActivationRange& r) {
   j["batches"] = Json(r.batches);
   j["scale"] = Scalar(r.scale);
   j["zero_point"] = Scalar(r.zero_point);
+  if (r.global_scale.defined()) j["global_scale"] = Scalar(r.global_scale);
   return j;
 }
 

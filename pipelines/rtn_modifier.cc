@@ -88,6 +88,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
       return util::Annotate(runs, name());
     }
     typed_dtype_ = ConfigDtype(ctx.model());
+    static_input_.reset();
+    const auto& in = options_.typed->input_activations;
+    if (in.has_value() && in->dynamic != quantization::Dynamic::kDynamic) {
+      RETURN_IF_ERROR(util::Annotate(
+          quantization::ActivationObserver::Create(*in).status(), name()));
+      static_input_ = *in;
+    }
   } else {
     RETURN_IF_ERROR(options_.scheme.Validate());
   }
@@ -240,6 +247,104 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
     }
   }
   if (x.dim() > 0) p.tokens += x.numel() / std::max<int64_t>(1, x.size(-1));
+  if (static_input_.has_value()) {
+    return ObserveInput(path, x, call.batch, p);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::ObserveInput(const std::string& path,
+                                               const at::Tensor& x,
+                                               int64_t batch,
+                                               Pending& pending) {
+  if (!pending.input.has_value()) {
+    ASSIGN_OR_RETURN(quantization::ActivationObserver observer,
+                     quantization::ActivationObserver::Create(*static_input_));
+    pending.input.emplace(std::move(observer));
+  }
+  if (x.numel() == 0) return absl::OkStatus();
+  const std::string where = absl::StrCat(name(), ": the input of ", path,
+                                         " in calibration batch ", batch);
+  // llm-compressor observes the activation its model computes, in the
+  // checkpoint's dtype; tracecut's runs in fp32.
+  ASSIGN_OR_RETURN(at::Tensor value, runtime::TorchCall(where, [&] {
+                     return typed_dtype_.has_value() ? x.to(*typed_dtype_) : x;
+                   }));
+  RETURN_IF_ERROR(util::Annotate(pending.input->Observe(value), where));
+  ++pending.input_batches;
+  return absl::OkStatus();
+}
+
+void WeightQuantModifier::CollectSiblingInputs() {
+  sibling_inputs_.clear();
+  for (const auto& [path, pending] : pending_) {
+    if (!pending.input.has_value() || !pending.input->has_statistics()) {
+      continue;
+    }
+    const quantization::MinMax& stats = pending.input->statistics();
+    const std::string key(path.substr(path.rfind('.') + 1));
+    auto [it, added] = sibling_inputs_.emplace(key, stats);
+    if (added) continue;
+    if (!it->second.min_vals.sizes().equals(stats.min_vals.sizes())) continue;
+    it->second.min_vals = at::minimum(it->second.min_vals, stats.min_vals);
+    it->second.max_vals = at::maximum(it->second.max_vals, stats.max_vals);
+  }
+}
+
+absl::Status WeightQuantModifier::RecordInput(RunContext& ctx,
+                                              const std::string& path,
+                                              Pending* pending,
+                                              ModuleRecord& r) {
+  const quantization::QuantizationArgs& args = *static_input_;
+  if (!r.input.observer.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), ": the input activations of ", path,
+        " were calibrated already (by another modifier); a module's input "
+        "gets one quantization"));
+  }
+  ASSIGN_OR_RETURN(quantization::ActivationObserver observer,
+                   quantization::ActivationObserver::Create(args));
+  if (pending != nullptr && pending->input.has_value() &&
+      pending->input->has_statistics()) {
+    observer = *pending->input;
+    r.input.batches = pending->input_batches;
+  } else {
+    const std::string key(path.substr(path.rfind('.') + 1));
+    auto it = sibling_inputs_.find(key);
+    if (it == sibling_inputs_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name(), ": no calibration token reached ", path,
+          ", so the scale of its static input activations (", args.ToString(),
+          ") cannot be calibrated; calibrate with more data, set "
+          "calibrate_all_experts for MoE experts, add it to ignore, or use "
+          "a scheme with dynamic activations"));
+    }
+    observer.set_statistics(it->second);
+    std::string why = absl::StrCat(
+        "no calibration token reached it: its input activation scale is "
+        "taken from the range the other '",
+        key, "' modules of its subgraph saw");
+    r.notes.push_back(why);
+    ctx.Warn(absl::StrCat(name(), ": ", path, ": ", why));
+  }
+  const c10::ScalarType dtype = r.weight_scale.defined() &&
+                                        r.weight_scale.is_floating_point() &&
+                                        r.weight_scale.element_size() >= 2
+                                    ? r.weight_scale.scalar_type()
+                                    : typed_dtype_.value_or(at::kFloat);
+  ASSIGN_OR_RETURN(quantization::QParams q, observer.Finish(dtype));
+  const quantization::MinMax& stats = observer.statistics();
+  ASSIGN_OR_RETURN(r.input.min, runtime::TorchCall("", [&] {
+                     return stats.min_vals.min().item<double>();
+                   }));
+  ASSIGN_OR_RETURN(r.input.max, runtime::TorchCall("", [&] {
+                     return stats.max_vals.max().item<double>();
+                   }));
+  r.input.observer = args.observer.value_or("minmax");
+  r.input.scheme = args.ToString();
+  r.input.scale = q.scale;
+  r.input.zero_point = q.zero_point;
+  r.input.global_scale = q.global_scale;
   return absl::OkStatus();
 }
 
@@ -298,6 +403,9 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
   r.weight_global_scale = outcome.global_scale;
   r.weight_g_idx = outcome.g_idx;
   r.gptq_loss = outcome.loss;
+  if (static_input_.has_value()) {
+    RETURN_IF_ERROR(RecordInput(ctx, path, pending, r));
+  }
   if (h.defined()) {
     ASSIGN_OR_RETURN(r.weight_error,
                      RelativeOutputError(original, outcome.weight, h));
@@ -336,6 +444,7 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
         ctx, std::vector<std::string>(paths.begin(), paths.end()),
         subgraph.index);
   }
+  CollectSiblingInputs();
   // std::map: modules in path order, so results do not depend on call order.
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
@@ -361,6 +470,7 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
     }
     return CompressDistributed(ctx, paths, -1);
   }
+  CollectSiblingInputs();
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }

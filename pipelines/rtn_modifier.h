@@ -30,6 +30,22 @@
 // the method, never from empty statistics: its record says method "rtn",
 // calibration_tokens 0 and why, its output error is NaN (not measured), and
 // the run warns.
+//
+// Note [Static input activations]: a compressed-tensors scheme whose input
+// activations are static (FP8: a per-tensor fp8 scale; NVFP4: the global
+// scale of its "local" dynamic groups) is calibrated as llm-compressor's
+// QuantizationModifier and GPTQModifier do it: the observer the scheme names
+// (static_minmax: min / max over every batch; minmax: their moving average)
+// sees each call's input in the checkpoint's dtype during the calibration
+// pass, and the parameters are taken with the weight's at the subgraph's
+// end, recorded as ModuleRecord::input. Activations are not fake-quantized
+// in either pass (llm-compressor disables quantization while it
+// calibrates). A module no token reached (an MoE expert the router never
+// picks) takes the range its namesakes in the subgraph saw (the other
+// experts' `w1`, on the same block input), with a warning; without one the
+// run stops, naming it. Data-parallel: the ranks' statistics are reduced
+// as llm-compressor reduces them (min / max; minmax: the mean over the
+// ranks that saw tokens).
 
 #include <ATen/core/Tensor.h>
 
@@ -47,6 +63,7 @@
 #include "pipelines/gptq.h"
 #include "pipelines/modifier.h"
 #include "pipelines/quantize.h"
+#include "quantization/observers.h"
 #include "quantization/quant_args.h"
 #include "runtime/graph_module.h"
 
@@ -60,8 +77,8 @@ struct WeightQuantOptions {
   // A compressed-tensors scheme (quantization/quant_args.h) instead of
   // `scheme`: its weights args decide the quantization (bit-exact with
   // compressed-tensors, in the checkpoint's dtype, scales in the weight's
-  // dtype); its activation args are recorded for the output. Activations
-  // must be dynamic or absent (calibrated activation scales are refused).
+  // dtype); dynamic activation args are recorded for the output, static
+  // input ones calibrated (Note [Static input activations]).
   std::optional<quantization::QuantizationScheme> typed;
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
@@ -150,6 +167,9 @@ class WeightQuantModifier : public Modifier {
     std::unique_ptr<HessianAccumulator> hessian;
     int subgraph = 0;
     int64_t tokens = 0;
+    // Note [Static input activations].
+    std::optional<quantization::ActivationObserver> input;
+    int64_t input_batches = 0;
   };
   absl::Status Compress(RunContext& ctx, const std::string& path,
                         Pending* pending);
@@ -158,6 +178,22 @@ class WeightQuantModifier : public Modifier {
   absl::Status AddInput(RunContext& ctx, const std::string& path,
                         const at::Tensor& x, const ModuleCall& call);
   bool Distributed() const;
+  // Note [Static input activations]: adds `x` to the input observer of
+  // `pending`; records the parameters of the module at `path` in `r`.
+  absl::Status ObserveInput(const std::string& path, const at::Tensor& x,
+                            int64_t batch, Pending& pending);
+  absl::Status RecordInput(RunContext& ctx, const std::string& path,
+                           Pending* pending, ModuleRecord& r);
+  // The input ranges of `pending_`, merged by module name (last path
+  // component), for the modules no token reached.
+  void CollectSiblingInputs();
+  // Data-parallel: reduces the input statistics of `paths` (`counts`: the
+  // all-reduced counts of CompressDistributed) over the ranks, into each
+  // path's entry of pending_ (created for `subgraph` where this rank has
+  // none).
+  absl::Status ReduceInputs(const std::vector<std::string>& paths,
+                            const std::vector<int64_t>& columns,
+                            const at::Tensor& counts, int subgraph);
   // ModuleRecord::weight_quantization of this modifier's modules.
   std::string TypedRecord() const;
   // The group size the scheme asks for; -1 when none.
@@ -191,6 +227,10 @@ class WeightQuantModifier : public Modifier {
   // Selected Conv1D modules: weight stored [in, out], quantized transposed.
   std::set<std::string> transposed_;
   FusedExperts experts_;
+  // The scheme's input activations when they are calibrated (Note [Static
+  // input activations]); the merged ranges by module name.
+  std::optional<quantization::QuantizationArgs> static_input_;
+  std::map<std::string, quantization::MinMax> sibling_inputs_;
   std::map<std::string, Pending> pending_;  // Called, not yet compressed.
   std::set<std::string> done_;
 };

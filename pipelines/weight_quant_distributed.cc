@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -21,13 +22,16 @@
 //
 // Every rank calls CompressDistributed with the same sorted module list (the
 // selected leaves of the finished subgraph), whatever its shard reached:
-//   1. one all-reduce of [tokens, samples, called] per module;
+//   1. one all-reduce of [tokens, samples, called, input batches, input
+//      observed] per module; static input activations' statistics reduced
+//      (Note [Static input activations] in rtn_modifier.h);
 //   2. owners: modules with tokens, balanced by Hessian size (AssignOwners);
 //   3. each module's partial sum S_r = sum x x^T is reduced (summed) to its
 //      owner, which takes H = 2/n * sum_r S_r and solves it with the
 //      single-process code (Compress) — owners solve in parallel;
 //   4. in module order, the owner broadcasts its record (scale, zero point,
-//      g_idx, global scale, scheme, errors, notes and warnings) and the
+//      g_idx, global scale, scheme, input parameters, errors, notes and
+//      warnings) and the
 //      quantized weight; the other ranks store both, so every rank
 //      continues with the same weights.
 // Modules without tokens on any rank are quantized round-to-nearest from
@@ -60,20 +64,37 @@ std::vector<std::string> Strings(const c10::IValue& v) {
 
 c10::IValue PackRecord(const ModuleRecord& r,
                        const std::vector<std::string>& warnings) {
-  return c10::ivalue::Tuple::create(
-      {r.type, static_cast<int64_t>(r.subgraph), r.weight_method,
-       r.weight_scheme, TensorOrNone(r.weight_scale),
-       TensorOrNone(r.weight_zero_point), TensorOrNone(r.weight_g_idx),
-       r.weight_error, r.rtn_error, r.gptq_loss, r.calibration_tokens,
-       r.compress_seconds, StringList(r.notes), StringList(warnings),
-       r.weight_quantization, TensorOrNone(r.weight_global_scale)});
+  return c10::ivalue::Tuple::create({r.type,
+                                     static_cast<int64_t>(r.subgraph),
+                                     r.weight_method,
+                                     r.weight_scheme,
+                                     TensorOrNone(r.weight_scale),
+                                     TensorOrNone(r.weight_zero_point),
+                                     TensorOrNone(r.weight_g_idx),
+                                     r.weight_error,
+                                     r.rtn_error,
+                                     r.gptq_loss,
+                                     r.calibration_tokens,
+                                     r.compress_seconds,
+                                     StringList(r.notes),
+                                     StringList(warnings),
+                                     r.weight_quantization,
+                                     TensorOrNone(r.weight_global_scale),
+                                     r.input.observer,
+                                     r.input.scheme,
+                                     r.input.min,
+                                     r.input.max,
+                                     r.input.batches,
+                                     TensorOrNone(r.input.scale),
+                                     TensorOrNone(r.input.zero_point),
+                                     TensorOrNone(r.input.global_scale)});
 }
 
 absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
                           std::vector<std::string>& warnings) {
   return runtime::TorchCall("a broadcast module record", [&] {
     const auto& e = v.toTupleRef().elements();
-    TORCH_CHECK(e.size() == 16, "expected 16 fields, got ", e.size());
+    TORCH_CHECK(e.size() == 24, "expected 24 fields, got ", e.size());
     r.type = e[0].toStringRef();
     r.subgraph = static_cast<int>(e[1].toInt());
     r.weight_method = e[2].toStringRef();
@@ -90,6 +111,14 @@ absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
     warnings = Strings(e[13]);
     r.weight_quantization = e[14].toStringRef();
     r.weight_global_scale = TensorOf(e[15]);
+    r.input.observer = e[16].toStringRef();
+    r.input.scheme = e[17].toStringRef();
+    r.input.min = e[18].toDouble();
+    r.input.max = e[19].toDouble();
+    r.input.batches = e[20].toInt();
+    r.input.scale = TensorOf(e[21]);
+    r.input.zero_point = TensorOf(e[22]);
+    r.input.global_scale = TensorOf(e[23]);
   });
 }
 
@@ -113,15 +142,17 @@ absl::Status WeightQuantModifier::CompressDistributed(
   }
   const int64_t k = static_cast<int64_t>(paths.size());
   // 1. Token and sample counts.
-  at::Tensor counts = at::zeros({std::max<int64_t>(k, 1), 3}, at::kLong);
+  at::Tensor counts = at::zeros({std::max<int64_t>(k, 1), 5}, at::kLong);
   auto acc = counts.accessor<int64_t, 2>();
   for (int64_t i = 0; i < k; ++i) {
     auto it = pending_.find(paths[i]);
     if (it == pending_.end()) continue;
-    acc[i][0] = it->second.tokens;
-    acc[i][1] =
-        it->second.hessian != nullptr ? it->second.hessian->num_samples() : 0;
+    const Pending& p = it->second;
+    acc[i][0] = p.tokens;
+    acc[i][1] = p.hessian != nullptr ? p.hessian->num_samples() : 0;
     acc[i][2] = 1;
+    acc[i][3] = p.input_batches;
+    acc[i][4] = p.input.has_value() && p.input->has_statistics() ? 1 : 0;
   }
   RETURN_IF_ERROR(
       c.AllReduce(counts, ReduceKind::kSum,
@@ -138,6 +169,10 @@ absl::Status WeightQuantModifier::CompressDistributed(
     if (acc[i][0] > 0) costs[i] = columns[i] * columns[i];
   }
   const std::vector<int> owner = AssignOwners(costs, c.world_size());
+  if (static_input_.has_value()) {
+    RETURN_IF_ERROR(ReduceInputs(paths, columns, counts, subgraph));
+    CollectSiblingInputs();
+  }
 
   // 3. Sums to owners; owners solve.
   const bool with_h = NeedsHessian() || options_.measure_error;
@@ -166,6 +201,10 @@ absl::Status WeightQuantModifier::CompressDistributed(
     Pending p;
     p.subgraph = it != pending_.end() ? it->second.subgraph : subgraph;
     p.tokens = tokens;
+    if (it != pending_.end()) {
+      p.input = std::move(it->second.input);
+      p.input_batches = it->second.input_batches;
+    }
     if (tokens > 0 && with_h) {
       p.hessian = std::make_unique<HessianAccumulator>(
           HessianAccumulator::FromSum(sums[i], acc[i][1], tokens));
@@ -206,6 +245,68 @@ absl::Status WeightQuantModifier::CompressDistributed(
   }
   pending_.clear();
   if (subgraph >= 0) c.MaybeInjectFault(subgraph);
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::ReduceInputs(
+    const std::vector<std::string>& paths, const std::vector<int64_t>& columns,
+    const at::Tensor& counts, int subgraph) {
+  Collective& c = *options_.collective;
+  const quantization::QuantizationArgs& args = *static_input_;
+  // llm-compressor's _act_sync_dict: static_minmax reduces by min / max
+  // (what one process sees), minmax (a moving average) by the mean.
+  const bool mean = args.observer.value_or("minmax") == "minmax";
+  const auto acc = counts.accessor<int64_t, 2>();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (acc[i][4] == 0) continue;  // No rank observed it.
+    const std::string& path = paths[i];
+    const int64_t n =
+        args.resolved_strategy() == quantization::Strategy::kTensorGroup
+            ? columns[i] / *args.group_size
+            : 1;
+    Pending& p = pending_[path];
+    if (!p.input.has_value()) {
+      p.subgraph = subgraph;
+      ASSIGN_OR_RETURN(quantization::ActivationObserver observer,
+                       quantization::ActivationObserver::Create(args));
+      p.input.emplace(std::move(observer));
+    }
+    const bool have = p.input->has_statistics();
+    const std::string what =
+        absl::StrCat("the input activation range of ", path);
+    at::Tensor lo, hi;
+    RETURN_IF_ERROR(runtime::TorchCall(what, [&]() -> absl::Status {
+      if (have) {
+        const quantization::MinMax& s = p.input->statistics();
+        if (s.min_vals.numel() != n) {
+          return absl::InternalError(absl::StrCat(
+              what, " has ", s.min_vals.numel(), " values, expected ", n));
+        }
+        lo = s.min_vals.to(at::kFloat).reshape({n}).clone();
+        hi = s.max_vals.to(at::kFloat).reshape({n}).clone();
+      } else {
+        const float inf = std::numeric_limits<float>::infinity();
+        lo = at::full({n}, mean ? 0.0F : inf, at::kFloat);
+        hi = at::full({n}, mean ? 0.0F : -inf, at::kFloat);
+      }
+      return absl::OkStatus();
+    }));
+    RETURN_IF_ERROR(
+        c.AllReduce(lo, mean ? ReduceKind::kSum : ReduceKind::kMin, what));
+    RETURN_IF_ERROR(
+        c.AllReduce(hi, mean ? ReduceKind::kSum : ReduceKind::kMax, what));
+    const c10::ScalarType dtype =
+        have ? p.input->statistics().min_vals.scalar_type()
+             : typed_dtype_.value_or(at::kFloat);
+    RETURN_IF_ERROR(runtime::TorchCall(what, [&] {
+      if (mean) {
+        lo = lo / static_cast<double>(acc[i][4]);
+        hi = hi / static_cast<double>(acc[i][4]);
+      }
+      p.input->set_statistics({lo.to(dtype), hi.to(dtype)});
+    }));
+    p.input_batches = acc[i][3];
+  }
   return absl::OkStatus();
 }
 

@@ -29,6 +29,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,6 +100,10 @@ class ActivationObserver {
   absl::Status Observe(const at::Tensor& value);
   bool has_statistics() const { return stats_.min_vals.defined(); }
   const MinMax& statistics() const { return stats_; }
+  // Replaces the statistics: what ranks of a data-parallel run reduced, or
+  // a stand-in for a module no calibration token reached.
+  void set_statistics(MinMax stats) { stats_ = std::move(stats); }
+  const QuantizationArgs& args() const { return args_; }
   // Parameters with the scale in `scale_dtype` (the module weight's dtype);
   // for "local" args only the global scale is set.
   absl::StatusOr<QParams> Finish(c10::ScalarType scale_dtype) const;

@@ -10,7 +10,8 @@ compressed-tensors checkpoints. Then:
 
 * every tensor llm-compressor stores, tracecut stores too, bit for bit
   (weights, packed codes, scales, global scales; the fraction that differs
-  is printed and must be 0);
+  is printed and must be 0), but calibrated input scales (FP8, NVFP4),
+  compared by value (STATIC_INPUT_PRESETS);
 * the quantization_config is llm-compressor's (less its "version"), and its
   format is what compressed-tensors' own infer_model_format gives for the
   model transformers loads from it;
@@ -21,9 +22,9 @@ compressed-tensors checkpoints. Then:
 * `--scheme=PRESET` writes the same recipe's output;
 * NVFP4A16 MLPs with FP8_DYNAMIC attention (mixed-precision) as
   llm-compressor's two-preset scheme;
-* NVFP4A16 with weights streamed (`tracecut export --meta`), and on 2
-  data-parallel ranks, writes the same bytes as one process from the whole
-  model.
+* NVFP4A16 and NVFP4 (static input global scales) with weights streamed
+  (`tracecut export --meta`), and on 2 data-parallel ranks, write the same
+  bytes as one process from the whole model.
 
     schemes_test.py TRACECUT [PRESET...]    (default: all of PRESETS)
 """
@@ -39,12 +40,27 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-# Weight schemes (RTN) whose activations, if any, are dynamic.
-PRESETS = ["W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8_DYNAMIC", "FP8_BLOCK",
-           "NVFP4A16", "MXFP4A16", "MXFP4"]
-# GPTQ on one preset per grid (int groups, fp8 channels, fp8 blocks, NVFP4,
-# MX): each takes a minute of llm-compressor's time.
-GPTQ_PRESETS = ["W4A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16"]
+# Weight schemes (RTN), with dynamic activations, static ones calibrated
+# on the data (FP8: a per-tensor fp8 scale; NVFP4: the input global scale)
+# or none.
+PRESETS = ["W4A16", "W4A16_ASYM", "W8A16", "W8A8", "FP8", "FP8_DYNAMIC",
+           "FP8_BLOCK", "NVFP4", "NVFP4A16", "MXFP4A16", "MXFP4"]
+# GPTQ on one preset per grid (int groups, fp8 tensor with static inputs,
+# fp8 channels, fp8 blocks, NVFP4, MX): each takes a minute of
+# llm-compressor's time.
+GPTQ_PRESETS = ["W4A16", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16",
+                "MXFP4A16"]
+# Calibrated input scales are compared by value, not bit for bit, with
+# what each Linear's input reaches in transformers' own bf16 forward
+# (input_absmax) and, on the Llama, with llm-compressor's: tracecut runs the
+# model in fp32 (observing in bf16), and propagates the earlier layers'
+# weights quantized (what the served model computes) where llm-compressor
+# leaves them unquantized while it calibrates. With --propagate-error=false
+# only the arithmetic differs: within 1 %; with propagation, within 15 %.
+# llm-compressor's own Mixtral calibration is no reference: its o_proj
+# input scales are 3.3x smaller than transformers' forward gives.
+STATIC_INPUT_PRESETS = {"FP8", "NVFP4"}
+INPUT_SCALES = (".input_scale", ".input_global_scale")
 
 
 def run(cmd):
@@ -112,17 +128,24 @@ def expert_name(key):
   return key
 
 
-def compare_tensors(ours_dir, theirs_dir, preset):
+def compare_tensors(ours_dir, theirs_dir, preset, input_rtol=None):
   ours = {expert_name(k): v for k, v in
           load_file(os.path.join(ours_dir, "model.safetensors")).items()}
   theirs = load_file(os.path.join(theirs_dir, "model.safetensors"))
   assert sorted(ours) == sorted(theirs), (
       preset, sorted(set(ours) ^ set(theirs))[:10])
   total = differ = 0
+  worst = (0.0, "")
   for key, want in theirs.items():
     got = ours[key]
     assert got.dtype == want.dtype and got.shape == want.shape, (
         preset, key, got.dtype, want.dtype, got.shape, want.shape)
+    if key.endswith(INPUT_SCALES):
+      if input_rtol is None:
+        continue
+      rel = ((got.float() - want.float()).abs() / want.float().abs()).max()
+      worst = max(worst, (rel.item(), key))
+      continue
     a = got.contiguous().view(torch.uint8)
     b = want.contiguous().view(torch.uint8)
     n = int((a.view(-1, got.element_size()) !=
@@ -132,6 +155,66 @@ def compare_tensors(ours_dir, theirs_dir, preset):
   print(f"{preset}: {differ} of {total} stored elements differ from "
         f"llm-compressor's ({100.0 * differ / max(total, 1):.4f} %)")
   assert differ == 0, preset
+  if worst[1]:
+    print(f"{preset}: calibrated input scales within "
+          f"{100 * worst[0]:.2f} % of llm-compressor's ({worst[1]})")
+    assert worst[0] <= input_rtol, (preset, worst)
+
+
+def input_absmax(ckpt, calib):
+  """{module name: the largest |x| its input reaches} in transformers' bf16
+  forward over the calibration samples, one per batch as both tools run
+  them. The experts of an MoE block see all its tokens
+  (calibrate_all_experts): their gate/up input is the block's."""
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      ckpt, dtype=torch.bfloat16).eval()
+  absmax = {}
+
+  def hook(name):
+    def record(module, args):
+      v = args[0].abs().max().float().item()
+      absmax[name] = max(absmax.get(name, 0.0), v)
+    return record
+
+  blocks = []
+  for name, module in model.named_modules():
+    if isinstance(module, torch.nn.Linear):
+      module.register_forward_pre_hook(hook(name))
+    elif hasattr(module, "experts") and hasattr(module, "gate"):
+      module.register_forward_pre_hook(hook(name))
+      blocks.append((name, module.experts.num_experts))
+  with torch.no_grad():
+    for i in range(calib.shape[0]):
+      model(input_ids=calib[i:i + 1])
+  for name, experts in blocks:
+    # Stored under the checkpoint's name of the block (Mixtral's
+    # block_sparse_moe, the module transformers 5 calls mlp).
+    layer = name.rsplit(".", 1)[0]
+    for e in range(experts):
+      for proj in ("gate_proj", "up_proj"):
+        absmax[f"{layer}.block_sparse_moe.experts.{e}.{proj}"] = absmax[name]
+  return absmax
+
+
+def compare_input_scales(ours_dir, absmax, label, rtol):
+  """Each stored input scale against transformers' forward: FP8's absmax /
+  448, NVFP4's global scale 448 * 6 / absmax."""
+  ours = {expert_name(k): v for k, v in
+          load_file(os.path.join(ours_dir, "model.safetensors")).items()}
+  worst, compared = (0.0, ""), 0
+  for key, got in ours.items():
+    module, _, name = key.rpartition(".")
+    if name not in ("input_scale", "input_global_scale") or (
+        module not in absmax):
+      continue
+    a = absmax[module]
+    want = a / 448 if name == "input_scale" else 448 * 6 / a
+    rel = abs(got.float().item() - want) / want
+    worst = max(worst, (rel, key))
+    compared += 1
+  print(f"{label}: {compared} input scales within {100 * worst[0]:.2f} % of "
+        f"transformers' forward ({worst[1]})")
+  assert compared >= 6 and worst[0] <= rtol, (label, compared, worst)
 
 
 def compare_config(ours_dir, theirs_dir, model, preset):
@@ -182,7 +265,8 @@ def stored(out):
   return tensors
 
 
-def check_same_output(tracecut, ckpt, recipe, data, whole, label, how):
+def check_same_output(tracecut, ckpt, recipe, data, whole, label, how,
+                      extra_flags):
   """The same run with weights streamed from the safetensors (an export
   without weights; shard by shard), or on 2 data-parallel ranks, writes the
   same tensors and config."""
@@ -197,7 +281,7 @@ def check_same_output(tracecut, ckpt, recipe, data, whole, label, how):
     flags = ["--nproc-per-node=2"]
   out = f"{whole}-{how}"
   run([tracecut, "calibrate", src, "--recipe=" + recipe, "--data=" + data,
-       "-o", out] + flags)
+       "-o", out] + flags + extra_flags)
   a, b = stored(whole), stored(out)
   assert sorted(a) == sorted(b), label
   for key in a:
@@ -233,9 +317,10 @@ def check(tracecut, name, model, ignore, presets, d):
     # loads without its experts at all), so only the stored tensors and the
     # config are compared. W4A16_ASYM: the w1/w3 zero points do not
     # convert either way. GPTQ on fused experts is not checked here.
-    loads = {"W4A16", "W8A16", "FP8_DYNAMIC"}
+    loads = {"W4A16", "W8A16", "FP8", "FP8_DYNAMIC"}
     presets = [p for p in presets if p != "W4A16_ASYM"]
     gptq = []
+  absmax = None  # input_absmax, when a preset calibrates input scales.
   # Round-to-nearest for every preset, then GPTQ on the same tokens.
   for method, preset in [("rtn", p) for p in presets] + [
       ("gptq", p) for p in gptq]:
@@ -246,17 +331,36 @@ def check(tracecut, name, model, ignore, presets, d):
               f'targets: "Linear" {ignore_text} }} }}\n')
     ours = os.path.join(d, f"tracecut-{name}-{method}-{preset}")
     theirs = os.path.join(d, f"llmcompressor-{name}-{method}-{preset}")
+    # llm-compressor routes every token to every expert while it calibrates
+    # (moe_calibrate_all_experts); static input scales depend on it.
+    flags = (["--calibrate-all-experts=true"] if name == "mixtral" and
+             preset in STATIC_INPUT_PRESETS else [])
     run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
-         "-o", ours])
+         "-o", ours] + flags)
     llmcompressor_output(ckpt, preset, method, ignore, calib, theirs)
-    if method == "rtn":
+    if method == "rtn" and preset in STATIC_INPUT_PRESETS:
+      # Propagated as llm-compressor does (unquantized): only the
+      # arithmetic differs.
+      unprop = ours + "-unpropagated"
+      run([tracecut, "calibrate", ckpt, "--recipe=" + recipe,
+           "--data=" + data, "--propagate-error=false", "-o", unprop] + flags)
+      llama = name == "llama"
+      compare_tensors(unprop, theirs, label + " --propagate-error=false",
+                      input_rtol=0.01 if llama else None)
+      compare_tensors(ours, theirs, label, input_rtol=0.15 if llama else None)
+      if absmax is None:
+        absmax = input_absmax(ckpt, calib)
+      compare_input_scales(unprop, absmax, label + " --propagate-error=false",
+                           0.01)
+      compare_input_scales(ours, absmax, label, 0.15)
+    elif method == "rtn":
       compare_tensors(ours, theirs, label)
-      if preset == "NVFP4A16":
+    if method == "rtn" and preset in ("NVFP4A16", "NVFP4"):
+      check_same_output(tracecut, ckpt, recipe, data, ours, label,
+                        "streamed", flags)
+      if name == "llama":
         check_same_output(tracecut, ckpt, recipe, data, ours, label,
-                          "streamed")
-        if name == "llama":
-          check_same_output(tracecut, ckpt, recipe, data, ours, label,
-                            "2-ranks")
+                          "2-ranks", flags)
     if preset not in loads:
       compare_config(ours, theirs, None, label)
       continue
@@ -325,13 +429,16 @@ def main():
       # `--scheme` is the recipe above for a dense model (ignore lm_head).
       if name == "llama" and presets:
         out = os.path.join(d, "scheme-flag")
+        # Data is optional unless static input scales are calibrated.
+        data = ([f"--data={os.path.join(d, name)}-calib.pt"]
+                if presets[0] in STATIC_INPUT_PRESETS else [])
         run([tracecut, "calibrate", os.path.join(d, name),
-             "--scheme=" + presets[0], "-o", out])
+             "--scheme=" + presets[0], "-o", out] + data)
         with open(os.path.join(out, "config.json")) as f:
           qc = json.load(f)["quantization_config"]
         assert qc["ignore"] == ["lm_head"], qc
-        # Round-to-nearest does not depend on the data: the recipe run's
-        # tensors.
+        # The recipe run's tensors (round-to-nearest weights do not depend
+        # on the data).
         a = stored(out)
         b = stored(os.path.join(d, f"tracecut-{name}-rtn-{presets[0]}"))
         assert sorted(a) == sorted(b) and all(

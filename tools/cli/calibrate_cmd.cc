@@ -28,6 +28,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/recipe_yaml.h"
 #include "pipelines/report_html.h"
+#include "quantization/quant_args.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
@@ -284,6 +285,19 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
           absl::StripPrefix(valid.message(),
                             "--scheme: modifiers[0].rtn.scheme.preset: ")));
     }
+    // Static input activations (FP8, NVFP4) are calibrated on the data: a
+    // synthetic sample would give them a meaningless scale.
+    absl::StatusOr<quantization::QuantizationScheme> preset =
+        quantization::PresetScheme(*scheme, {"Linear"});
+    if (preset.ok() && preset->input_activations.has_value() &&
+        preset->input_activations->dynamic != quantization::Dynamic::kDynamic &&
+        !args.Has("data") && !args.Has("synthetic")) {
+      return UsageError(
+          absl::StrCat("--scheme=", *scheme,
+                       " calibrates the scales of static input activations (",
+                       preset->input_activations->ToString(),
+                       "): give --data=FILE with calibration samples"));
+    }
   } else {
     ASSIGN_OR_RETURN(o.recipe, pipelines::LoadRecipeFile(*recipe_path));
     o.recipe_source = *recipe_path;
@@ -388,12 +402,13 @@ Subcommand CalibrateCommand() {
       "llm-compressor's format, which --recipe reads back (as it reads the "
       "recipe.yaml llm-compressor writes: SmoothQuantModifier, "
       "AWQModifier, and GPTQModifier and QuantizationModifier with weight "
-      "schemes whose activations are dynamic or absent; anything else is "
-      "refused by name); it appears at once, complete. A compressed-tensors "
-      "preset (--scheme, or `preset` in a recipe: FP8_DYNAMIC, FP8_BLOCK, "
-      "W8A8, NVFP4A16, MXFP4A16, ...) is quantized as compressed-tensors "
-      "does and stored in the format it calls for (float-quantized, "
-      "nvfp4-pack-quantized, ...; docs/schemes.md). "
+      "schemes whose input activations are dynamic, static or absent; "
+      "anything else is refused by name); it appears at once, complete. A "
+      "compressed-tensors preset (--scheme, or `preset` in a recipe: FP8, "
+      "FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4, NVFP4A16, MXFP4A16, ...) is "
+      "quantized as compressed-tensors does (static input activation "
+      "scales calibrated on the data) and stored in the format it calls "
+      "for (float-quantized, nvfp4-pack-quantized, ...; docs/schemes.md). "
       "When MODEL's .pt2 "
       "holds no weights (`tracecut export --meta`), the weights are "
       "streamed: each subgraph's are read from the safetensors when it "
@@ -445,11 +460,13 @@ Subcommand CalibrateCommand() {
           .InputFile(kMaxRecipeBytes),
       FlagSpec::Value("scheme", "PRESET",
                       "instead of --recipe: a compressed-tensors preset "
-                      "(W4A16, W4A16_ASYM, W8A16, W8A8, FP8_DYNAMIC, "
-                      "FP8_BLOCK, NVFP4A16, MXFP4A16, MXFP4, ...) applied "
-                      "round-to-nearest to every Linear but lm_head, "
-                      "bit-exact with compressed-tensors and stored in the "
-                      "format it calls for; data is optional"),
+                      "(W4A16, W4A16_ASYM, W8A16, W8A8, FP8, FP8_DYNAMIC, "
+                      "FP8_BLOCK, NVFP4, NVFP4A16, MXFP4A16, MXFP4, ...) "
+                      "applied round-to-nearest to every Linear but "
+                      "lm_head, bit-exact with compressed-tensors and "
+                      "stored in the format it calls for; data is optional "
+                      "unless the preset has static input activations "
+                      "(FP8, NVFP4)"),
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "
                       "list or dict by input name) or .safetensors; token "

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,48 @@ TEST(CalibrateCmdTest, SchemeIsRoundToNearestOnEveryLinearButLmHead) {
   EXPECT_EQ(json->at("summary").at("weights_quantized").get<int64_t>(), 14);
   EXPECT_THAT(r.out, HasSubstr("float8 sym channel"));
   EXPECT_THAT(r.out, Not(HasSubstr("\"lm_head\"")));
+}
+
+// FP8 and NVFP4 calibrate their static input activations on the data: the
+// per-tensor fp8 scale is absmax / 448 of what each Linear saw, NVFP4's
+// input global scale 448 * 6 / absmax (compressed-tensors'
+// calculate_qparams and generate_gparam).
+TEST(CalibrateCmdTest, StaticInputActivationsAreCalibratedOnTheData) {
+  const std::string dir = TempDir("static-input");
+  Result r = RunTracecut(
+      {"calibrate", Llama(), "--scheme=FP8", "-o", dir + "/none.pt"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("--scheme=FP8 calibrates the scales of static input "
+                        "activations (float8 sym tensor): give --data=FILE"));
+  for (const std::string preset : {"FP8", "NVFP4"}) {
+    SCOPED_TRACE(preset);
+    r = RunTracecut({"calibrate", Llama(), "--scheme=" + preset,
+                     "--synthetic=4", "-o", dir + "/" + preset + ".pt",
+                     "--json"});
+    ASSERT_EQ(r.code, 0) << r.err;
+    absl::StatusOr<util::Json> json = util::ParseJson(r.out);
+    ASSERT_TRUE(json.ok()) << json.status();
+    int calibrated = 0;
+    for (const util::Json& m : json->at("modules")) {
+      const util::Json* in = util::FindMember(m, "input");
+      if (in == nullptr) continue;
+      ++calibrated;
+      EXPECT_EQ(in->at("observer").get<std::string>(), "static_minmax");
+      EXPECT_EQ(in->at("batches").get<int64_t>(), 4);
+      const double absmax =
+          std::max(-in->at("min").get<double>(), in->at("max").get<double>());
+      ASSERT_GT(absmax, 0);
+      if (preset == "FP8") {
+        EXPECT_NEAR(in->at("scale").get<double>(), absmax / 448,
+                    absmax / 448 * 1e-6);
+      } else {
+        EXPECT_NEAR(in->at("global_scale").get<double>(), 448 * 6 / absmax,
+                    448 * 6 / absmax * 1e-6);
+      }
+    }
+    EXPECT_EQ(calibrated, 14);
+  }
 }
 
 // The summary line says what its errors are measured on, and compares GPTQ
