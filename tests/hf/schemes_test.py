@@ -31,6 +31,7 @@ compressed-tensors checkpoints. Then:
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -320,6 +321,8 @@ def check(tracecut, name, model, ignore, presets, d):
     loads = {"W4A16", "W8A16", "FP8", "FP8_DYNAMIC"}
     presets = [p for p in presets if p != "W4A16_ASYM"]
     gptq = []
+  if name == "mixtral" and "FP8" in presets:
+    check_unrouted_experts(tracecut, ckpt, ignore_text, d)
   absmax = None  # input_absmax, when a preset calibrates input scales.
   # Round-to-nearest for every preset, then GPTQ on the same tokens.
   for method, preset in [("rtn", p) for p in presets] + [
@@ -380,6 +383,38 @@ def check(tracecut, name, model, ignore, presets, d):
             f"{len(peer_missing)} tensors ({peer_missing[0]}, ...)")
       continue
     assert err <= 1.1 * peer_err + 1e-6, (label, err, peer_err)
+
+
+def check_unrouted_experts(tracecut, ckpt, ignore_text, d):
+  """FP8 on two tokens, experts calibrated on their routed tokens only: an
+  expert no token reached takes the input range of the other experts of
+  its block (a warning), so its input scale is their largest."""
+  data = os.path.join(d, "two-tokens.pt")
+  torch.save(torch.tensor([[7, 11]]), data)
+  recipe = os.path.join(d, "fp8-unrouted.textproto")
+  with open(recipe, "w") as f:
+    f.write(f'modifiers {{ rtn {{ scheme {{ preset: "FP8" }} '
+            f'targets: "Linear" {ignore_text} }} }}\n')
+  out = os.path.join(d, "tracecut-unrouted")
+  p = run([tracecut, "calibrate", ckpt, "--recipe=" + recipe,
+           "--data=" + data, "-o", out])
+  unrouted = [line for line in p.stderr.splitlines()
+              if "no calibration token reached it" in line]
+  assert unrouted, p.stderr[-2000:]
+  tensors = stored(out)
+  checked = 0
+  for line in unrouted:
+    path = re.search(r"rtn: (\S+): no calibration token", line).group(1)
+    scale = tensors[path + ".input_scale"].item()
+    prefix, _, proj = path.rpartition(".")
+    block = prefix.rpartition(".")[0]
+    siblings = [v.item() for k, v in tensors.items()
+                if k.startswith(block + ".") and
+                k.endswith(f".{proj}.input_scale")]
+    assert scale == max(siblings), (path, scale, siblings)
+    checked += 1
+  print(f"mixtral FP8 on two tokens: {checked} unrouted experts take their "
+        f"block's largest input scale")
 
 
 def check_mixed(tracecut, ckpt, data, calib, d):
