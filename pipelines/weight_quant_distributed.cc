@@ -31,9 +31,8 @@
 //      single-process code (Compress) — owners solve in parallel;
 //   4. in module order, the owner broadcasts its record (scale, zero point,
 //      g_idx, global scale, scheme, input parameters, errors, notes and
-//      warnings) and the
-//      quantized weight; the other ranks store both, so every rank
-//      continues with the same weights.
+//      warnings) and the quantized weight; the other ranks store both, so
+//      every rank continues with the same weights.
 // Modules without tokens on any rank are quantized round-to-nearest from
 // their own weights on every rank (no communication: the same on all).
 // Everything depends only on the world size and the data, never on timing:
