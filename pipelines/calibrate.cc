@@ -409,6 +409,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       } else {
         o.weights.scheme = ToQuantScheme(g.scheme());
       }
+      if (g.has_kv_cache_scheme()) {
+        ASSIGN_OR_RETURN(o.weights.kv_cache,
+                         ToKvCacheArgs(g.kv_cache_scheme()));
+      }
       o.dampening_frac = g.dampening_frac();
       o.block_size = g.block_size();
       o.act_order = g.actorder();
@@ -425,6 +429,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
         ASSIGN_OR_RETURN(o.typed, ToTypedScheme(r.scheme(), o.modules.targets));
       } else {
         o.scheme = ToQuantScheme(r.scheme());
+      }
+      if (r.has_kv_cache_scheme()) {
+        ASSIGN_OR_RETURN(o.kv_cache, ToKvCacheArgs(r.kv_cache_scheme()));
       }
       o.collective = collective;
       o.all_expert_tokens = recipe.calibrate_all_experts();

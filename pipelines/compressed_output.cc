@@ -240,8 +240,8 @@ absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
 // compressed-tensors infers; the recipe's ignore list; the model's format
 // (mixed-precision when groups differ).
 absl::StatusOr<std::string> TypedConfig(
-    const std::string& config_json,
-    const std::vector<QuantizedModule>& modules) {
+    const std::string& config_json, const std::vector<QuantizedModule>& modules,
+    const std::string& kv_cache_scheme) {
   ASSIGN_OR_RETURN(util::Json config,
                    util::ParseJson(config_json, "config.json"));
   if (!config.is_object()) {
@@ -291,6 +291,10 @@ absl::StatusOr<std::string> TypedConfig(
   qc["global_compression_ratio"] = nullptr;
   qc["ignore"] = ignore;
   qc["kv_cache_scheme"] = nullptr;
+  if (!kv_cache_scheme.empty()) {
+    ASSIGN_OR_RETURN(qc["kv_cache_scheme"],
+                     util::ParseJson(kv_cache_scheme, "kv_cache_scheme"));
+  }
   qc["quant_method"] = "compressed-tensors";
   qc["quantization_status"] = "compressed";
   qc["sparsity_config"] = util::Json::object();
@@ -302,8 +306,8 @@ absl::StatusOr<std::string> TypedConfig(
 // quantization_config for `modules`: all typed or all tracecut's integer
 // schemes.
 absl::StatusOr<std::string> QuantizationConfigFor(
-    const std::string& config_json,
-    const std::vector<QuantizedModule>& modules) {
+    const std::string& config_json, const std::vector<QuantizedModule>& modules,
+    const std::string& kv_cache_scheme) {
   const bool typed = !modules.empty() && !modules.front().typed.empty();
   std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> legacy;
   for (const QuantizedModule& m : modules) {
@@ -318,7 +322,12 @@ absl::StatusOr<std::string> QuantizationConfigFor(
     }
     legacy.emplace_back(m.path, m.args);
   }
-  if (typed) return TypedConfig(config_json, modules);
+  if (typed) return TypedConfig(config_json, modules, kv_cache_scheme);
+  if (!kv_cache_scheme.empty()) {
+    return absl::FailedPreconditionError(
+        "compressed-tensors output: a kv_cache_scheme needs compressed-tensors "
+        "schemes (presets) for the weights");
+  }
   return checkpoint::ConfigWithQuantization(config_json, legacy);
 }
 
@@ -353,6 +362,26 @@ absl::StatusOr<QuantizedModule> ModuleEntry(const std::string& path,
   ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
                    QuantizedLinear(at::Tensor(), path, r));
   return QuantizedModule{path, linear.args, ""};
+}
+
+// The attention modules' k/v scales (rtn_modifier.h Note [KV cache]) and
+// the kv_cache_scheme they share ("" when none).
+absl::StatusOr<std::pair<Tensors, std::string>> KvCache(
+    const CalibrationResults& results) {
+  std::pair<Tensors, std::string> kv;
+  for (const auto& [path, r] : results.modules) {
+    if (r.kv_cache_scheme.empty()) continue;
+    if (!kv.second.empty() && kv.second != r.kv_cache_scheme) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "compressed-tensors output: attention ", path,
+          " has another kv_cache_scheme than the others; a checkpoint has "
+          "one"));
+    }
+    kv.second = r.kv_cache_scheme;
+    kv.first.emplace_back(path + ".k_scale", r.k_cache.scale.contiguous());
+    kv.first.emplace_back(path + ".v_scale", r.v_cache.scale.contiguous());
+  }
+  return kv;
 }
 
 // Every parameter and buffer of the model by dotted path.
@@ -665,6 +694,11 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": no module was quantized"));
   }
+  ASSIGN_OR_RETURN(auto kv, KvCache(results));
+  for (auto& [name, t] : kv.first) {
+    replaced.insert(name);
+    tensors.emplace_back(name, t);
+  }
 
   // The dense tensors, by name.
   const std::map<std::string, torch::Tensor> state = StateDict(gm);
@@ -715,7 +749,7 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
       tensors.begin(), tensors.end(),
       [](const auto& a, const auto& b) { return a.first < b.first; });
   ASSIGN_OR_RETURN(std::string quant_config,
-                   QuantizationConfigFor(config, quantized));
+                   QuantizationConfigFor(config, quantized, kv.second));
 
   // Built beside OUT_DIR, then renamed into place.
   const fs::path parent =
@@ -874,6 +908,8 @@ absl::Status CompressedTensorsWriter::Finish(
     }
     return absl::OkStatus();
   }));
+  ASSIGN_OR_RETURN(auto kv, KvCache(results));
+  for (auto& entry : kv.first) rest.push_back(std::move(entry));
   if (!rest.empty()) {
     ASSIGN_OR_RETURN(std::string bytes, checkpoint::SerializeSafetensors(
                                             rest, {{"format", "pt"}}));
@@ -910,7 +946,7 @@ absl::Status CompressedTensorsWriter::Finish(
   }
   RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
   ASSIGN_OR_RETURN(std::string quant_config,
-                   QuantizationConfigFor(config_, quantized));
+                   QuantizationConfigFor(config_, quantized, kv.second));
   RETURN_IF_ERROR(
       util::WriteFileAtomically((dir / "config.json").string(), quant_config));
   RETURN_IF_ERROR(WriteOtherFiles(dir, options_));

@@ -151,6 +151,9 @@ IValue RecordToIValue(const ModuleRecord& r) {
   d.insert("compress_seconds", r.compress_seconds);
   d.insert("input", RangeToIValue(r.input));
   d.insert("output", RangeToIValue(r.output));
+  d.insert("k_cache", RangeToIValue(r.k_cache));
+  d.insert("v_cache", RangeToIValue(r.v_cache));
+  d.insert("kv_cache_scheme", r.kv_cache_scheme);
   d.insert("notes", StringList(r.notes));
   return d;
 }
@@ -180,6 +183,13 @@ absl::StatusOr<ModuleRecord> RecordFromIValue(const IValue& v,
   ASSIGN_OR_RETURN(r.input, RangeFromIValue(input, what + ".input"));
   ASSIGN_OR_RETURN(IValue output, in.Get("output"));
   ASSIGN_OR_RETURN(r.output, RangeFromIValue(output, what + ".output"));
+  ASSIGN_OR_RETURN(r.kv_cache_scheme, in.OptionalString("kv_cache_scheme"));
+  if (!r.kv_cache_scheme.empty()) {
+    ASSIGN_OR_RETURN(IValue k, in.Get("k_cache"));
+    ASSIGN_OR_RETURN(r.k_cache, RangeFromIValue(k, what + ".k_cache"));
+    ASSIGN_OR_RETURN(IValue v, in.Get("v_cache"));
+    ASSIGN_OR_RETURN(r.v_cache, RangeFromIValue(v, what + ".v_cache"));
+  }
   ASSIGN_OR_RETURN(r.notes, in.Strings("notes"));
   return r;
 }
@@ -464,6 +474,10 @@ absl::Status ExportQuantParams(const CalibrationResults& results,
       RETURN_IF_ERROR(set(path, "input_zero_point", r.input.zero_point));
       RETURN_IF_ERROR(set(path, "input_global_scale", r.input.global_scale));
     }
+    if (!r.kv_cache_scheme.empty()) {
+      RETURN_IF_ERROR(set(path, "k_scale", r.k_cache.scale));
+      RETURN_IF_ERROR(set(path, "v_scale", r.v_cache.scale));
+    }
     if (!r.output.observer.empty()) {
       RETURN_IF_ERROR(set(path, "output_scale", r.output.scale));
       RETURN_IF_ERROR(set(path, "output_zero_point", r.output.zero_point));
@@ -489,6 +503,8 @@ absl::Status CheckQuantRecordFinite(const std::string& path,
   RETURN_IF_ERROR(check("input_scale", r.input.scale));
   RETURN_IF_ERROR(check("input_zero_point", r.input.zero_point));
   RETURN_IF_ERROR(check("input_global_scale", r.input.global_scale));
+  RETURN_IF_ERROR(check("k_scale", r.k_cache.scale));
+  RETURN_IF_ERROR(check("v_scale", r.v_cache.scale));
   RETURN_IF_ERROR(check("output_scale", r.output.scale));
   RETURN_IF_ERROR(check("output_zero_point", r.output.zero_point));
   if (!r.weight_method.empty() && r.weight_method != "observer") {

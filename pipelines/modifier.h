@@ -32,6 +32,7 @@
 //      OnModuleCall x (batches x calls)    a pass with transforms' hooks
 //      OnSubgraphEnd of the transforms]    transform the weights here
 //     OnModuleCall  x (batches x calls)    calibration pass, hooks active
+//     (and OnFunctionCall for the function nodes it asked for)
 //     OnSubgraphEnd                        compress here
 //     (propagation pass: no callbacks)
 //   OnRunEnd
@@ -108,6 +109,19 @@ struct ModuleCall {
   int subgraph = 0;
 };
 
+// One call of a function node a modifier asked for (WantsFunction), such as
+// an attention's scaled_dot_product_attention. Valid only during the
+// callback.
+struct FunctionCall {
+  const ir::Node* node = nullptr;
+  // The innermost module the node belongs to ("model.layers.0.self_attn").
+  absl::string_view module_path;
+  absl::Span<const c10::IValue> inputs;  // Every schema argument.
+  const c10::IValue* output = nullptr;
+  int64_t batch = 0;
+  int subgraph = 0;
+};
+
 // The range an observer saw for one activation and its parameters.
 //
 // Observer modifiers (observers.h) record tracecut's integer parameters:
@@ -165,6 +179,14 @@ struct ModuleRecord {
   // output.
   ActivationRange input;
   ActivationRange output;
+
+  // KV-cache quantization (an attention module; rtn_modifier.h Note [KV
+  // cache]): the ranges of the keys and values entering its attention,
+  // their scales in the checkpoint's dtype, and the kv_cache_scheme
+  // (compressed-tensors QuantizationArgs JSON).
+  ActivationRange k_cache;
+  ActivationRange v_cache;
+  std::string kv_cache_scheme;
 
   std::vector<std::string> notes;
 };
@@ -268,6 +290,10 @@ class Modifier {
     return false;
   }
 
+  // Whether OnFunctionCall wants calls of this call_function node (asked
+  // for every node run in a calibration pass: keep it cheap).
+  virtual bool WantsFunction(const ir::Node& node) const { return false; }
+
   // A transform (Note [Transforms first]): its calibration pass and
   // OnSubgraphEnd come before the other modifiers' calibration pass.
   virtual bool IsTransform() const { return false; }
@@ -280,6 +306,10 @@ class Modifier {
     return absl::OkStatus();
   }
   virtual absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status OnFunctionCall(RunContext& ctx,
+                                      const FunctionCall& call) {
     return absl::OkStatus();
   }
   // The calibration pass over `subgraph` is over: compress.

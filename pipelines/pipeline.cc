@@ -408,10 +408,11 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   absl::Cleanup no_replay = [&ctx] { ctx.set_replayer(nullptr); };
   absl::Time t0 = absl::Now();
   if (transform_hooks != nullptr) {
-    Interpreter::HookId tid = transform_hooks->Attach(*step.interp, i);
+    std::vector<Interpreter::HookId> tids =
+        transform_hooks->Attach(*step.interp, i);
     absl::Status seen =
         RunBatches(i, "transform", /*store=*/false, transform_hooks, nullptr);
-    step.interp->RemoveHook(tid);
+    for (Interpreter::HookId tid : tids) step.interp->RemoveHook(tid);
     RETURN_IF_ERROR(seen);
     RETURN_IF_ERROR(ForEachModifier(transforms_, [&](Modifier* m) {
       return m->OnSubgraphEnd(ctx, step.info);
@@ -425,14 +426,15 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
     if (experts->empty()) experts.reset();
   }
   std::vector<Interpreter::HookId> expert_ids;
-  Interpreter::HookId id = hooks.Attach(*step.interp, i, experts.get());
+  std::vector<Interpreter::HookId> ids =
+      hooks.Attach(*step.interp, i, experts.get());
   if (experts != nullptr) {
     expert_ids.push_back(experts->AttachCapture(*step.interp));
     for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, i);
   }
   absl::Status calibrated =
       RunBatches(i, "calibrate", /*store=*/true, &hooks, experts.get());
-  step.interp->RemoveHook(id);
+  for (Interpreter::HookId id : ids) step.interp->RemoveHook(id);
   for (Interpreter::HookId e : expert_ids) step.interp->RemoveHook(e);
   RETURN_IF_ERROR(calibrated);
   absl::Time t1 = absl::Now();

@@ -57,6 +57,16 @@ absl::Status ForEachModifier(absl::Span<Modifier* const> modifiers,
 HookDispatcher::HookDispatcher(RunContext& ctx,
                                absl::Span<Modifier* const> modifiers)
     : ctx_(ctx) {
+  // Modifiers that want function calls get them through a node hook, which
+  // is only added for them (Attach).
+  for (Modifier* m : modifiers) {
+    for (const ir::Node* node : ctx.model().graph().nodes()) {
+      if (node->op() == ir::OpKind::kCallFunction && m->WantsFunction(*node)) {
+        function_modifiers_.push_back(m);
+        break;
+      }
+    }
+  }
   for (const LeafModule& leaf : ctx.leaf_modules()) {
     std::vector<Modifier*> wanted;
     for (Modifier* m : modifiers) {
@@ -68,9 +78,36 @@ HookDispatcher::HookDispatcher(RunContext& ctx,
   }
 }
 
-Interpreter::HookId HookDispatcher::Attach(Interpreter& interp, int subgraph,
-                                           const AllExpertsRunner* routed) {
-  return interp.AddModuleHook(
+std::vector<Interpreter::HookId> HookDispatcher::Attach(
+    Interpreter& interp, int subgraph, const AllExpertsRunner* routed) {
+  std::vector<Interpreter::HookId> ids;
+  if (!function_modifiers_.empty()) {
+    ids.push_back(interp.AddNodeHook(
+        [this, subgraph](const ir::Node& node,
+                         absl::Span<const c10::IValue> inputs,
+                         const c10::IValue* output) {
+          if (output == nullptr || !status_.ok() ||
+              node.op() != ir::OpKind::kCallFunction) {
+            return;
+          }
+          for (Modifier* m : function_modifiers_) {
+            if (!m->WantsFunction(node)) continue;
+            FunctionCall call;
+            call.node = &node;
+            call.module_path = node.scope().path();
+            call.inputs = inputs;
+            call.output = output;
+            call.batch = batch_;
+            call.subgraph = subgraph;
+            absl::Status s = m->OnFunctionCall(ctx_, call);
+            if (!s.ok()) {
+              status_ = std::move(s);
+              throw HookAbort();
+            }
+          }
+        }));
+  }
+  ids.push_back(interp.AddModuleHook(
       [this, subgraph, routed](
           const ir::Node& node, const torch::jit::Module& module,
           absl::Span<const c10::IValue> inputs, const c10::IValue* output) {
@@ -94,7 +131,8 @@ Interpreter::HookId HookDispatcher::Attach(Interpreter& interp, int subgraph,
             throw HookAbort();
           }
         }
-      });
+      }));
+  return ids;
 }
 
 }  // namespace tracecut::pipelines::internal

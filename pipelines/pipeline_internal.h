@@ -39,9 +39,11 @@ class HookDispatcher {
 
   // With `routed`, calls of modules inside its experts are not passed on:
   // the experts' calibration data comes from their runs on all tokens.
-  runtime::Interpreter::HookId Attach(runtime::Interpreter& interp,
-                                      int subgraph,
-                                      const AllExpertsRunner* routed = nullptr);
+  // Returns the hooks added to `interp` (module calls, and function calls
+  // when a modifier wants any).
+  std::vector<runtime::Interpreter::HookId> Attach(
+      runtime::Interpreter& interp, int subgraph,
+      const AllExpertsRunner* routed = nullptr);
 
   void set_batch(int64_t batch) { batch_ = batch; }
   const absl::Status& status() const { return status_; }
@@ -52,6 +54,7 @@ class HookDispatcher {
     std::vector<Modifier*> modifiers;
   };
   RunContext& ctx_;
+  std::vector<Modifier*> function_modifiers_;  // WantsFunction on some node.
   absl::flat_hash_map<std::string, Route> routes_;
   int64_t batch_ = 0;
   absl::Status status_;

@@ -238,6 +238,22 @@ absl::Status CheckTargets(const Checker& c, const M& m) {
   return absl::OkStatus();
 }
 
+// A modifier's kv_cache_scheme (Note [KV cache] in rtn_modifier.h).
+template <typename M>
+absl::Status CheckKvCache(const Checker& c, const M& m) {
+  if (!m.has_kv_cache_scheme()) return absl::OkStatus();
+  if (!IsTypedScheme(m.scheme())) {
+    return c.Error("kv_cache_scheme",
+                   "needs a compressed-tensors scheme (preset or json) for "
+                   "the weights");
+  }
+  if (absl::Status args = ToKvCacheArgs(m.kv_cache_scheme()).status();
+      !args.ok()) {
+    return c.Error("kv_cache_scheme", args.message());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckGptq(const Checker& c, const recipe::GptqModifier& m) {
   RETURN_IF_ERROR(
       CheckScheme(c, m.has_scheme(), m.scheme(), /*required=*/true));
@@ -246,6 +262,7 @@ absl::Status CheckGptq(const Checker& c, const recipe::GptqModifier& m) {
                    "compressed-tensors schemes always use static groups "
                    "(llm-compressor's actorder \"weight\")");
   }
+  RETURN_IF_ERROR(CheckKvCache(c, m));
   RETURN_IF_ERROR(CheckTargets(c, m));
   if (!std::isfinite(m.dampening_frac()) || m.dampening_frac() < 0) {
     return c.Error(
@@ -293,6 +310,7 @@ absl::Status CheckObserver(const Checker& c,
 absl::Status CheckRtn(const Checker& c, const recipe::RtnModifier& m) {
   RETURN_IF_ERROR(
       CheckScheme(c, m.has_scheme(), m.scheme(), /*required=*/true));
+  RETURN_IF_ERROR(CheckKvCache(c, m));
   return CheckTargets(c, m);
 }
 
@@ -512,6 +530,24 @@ absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s) {
     RETURN_IF_ERROR(quantization::ActivationObserver::Create(*in).status());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<quantization::QuantizationArgs> ToKvCacheArgs(
+    absl::string_view json) {
+  ASSIGN_OR_RETURN(util::Json j, util::ParseJson(json, "kv_cache_scheme"));
+  ASSIGN_OR_RETURN(
+      quantization::QuantizationArgs args,
+      quantization::QuantizationArgs::FromJson(j, "kv_cache_scheme"));
+  if (args.dynamic != quantization::Dynamic::kStatic) {
+    return absl::InvalidArgumentError(
+        "must be static (dynamic: false): its scales are calibrated");
+  }
+  if (args.resolved_strategy() != quantization::Strategy::kTensor) {
+    return absl::UnimplementedError(absl::StrCat(
+        "only per-tensor scales are supported yet, got ", args.ToString()));
+  }
+  RETURN_IF_ERROR(quantization::ActivationObserver::Create(args).status());
+  return args;
 }
 
 GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq) {

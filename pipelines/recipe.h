@@ -58,6 +58,10 @@ absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
 // are calibrated). Dynamic activations (W8A8, FP8_DYNAMIC, FP8_BLOCK,
 // MXFP4) are recorded, not calibrated.
 absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s);
+// A modifier's kv_cache_scheme (QuantizationArgs JSON), resolved; an error
+// for one tracecut cannot calibrate (dynamic, not per tensor).
+absl::StatusOr<quantization::QuantizationArgs> ToKvCacheArgs(
+    absl::string_view json);
 
 }  // namespace tracecut::pipelines
 

@@ -247,6 +247,19 @@ TEST(RecipeTest, CompressedTensorsSchemesByPresetOrJson) {
                       "\"strategy\": \"token\"}}' } targets: 'Linear' } }"),
               HasSubstr("output_activations (int8 sym token dynamic) are not "
                         "supported yet"));
+  EXPECT_EQ(ErrorOf("modifiers { rtn { scheme { preset: 'FP8_DYNAMIC' } "
+                    "targets: 'Linear' kv_cache_scheme: '{\"num_bits\": 8, "
+                    "\"type\": \"float\"}' } }"),
+            "OK");
+  EXPECT_THAT(ErrorOf("modifiers { rtn { scheme { bits: 4 } targets: 'Linear' "
+                      "kv_cache_scheme: '{\"num_bits\": 8, \"type\": "
+                      "\"float\"}' } }"),
+              HasSubstr("modifiers[0].rtn.kv_cache_scheme: needs a "
+                        "compressed-tensors scheme"));
+  EXPECT_THAT(ErrorOf("modifiers { gptq { scheme { preset: 'W4A16' } "
+                      "targets: 'Linear' kv_cache_scheme: '{\"num_bits\": "
+                      "8, \"type\": \"float\", \"dynamic\": true}' } }"),
+              HasSubstr("modifiers[0].gptq.kv_cache_scheme: must be static"));
   EXPECT_THAT(ErrorOf("modifiers { gptq { scheme { preset: 'W4A16' } "
                       "static_groups: true targets: 'Linear' } }"),
               HasSubstr("modifiers[0].gptq.static_groups: compressed-tensors "

@@ -187,8 +187,12 @@ class RecipeReader {
     } else if (e.key == "config_groups") {
       f.config_groups = v;
     } else if (e.key == "kv_cache_scheme") {
-      RETURN_IF_ERROR(
-          r_.NullOr(v, p, "kv cache quantization not supported yet"));
+      if (!v.IsNull()) {
+        absl::StatusOr<quantization::QuantizationArgs> args =
+            ToKvCacheArgs(util::DumpJson(recipe_yaml_internal::YamlToJson(v)));
+        if (!args.ok()) return r_.Error(v, p, args.status().message());
+        f.kv_cache_scheme = v;
+      }
     } else if (e.key == "input_observer" || e.key == "output_observer") {
       RETURN_IF_ERROR(
           r_.NullOr(v, p, "activation quantization not supported yet"));
@@ -450,6 +454,12 @@ class RecipeReader {
     ASSIGN_OR_RETURN(std::vector<Group> groups, ResolveGroups(r_, f, path));
     for (Group& g : groups) {
       recipe::Modifier* out = out_.add_modifiers();
+      // The KV cache is calibrated once, by the first group's modifier.
+      const std::string kv =
+          !f.kv_cache_scheme.IsNull() && &g == &groups[0]
+              ? util::DumpJson(
+                    recipe_yaml_internal::YamlToJson(f.kv_cache_scheme))
+              : "";
       if (!gptq) {
         // Round-to-nearest ignores column order, so a weights actorder
         // changes nothing here.
@@ -457,6 +467,7 @@ class RecipeReader {
         *rtn->mutable_scheme() = g.scheme;
         for (const std::string& t : g.targets) rtn->add_targets(t);
         for (const std::string& t : f.ignore) rtn->add_ignore(t);
+        if (!kv.empty()) rtn->set_kv_cache_scheme(kv);
         continue;
       }
       // GPTQModifier.resolve_quantization_config's resolve_actorder.
@@ -481,6 +492,7 @@ class RecipeReader {
       for (const std::string& t : f.ignore) q->add_ignore(t);
       q->set_dampening_frac(dampening_frac);
       q->set_block_size(block_size);
+      if (!kv.empty()) q->set_kv_cache_scheme(kv);
       if (IsTypedScheme(g.scheme)) {
         // Groups are always static; unset keeps llm-compressor's default
         // ("static", or the scheme's own actorder).
@@ -573,6 +585,15 @@ void EmitQuantFields(YAML::Emitter& out, const M& m) {
   EmitList(out, m.targets());
   out << YAML::Key << "ignore" << YAML::Value;
   EmitList(out, m.ignore());
+  if (m.has_kv_cache_scheme()) {
+    // Validated (ValidateRecipe), so it parses.
+    absl::StatusOr<util::Json> kv =
+        util::ParseJson(m.kv_cache_scheme(), "kv_cache_scheme");
+    if (kv.ok()) {
+      out << YAML::Key << "kv_cache_scheme" << YAML::Value;
+      EmitJson(out, *kv);
+    }
+  }
   if (preset.has_value()) {
     out << YAML::Key << "scheme" << YAML::Value << *preset;
     return;

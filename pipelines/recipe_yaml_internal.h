@@ -151,6 +151,7 @@ struct MixinFields {
   std::vector<std::string> ignore;
   YAML::Node scheme;
   YAML::Node config_groups;
+  YAML::Node kv_cache_scheme;
   YAML::Mark at;  // The modifier, for errors about it as a whole.
 };
 
@@ -172,6 +173,10 @@ absl::StatusOr<std::optional<bool>> ParseActOrderValue(const Reader& r,
 
 // scheme or config_groups, as QuantizationMixin.resolve_quantization_config
 // resolves them: one group per preset or config group, in order.
+// A YAML value as JSON: scalars typed as YAML 1.1 readers type them (null,
+// booleans, integers, floats, else strings).
+util::Json YamlToJson(const YAML::Node& n);
+
 absl::StatusOr<std::vector<Group>> ResolveGroups(const Reader& r,
                                                  const MixinFields& f,
                                                  const std::string& path);

@@ -90,35 +90,6 @@ SupportedPresets() {
   return *presets;
 }
 
-// A YAML value as JSON: scalars typed as YAML 1.1 readers type them (null,
-// booleans, integers, floats, else strings).
-util::Json YamlToJson(const YAML::Node& n) {
-  if (!n.IsDefined() || n.IsNull()) return nullptr;
-  if (n.IsSequence()) {
-    util::Json a = util::Json::array();
-    for (const YAML::Node& e : n) a.push_back(YamlToJson(e));
-    return a;
-  }
-  if (n.IsMap()) {
-    util::Json o = util::Json::object();
-    for (const auto& e : n) o[e.first.Scalar()] = YamlToJson(e.second);
-    return o;
-  }
-  const std::string& v = n.Scalar();
-  if (n.Tag() == "!") return v;  // Quoted: a string whatever it reads as.
-  const std::string lower = absl::AsciiStrToLower(v);
-  if (lower == "null" || lower == "~") return nullptr;
-  if (lower == "true") return true;
-  if (lower == "false") return false;
-  int64_t i;
-  if (absl::SimpleAtoi(v, &i)) return i;
-  double d;
-  if (v.find_first_of(".eE") != std::string::npos && absl::SimpleAtod(v, &d)) {
-    return d;
-  }
-  return v;
-}
-
 // A config group tracecut's integer fields cannot express, as a
 // compressed-tensors scheme (recipe `json`); nullopt for one they can,
 // which ParseConfigGroup reads field by field.
@@ -357,6 +328,35 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
 }
 
 }  // namespace
+
+// A YAML value as JSON: scalars typed as YAML 1.1 readers type them (null,
+// booleans, integers, floats, else strings).
+util::Json YamlToJson(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return nullptr;
+  if (n.IsSequence()) {
+    util::Json a = util::Json::array();
+    for (const YAML::Node& e : n) a.push_back(YamlToJson(e));
+    return a;
+  }
+  if (n.IsMap()) {
+    util::Json o = util::Json::object();
+    for (const auto& e : n) o[e.first.Scalar()] = YamlToJson(e.second);
+    return o;
+  }
+  const std::string& v = n.Scalar();
+  if (n.Tag() == "!") return v;  // Quoted: a string whatever it reads as.
+  const std::string lower = absl::AsciiStrToLower(v);
+  if (lower == "null" || lower == "~") return nullptr;
+  if (lower == "true") return true;
+  if (lower == "false") return false;
+  int64_t i;
+  if (absl::SimpleAtoi(v, &i)) return i;
+  double d;
+  if (v.find_first_of(".eE") != std::string::npos && absl::SimpleAtod(v, &d)) {
+    return d;
+  }
+  return v;
+}
 
 std::optional<std::string> PresetOf(const recipe::QuantizationScheme& scheme) {
   if (scheme.has_preset()) return scheme.preset();

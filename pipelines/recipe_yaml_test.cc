@@ -135,6 +135,28 @@ TEST(RecipeYamlTest, SchemeForms) {
   EXPECT_TRUE(tensor.per_tensor());
 }
 
+TEST(RecipeYamlTest, KvCacheSchemeIsReadAndWrittenBack) {
+  ASSERT_OK_AND_ASSIGN(
+      recipe::Recipe r,
+      ParseRecipeYaml(
+          "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+          "      scheme: {FP8_DYNAMIC: [re:.*mlp.*], W8A16: [re:.*attn.*]}\n"
+          "      kv_cache_scheme: {num_bits: 8, type: float, strategy: "
+          "tensor, dynamic: false, symmetric: true}\n"));
+  ASSERT_EQ(r.modifiers_size(), 2);
+  // Calibrated once: by the first group's modifier.
+  ASSERT_TRUE(r.modifiers(0).rtn().has_kv_cache_scheme());
+  EXPECT_FALSE(r.modifiers(1).rtn().has_kv_cache_scheme());
+  ASSERT_OK_AND_ASSIGN(quantization::QuantizationArgs kv,
+                       ToKvCacheArgs(r.modifiers(0).rtn().kv_cache_scheme()));
+  EXPECT_EQ(kv.ToString(), "float8 sym tensor");
+  ASSERT_OK_AND_ASSIGN(std::string yaml, RecipeToYaml(r));
+  EXPECT_THAT(yaml, HasSubstr("kv_cache_scheme:"));
+  ASSERT_OK_AND_ASSIGN(recipe::Recipe back, ParseRecipeYaml(yaml));
+  EXPECT_EQ(back.modifiers(0).rtn().kv_cache_scheme(),
+            r.modifiers(0).rtn().kv_cache_scheme());
+}
+
 TEST(RecipeYamlTest, FloatAndActivationSchemesAreCompressedTensors) {
   // Presets tracecut's integer fields cannot express keep their name.
   ASSERT_OK_AND_ASSIGN(recipe::Recipe r,
@@ -385,9 +407,17 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
                            "targets: [Linear]\n          weights: "
                            "{num_bits: 8, strategy: block}\n")),
               HasSubstr("strategy block not supported yet"));
+  // KV-cache schemes: static and per tensor; on a preset scheme.
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
-                           "{num_bits: 8}\n")),
-              HasSubstr("kv cache quantization not supported yet"));
+                           "{num_bits: 8, type: float, dynamic: true}\n")),
+              HasSubstr("GPTQModifier.kv_cache_scheme: must be static"));
+  EXPECT_THAT(
+      ErrorOf(Gptq("      scheme: FP8_DYNAMIC\n      kv_cache_scheme: "
+                   "{num_bits: 8, type: float, strategy: attn_head}\n")),
+      HasSubstr("only per-tensor scales are supported yet"));
+  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
+                           "{num_bits: 8, type: float}\n")),
+              HasSubstr("kv_cache_scheme: needs a compressed-tensors scheme"));
   EXPECT_THAT(
       ErrorOf(Gptq("      scheme: W4A16\n      weight_observer: mse\n")),
       HasSubstr("observer mse not supported yet"));

@@ -136,6 +136,10 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
       }
     }
     if (!r.input.observer.empty()) m["input"] = RangeJson(r.input);
+    if (!r.kv_cache_scheme.empty()) {
+      m["k_cache"] = RangeJson(r.k_cache);
+      m["v_cache"] = RangeJson(r.v_cache);
+    }
     if (!r.output.observer.empty()) m["output"] = RangeJson(r.output);
     m["notes"] = StringArray(r.notes);
     modules.push_back(std::move(m));

@@ -98,6 +98,45 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
   } else {
     RETURN_IF_ERROR(options_.scheme.Validate());
   }
+  kv_pending_.clear();
+  kv_done_.clear();
+  if (options_.kv_cache.has_value()) {
+    if (!options_.typed.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(),
+                       ": kv_cache_scheme needs a compressed-tensors scheme "
+                       "(preset or json) for the weights"));
+    }
+    RETURN_IF_ERROR(util::Annotate(
+        quantization::ActivationObserver::Create(*options_.kv_cache).status(),
+        absl::StrCat(name(), ": kv_cache_scheme")));
+    if (options_.kv_cache->resolved_strategy() !=
+        quantization::Strategy::kTensor) {
+      return absl::UnimplementedError(absl::StrCat(
+          name(),
+          ": kv_cache_scheme: only per-tensor scales are supported "
+          "yet, got ",
+          options_.kv_cache->ToString()));
+    }
+    if (Distributed()) {
+      return absl::UnimplementedError(
+          absl::StrCat(name(),
+                       ": kv_cache_scheme in a data-parallel run is not "
+                       "supported yet; run it in one process"));
+    }
+    bool attention = false;
+    for (const ir::Node* node : ctx.model().graph().nodes()) {
+      attention = attention || WantsFunction(*node);
+    }
+    if (!attention) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(),
+                       ": kv_cache_scheme: the model calls no "
+                       "scaled_dot_product_attention (export it with "
+                       "attn_implementation sdpa), so there is no KV cache to "
+                       "calibrate"));
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<const LeafModule*> leaves,
                    options_.modules.Select(ctx, name()));
   selected_.clear();
@@ -205,6 +244,80 @@ absl::Status WeightQuantModifier::OnModuleCall(RunContext& ctx,
         name(), ": the input of ", path, " (Linear) is not a tensor"));
   }
   return AddInput(ctx, path, call.inputs[0].toTensor(), call);
+}
+
+bool WeightQuantModifier::WantsFunction(const ir::Node& node) const {
+  return options_.kv_cache.has_value() &&
+         node.op() == ir::OpKind::kCallFunction &&
+         node.target() == "aten::scaled_dot_product_attention";
+}
+
+absl::Status WeightQuantModifier::OnFunctionCall(RunContext& ctx,
+                                                 const FunctionCall& call) {
+  const std::string path(call.module_path);
+  if (kv_done_.contains(path)) return absl::OkStatus();
+  const std::string where =
+      absl::StrCat(name(), ": the keys and values of ", path,
+                   " in calibration batch ", call.batch);
+  if (call.inputs.size() < 3 || !call.inputs[1].isTensor() ||
+      !call.inputs[2].isTensor()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": scaled_dot_product_attention without tensor "
+                     "keys and values"));
+  }
+  KvPending& p = kv_pending_[path];
+  if (!p.k.has_value()) {
+    p.type = call.node->scope().type();
+    ASSIGN_OR_RETURN(
+        quantization::ActivationObserver k,
+        quantization::ActivationObserver::Create(*options_.kv_cache));
+    p.k.emplace(k);
+    p.v.emplace(std::move(k));
+  }
+  for (int i : {1, 2}) {
+    ASSIGN_OR_RETURN(at::Tensor x, runtime::TorchCall(where, [&] {
+                       const at::Tensor& t = call.inputs[i].toTensor();
+                       return typed_dtype_.has_value() ? t.to(*typed_dtype_)
+                                                       : t;
+                     }));
+    RETURN_IF_ERROR(util::Annotate((i == 1 ? p.k : p.v)->Observe(x), where));
+  }
+  ++p.batches;
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::RecordKvCache(RunContext& ctx) {
+  for (auto& [path, p] : kv_pending_) {
+    ModuleRecord& r = ctx.results().Module(path);
+    if (r.type.empty()) r.type = p.type;
+    r.kv_cache_scheme = util::DumpJson(options_.kv_cache->ToJson());
+    for (auto [observer, range] :
+         {std::pair(&*p.k, &r.k_cache), std::pair(&*p.v, &r.v_cache)}) {
+      if (!observer->has_statistics()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            name(), ": no calibration token reached the attention of ", path,
+            "; its KV-cache scales cannot be calibrated"));
+      }
+      ASSIGN_OR_RETURN(quantization::QParams q,
+                       observer->Finish(typed_dtype_.value_or(at::kFloat)));
+      const quantization::MinMax& stats = observer->statistics();
+      ASSIGN_OR_RETURN(range->min, runtime::TorchCall("", [&] {
+                         return stats.min_vals.min().item<double>();
+                       }));
+      ASSIGN_OR_RETURN(range->max, runtime::TorchCall("", [&] {
+                         return stats.max_vals.max().item<double>();
+                       }));
+      range->observer = options_.kv_cache->observer.value_or("minmax");
+      range->scheme = options_.kv_cache->ToString();
+      range->batches = p.batches;
+      range->scale = q.scale;
+      range->zero_point = q.zero_point;
+    }
+    kv_done_.insert(path);
+  }
+  kv_pending_.clear();
+  return absl::OkStatus();
 }
 
 absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
@@ -450,6 +563,7 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
+  RETURN_IF_ERROR(RecordKvCache(ctx));
   // Experts the router sent no token to: round-to-nearest, now, while
   // their weights are loaded.
   std::set<std::string> leaves(subgraph.leaf_modules.begin(),
@@ -482,6 +596,7 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
   for (const auto& [path, linear] : experts_.linears()) {
     if (done_.count(path) == 0) RETURN_IF_ERROR(Compress(ctx, path, nullptr));
   }
+  RETURN_IF_ERROR(RecordKvCache(ctx));
   return experts_.Commit(ctx);
 }
 

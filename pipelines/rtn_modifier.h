@@ -46,6 +46,14 @@
 // run stops, naming it. Data-parallel: the ranks' statistics are reduced
 // as llm-compressor reduces them (min / max; minmax: the mean over the
 // ranks that saw tokens).
+//
+// Note [KV cache]: with a kv_cache_scheme, the keys and values entering
+// each scaled_dot_product_attention call (after the rotary embedding, as a
+// KV cache stores them; repeating GQA heads changes no per-tensor range)
+// are observed like static inputs, by the attention module the call
+// belongs to, and its k_scale / v_scale recorded at the subgraph's end
+// (llm-compressor's QuantizedKVCache hooks; vLLM reads the scales from the
+// attention module). Per tensor only; not in data-parallel runs yet.
 
 #include <ATen/core/Tensor.h>
 
@@ -80,6 +88,9 @@ struct WeightQuantOptions {
   // dtype); dynamic activation args are recorded for the output, static
   // input ones calibrated (Note [Static input activations]).
   std::optional<quantization::QuantizationScheme> typed;
+  // compressed-tensors' kv_cache_scheme (static, per tensor): the keys and
+  // values entering each attention are calibrated (Note [KV cache]).
+  std::optional<quantization::QuantizationArgs> kv_cache;
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
   bool measure_error = true;
@@ -130,6 +141,9 @@ class WeightQuantModifier : public Modifier {
                    absl::string_view type) const override;
   absl::Status OnRunStart(RunContext& ctx) override;
   absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) override;
+  bool WantsFunction(const ir::Node& node) const override;
+  absl::Status OnFunctionCall(RunContext& ctx,
+                              const FunctionCall& call) override;
   absl::Status OnSubgraphEnd(RunContext& ctx,
                              const SubgraphInfo& subgraph) override;
   absl::Status OnRunEnd(RunContext& ctx) override;
@@ -184,6 +198,8 @@ class WeightQuantModifier : public Modifier {
                             int64_t batch, Pending& pending);
   absl::Status RecordInput(RunContext& ctx, const std::string& path,
                            Pending* pending, ModuleRecord& r);
+  // Note [KV cache]: records the k/v scales of the attentions observed.
+  absl::Status RecordKvCache(RunContext& ctx);
   // The input ranges of `pending_`, merged by module name (last path
   // component), for the modules no token reached.
   void CollectSiblingInputs();
@@ -232,6 +248,15 @@ class WeightQuantModifier : public Modifier {
   std::optional<quantization::QuantizationArgs> static_input_;
   std::map<std::string, quantization::MinMax> sibling_inputs_;
   std::map<std::string, Pending> pending_;  // Called, not yet compressed.
+  // Note [KV cache]: by attention module path.
+  struct KvPending {
+    std::string type;
+    std::optional<quantization::ActivationObserver> k;
+    std::optional<quantization::ActivationObserver> v;
+    int64_t batches = 0;
+  };
+  std::map<std::string, KvPending> kv_pending_;
+  std::set<std::string> kv_done_;
   std::set<std::string> done_;
 };
 

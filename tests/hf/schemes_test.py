@@ -22,6 +22,7 @@ compressed-tensors checkpoints. Then:
 * `--scheme=PRESET` writes the same recipe's output;
 * NVFP4A16 MLPs with FP8_DYNAMIC attention (mixed-precision) as
   llm-compressor's two-preset scheme;
+* an FP8 KV cache (kv_cache_scheme) beside FP8_DYNAMIC weights;
 * NVFP4A16 and NVFP4 (static input global scales) with weights streamed
   (`tracecut export --meta`), and on 2 data-parallel ranks, write the same
   bytes as one process from the whole model.
@@ -81,7 +82,8 @@ def save_tokenizer(ckpt, vocab_size):
   tok.save_pretrained(ckpt)
 
 
-def llmcompressor_output(ckpt, preset, method, ignore, ids, out):
+def llmcompressor_output(ckpt, preset, method, ignore, ids, out,
+                         kv_cache=None):
   """oneshot with QuantizationModifier (rtn) or GPTQModifier (gptq)."""
   from datasets import Dataset
   from llmcompressor import oneshot
@@ -96,7 +98,8 @@ def llmcompressor_output(ckpt, preset, method, ignore, ids, out):
                           "attention_mask": torch.ones_like(ids).tolist()})
   model = oneshot(
       model=model, dataset=ds,
-      recipe=modifier(targets="Linear", scheme=preset, ignore=ignore),
+      recipe=modifier(targets="Linear", scheme=preset, ignore=ignore,
+                      kv_cache_scheme=kv_cache),
       max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
       shuffle_calibration_samples=False, pipeline="sequential")
   model.save_pretrained(out, save_compressed=True)
@@ -310,6 +313,8 @@ def check(tracecut, name, model, ignore, presets, d):
   gptq = [p for p in GPTQ_PRESETS if p in presets]
   if name == "llama" and {"NVFP4A16", "FP8_DYNAMIC"} <= set(presets):
     check_mixed(tracecut, ckpt, data, calib, d)
+  if name == "llama" and "FP8_DYNAMIC" in presets:
+    check_kv_cache(tracecut, ckpt, data, calib, ids, want, d)
   loads = set(presets)
   if name == "mixtral":
     # transformers 5.17 converts a fused MoE's per-expert compressed
@@ -383,6 +388,46 @@ def check(tracecut, name, model, ignore, presets, d):
             f"{len(peer_missing)} tensors ({peer_missing[0]}, ...)")
       continue
     assert err <= 1.1 * peer_err + 1e-6, (label, err, peer_err)
+
+
+# compressed-tensors' FP8 KV cache (llm-compressor's kv_cache example).
+KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor",
+            "dynamic": False, "symmetric": True}
+
+
+def check_kv_cache(tracecut, ckpt, data, calib, ids, want, d):
+  """FP8_DYNAMIC weights with an FP8 KV cache against llm-compressor's
+  kv_cache_scheme: without error propagation every stored tensor, k_scale
+  and v_scale included, is bit-identical and the config equal (its
+  kv_cache_scheme too); with it, the output loads and the logit error is
+  within 10 % of llm-compressor's."""
+  recipe = os.path.join(d, "kv.textproto")
+  with open(recipe, "w") as f:
+    f.write(f'modifiers {{ rtn {{ scheme {{ preset: "FP8_DYNAMIC" }} '
+            f'targets: "Linear" ignore: "lm_head" '
+            f"kv_cache_scheme: '{json.dumps(KV_CACHE)}' }} }}\n")
+  ours, theirs = os.path.join(d, "tracecut-kv"), os.path.join(
+      d, "llmcompressor-kv")
+  run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+       "--propagate-error=false", "-o", ours + "-unpropagated"])
+  run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+       "-o", ours])
+  llmcompressor_output(ckpt, "FP8_DYNAMIC", "rtn", ["lm_head"], calib,
+                       theirs, kv_cache=KV_CACHE)
+  compare_tensors(ours + "-unpropagated", theirs, "kv cache unpropagated")
+  scales = [k for k in stored(ours) if k.endswith((".k_scale", ".v_scale"))]
+  assert len(scales) == 4, scales
+  loaded, got, missing = logits(ours, ids)
+  assert not missing, missing[:5]
+  compare_config(ours, theirs, loaded, "kv cache")
+  _, peer, _ = logits(theirs, ids)
+  err, peer_err = relative_error(got, want), relative_error(peer, want)
+  print(f"FP8_DYNAMIC + FP8 KV cache: k/v scales bit-identical "
+        f"(unpropagated); relative logit error tracecut {err:.4g}, "
+        f"llm-compressor {peer_err:.4g}", flush=True)
+  assert torch.isfinite(got).all() and err <= 1.1 * peer_err + 1e-6
+  check_same_output(tracecut, ckpt, recipe, data, ours, "kv cache",
+                    "streamed", [])
 
 
 def check_unrouted_experts(tracecut, ckpt, ignore_text, d):
