@@ -542,11 +542,8 @@ absl::StatusOr<quantization::QuantizationArgs> ToKvCacheArgs(
     return absl::InvalidArgumentError(
         "must be static (dynamic: false): its scales are calibrated");
   }
-  if (args.resolved_strategy() != quantization::Strategy::kTensor) {
-    return absl::UnimplementedError(absl::StrCat(
-        "only per-tensor scales are supported yet, got ", args.ToString()));
-  }
-  RETURN_IF_ERROR(quantization::ActivationObserver::Create(args).status());
+  RETURN_IF_ERROR(
+      quantization::ActivationObserver::CreateForAttention(args).status());
   return args;
 }
 

@@ -59,7 +59,8 @@ absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
 // MXFP4) are recorded, not calibrated.
 absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s);
 // A modifier's kv_cache_scheme (QuantizationArgs JSON), resolved; an error
-// for one tracecut cannot calibrate (dynamic, not per tensor).
+// for one tracecut cannot calibrate (dynamic; neither per tensor nor per
+// head).
 absl::StatusOr<quantization::QuantizationArgs> ToKvCacheArgs(
     absl::string_view json);
 

@@ -413,8 +413,12 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
               HasSubstr("GPTQModifier.kv_cache_scheme: must be static"));
   EXPECT_THAT(
       ErrorOf(Gptq("      scheme: FP8_DYNAMIC\n      kv_cache_scheme: "
-                   "{num_bits: 8, type: float, strategy: attn_head}\n")),
-      HasSubstr("only per-tensor scales are supported yet"));
+                   "{num_bits: 8, type: float, strategy: channel}\n")),
+      HasSubstr("float8 sym channel is not calibrated (a KV cache is static, "
+                "per tensor or per head, attn_head)"));
+  EXPECT_EQ(ErrorOf(Gptq("      scheme: FP8_DYNAMIC\n      kv_cache_scheme: "
+                         "{num_bits: 8, type: float, strategy: attn_head}\n")),
+            "OK");
   EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
                            "{num_bits: 8, type: float}\n")),
               HasSubstr("kv_cache_scheme: needs a compressed-tensors scheme"));

@@ -108,16 +108,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
                        "(preset or json) for the weights"));
     }
     RETURN_IF_ERROR(util::Annotate(
-        quantization::ActivationObserver::Create(*options_.kv_cache).status(),
+        quantization::ActivationObserver::CreateForAttention(*options_.kv_cache)
+            .status(),
         absl::StrCat(name(), ": kv_cache_scheme")));
-    if (options_.kv_cache->resolved_strategy() !=
-        quantization::Strategy::kTensor) {
-      return absl::UnimplementedError(absl::StrCat(
-          name(),
-          ": kv_cache_scheme: only per-tensor scales are supported "
-          "yet, got ",
-          options_.kv_cache->ToString()));
-    }
+    kv_heads_ =
+        ConfigInt(ctx.model(), "num_key_value_heads")
+            .value_or(
+                ConfigInt(ctx.model(), "num_attention_heads").value_or(0));
     if (Distributed()) {
       return absl::UnimplementedError(
           absl::StrCat(name(),
@@ -269,15 +266,29 @@ absl::Status WeightQuantModifier::OnFunctionCall(RunContext& ctx,
   KvPending& p = kv_pending_[path];
   if (!p.k.has_value()) {
     p.type = call.node->scope().type();
-    ASSIGN_OR_RETURN(
-        quantization::ActivationObserver k,
-        quantization::ActivationObserver::Create(*options_.kv_cache));
+    ASSIGN_OR_RETURN(quantization::ActivationObserver k,
+                     quantization::ActivationObserver::CreateForAttention(
+                         *options_.kv_cache));
     p.k.emplace(k);
     p.v.emplace(std::move(k));
   }
+  const bool per_head = options_.kv_cache->resolved_strategy() ==
+                        quantization::Strategy::kAttnHead;
   for (int i : {1, 2}) {
+    at::Tensor t = call.inputs[i].toTensor();
+    if (per_head && t.dim() == 4 && t.size(1) != kv_heads_) {
+      // GQA: the attention's heads repeat each KV head (transformers'
+      // repeat_kv, KV-head-major); the cache holds each once.
+      if (kv_heads_ <= 0 || t.size(1) % kv_heads_ != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", t.size(1),
+                         " attention heads are no multiple of "
+                         "the ",
+                         kv_heads_, " key/value heads of config.json"));
+      }
+      t = t.slice(1, 0, t.size(1), t.size(1) / kv_heads_);
+    }
     ASSIGN_OR_RETURN(at::Tensor x, runtime::TorchCall(where, [&] {
-                       const at::Tensor& t = call.inputs[i].toTensor();
                        return typed_dtype_.has_value() ? t.to(*typed_dtype_)
                                                        : t;
                      }));
@@ -621,6 +632,17 @@ absl::Status WeightQuantModifier::RestoreState(const c10::IValue& state) {
   }
   pending_.clear();
   return absl::OkStatus();
+}
+
+std::optional<int64_t> ConfigInt(const runtime::GraphModule& model,
+                                 const std::string& key) {
+  auto it = model.extra_files().find("config.json");
+  if (it == model.extra_files().end()) return std::nullopt;
+  absl::StatusOr<util::Json> config = util::ParseJson(it->second);
+  if (!config.ok()) return std::nullopt;
+  const util::Json* v = util::FindMember(*config, key);
+  if (v == nullptr || !v->is_number_integer()) return std::nullopt;
+  return v->get<int64_t>();
 }
 
 std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model) {

@@ -53,7 +53,8 @@
 // are observed like static inputs, by the attention module the call
 // belongs to, and its k_scale / v_scale recorded at the subgraph's end
 // (llm-compressor's QuantizedKVCache hooks; vLLM reads the scales from the
-// attention module). Per tensor only; not in data-parallel runs yet.
+// attention module). Per tensor, or per KV head (attn_head: the repeated
+// GQA heads of the call taken once each); not in data-parallel runs yet.
 
 #include <ATen/core/Tensor.h>
 
@@ -122,6 +123,11 @@ struct WeightQuantOutcome {
   at::Tensor baseline_weight;
   std::string warning;
 };
+
+// An integer of the model's config.json ("num_key_value_heads"); none
+// without one.
+std::optional<int64_t> ConfigInt(const runtime::GraphModule& model,
+                                 const std::string& key);
 
 // The dtype a model's config.json names ("dtype" or "torch_dtype":
 // bfloat16, float16, float32); none without one.
@@ -256,6 +262,7 @@ class WeightQuantModifier : public Modifier {
     int64_t batches = 0;
   };
   std::map<std::string, KvPending> kv_pending_;
+  int64_t kv_heads_ = 0;  // config.json's, for per-head KV caches.
   std::set<std::string> kv_done_;
   std::set<std::string> done_;
 };

@@ -89,8 +89,11 @@ c10::IValue PackRecord(const ModuleRecord& r,
                                      TensorOrNone(r.input.global_scale)});
 }
 
+// `with_input`: the modifier calibrated the module's input (Note [Static
+// input activations]); otherwise r.input is another modifier's (an
+// observer's running range) and is left alone.
 absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
-                          std::vector<std::string>& warnings) {
+                          std::vector<std::string>& warnings, bool with_input) {
   return runtime::TorchCall("a broadcast module record", [&] {
     const auto& e = v.toTupleRef().elements();
     TORCH_CHECK(e.size() == 24, "expected 24 fields, got ", e.size());
@@ -110,6 +113,7 @@ absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
     warnings = Strings(e[13]);
     r.weight_quantization = e[14].toStringRef();
     r.weight_global_scale = TensorOf(e[15]);
+    if (!with_input) return;
     r.input.observer = e[16].toStringRef();
     r.input.scheme = e[17].toStringRef();
     r.input.min = e[18].toDouble();
@@ -237,7 +241,8 @@ absl::Status WeightQuantModifier::CompressDistributed(
         bytes, owner[i], absl::StrCat("the quantized weight of ", path)));
     if (mine) continue;
     std::vector<std::string> w_notes;
-    RETURN_IF_ERROR(UnpackRecord(packed, r, w_notes));
+    RETURN_IF_ERROR(
+        UnpackRecord(packed, r, w_notes, static_input_.has_value()));
     for (std::string& note : w_notes) ctx.Warn(std::move(note));
     RETURN_IF_ERROR(ctx.UpdateTensor(weight_path, buffer));
     done_.insert(path);

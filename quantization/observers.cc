@@ -122,6 +122,26 @@ absl::StatusOr<at::Tensor> FlattenWeight(const at::Tensor& weight,
   }
 }
 
+absl::StatusOr<at::Tensor> FlattenAttention(const at::Tensor& value,
+                                            const QuantizationArgs& args) {
+  if (value.dim() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention states: expected [batch, heads, seq, head_dim], got ",
+        Shape(value)));
+  }
+  const at::Tensor by_token = value.transpose(1, 2).flatten(0, 1);
+  switch (args.resolved_strategy()) {
+    case Strategy::kTensor:  // (batch * seq, 1, heads * head_dim)
+      return by_token.flatten(-2, -1).unsqueeze(-2);
+    case Strategy::kAttnHead:  // (batch * seq, heads, 1, 1, head_dim)
+      return by_token.unsqueeze(-2).unsqueeze(-2);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention states: strategy ", StrategyName(args.resolved_strategy()),
+          " cannot be applied to attention"));
+  }
+}
+
 absl::StatusOr<at::Tensor> FlattenActivation(const at::Tensor& value,
                                              const QuantizationArgs& args) {
   const Strategy s = args.resolved_strategy();
@@ -277,21 +297,41 @@ absl::StatusOr<ActivationObserver> ActivationObserver::Create(
         " is not calibrated (static activations are per tensor, or "
         "tensor_group with dynamic \"local\")"));
   }
+  return Make(args, /*attention=*/false);
+}
+
+absl::StatusOr<ActivationObserver> ActivationObserver::CreateForAttention(
+    const QuantizationArgs& args) {
+  const Strategy s = args.resolved_strategy();
+  if (args.dynamic != Dynamic::kStatic ||
+      !(s == Strategy::kTensor || s == Strategy::kAttnHead)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(args.ToString(),
+                     " is not calibrated (a KV cache is static, per tensor "
+                     "or per head, attn_head)"));
+  }
+  return Make(args, /*attention=*/true);
+}
+
+absl::StatusOr<ActivationObserver> ActivationObserver::Make(
+    const QuantizationArgs& args, bool attention) {
   const std::string observer = args.observer.value_or("minmax");
   if (observer != "minmax" && observer != "static_minmax") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("input_activations.observer: \"", observer,
-                     "\" is not an activation observer (minmax, "
-                     "static_minmax)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        attention ? "" : "input_activations.", "observer: \"", observer,
+        "\" is not an activation observer (minmax, "
+        "static_minmax)"));
   }
   ASSIGN_OR_RETURN(double c, KwargNumber(args, "averaging_constant", 0.01));
-  return ActivationObserver(args, observer == "minmax", c);
+  return ActivationObserver(args, observer == "minmax", c, attention);
 }
 
 absl::Status ActivationObserver::Observe(const at::Tensor& value) {
   if (value.numel() == 0) return absl::OkStatus();
   RETURN_IF_ERROR(CheckFinite(value, "activation"));
-  ASSIGN_OR_RETURN(at::Tensor observed, FlattenActivation(value, args_));
+  ASSIGN_OR_RETURN(at::Tensor observed, attention_
+                                            ? FlattenAttention(value, args_)
+                                            : FlattenActivation(value, args_));
   return runtime::TorchCall("activation observer", [&] {
     MinMax now = ObservedMinMax(observed);
     if (!stats_.min_vals.defined()) {

@@ -51,6 +51,10 @@ absl::StatusOr<at::Tensor> FlattenWeight(const at::Tensor& weight,
 // ... and of an activation [..., hidden] (tensor, token, group strategies).
 absl::StatusOr<at::Tensor> FlattenActivation(const at::Tensor& value,
                                              const QuantizationArgs& args);
+// ... and of an attention's keys or values [batch, heads, seq, head_dim]
+// (tensor, attn_head strategies).
+absl::StatusOr<at::Tensor> FlattenAttention(const at::Tensor& value,
+                                            const QuantizationArgs& args);
 
 // amin / amax over dims (0, -1) of a flattened value.
 MinMax ObservedMinMax(const at::Tensor& observed);
@@ -96,6 +100,10 @@ class ActivationObserver {
   // (or tensor_group "local", where only the global scale is calibrated).
   static absl::StatusOr<ActivationObserver> Create(
       const QuantizationArgs& args);
+  // An observer of an attention's keys or values (a KV cache: static, per
+  // tensor or per head, attn_head).
+  static absl::StatusOr<ActivationObserver> CreateForAttention(
+      const QuantizationArgs& args);
 
   absl::Status Observe(const at::Tensor& value);
   bool has_statistics() const { return stats_.min_vals.defined(); }
@@ -110,13 +118,17 @@ class ActivationObserver {
 
  private:
   explicit ActivationObserver(QuantizationArgs args, bool moving_average,
-                              double averaging_constant)
+                              double averaging_constant, bool attention)
       : args_(std::move(args)),
         moving_average_(moving_average),
-        averaging_constant_(averaging_constant) {}
+        averaging_constant_(averaging_constant),
+        attention_(attention) {}
+  static absl::StatusOr<ActivationObserver> Make(const QuantizationArgs& args,
+                                                 bool attention);
 
   QuantizationArgs args_;
   bool moving_average_;
+  bool attention_;
   double averaging_constant_;
   MinMax stats_;
 };
