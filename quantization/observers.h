@@ -128,8 +128,8 @@ class ActivationObserver {
 
   QuantizationArgs args_;
   bool moving_average_;
-  bool attention_;
   double averaging_constant_;
+  bool attention_;  // Keys or values of an attention (FlattenAttention).
   MinMax stats_;
 };
 
