@@ -51,6 +51,24 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
   return out;
 }
 
+// `range` from what `observer` saw: its parameters (scale in
+// `scale_dtype`), overall min / max, observer and args; batches left alone.
+absl::Status FinishRange(const quantization::ActivationObserver& observer,
+                         c10::ScalarType scale_dtype, ActivationRange& range) {
+  ASSIGN_OR_RETURN(quantization::QParams q, observer.Finish(scale_dtype));
+  const quantization::MinMax& stats = observer.statistics();
+  RETURN_IF_ERROR(runtime::TorchCall("activation range", [&] {
+    range.min = stats.min_vals.min().item<double>();
+    range.max = stats.max_vals.max().item<double>();
+  }));
+  range.observer = observer.args().observer.value_or("minmax");
+  range.scheme = observer.args().ToString();
+  range.scale = q.scale;
+  range.zero_point = q.zero_point;
+  range.global_scale = q.global_scale;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
@@ -310,20 +328,9 @@ absl::Status WeightQuantModifier::RecordKvCache(RunContext& ctx) {
             name(), ": no calibration token reached the attention of ", path,
             "; its KV-cache scales cannot be calibrated"));
       }
-      ASSIGN_OR_RETURN(quantization::QParams q,
-                       observer->Finish(typed_dtype_.value_or(at::kFloat)));
-      const quantization::MinMax& stats = observer->statistics();
-      ASSIGN_OR_RETURN(range->min, runtime::TorchCall("", [&] {
-                         return stats.min_vals.min().item<double>();
-                       }));
-      ASSIGN_OR_RETURN(range->max, runtime::TorchCall("", [&] {
-                         return stats.max_vals.max().item<double>();
-                       }));
-      range->observer = options_.kv_cache->observer.value_or("minmax");
-      range->scheme = options_.kv_cache->ToString();
+      RETURN_IF_ERROR(
+          FinishRange(*observer, typed_dtype_.value_or(at::kFloat), *range));
       range->batches = p.batches;
-      range->scale = q.scale;
-      range->zero_point = q.zero_point;
     }
     kv_done_.insert(path);
   }
@@ -456,20 +463,7 @@ absl::Status WeightQuantModifier::RecordInput(RunContext& ctx,
                                         r.weight_scale.element_size() >= 2
                                     ? r.weight_scale.scalar_type()
                                     : typed_dtype_.value_or(at::kFloat);
-  ASSIGN_OR_RETURN(quantization::QParams q, observer.Finish(dtype));
-  const quantization::MinMax& stats = observer.statistics();
-  ASSIGN_OR_RETURN(r.input.min, runtime::TorchCall("", [&] {
-                     return stats.min_vals.min().item<double>();
-                   }));
-  ASSIGN_OR_RETURN(r.input.max, runtime::TorchCall("", [&] {
-                     return stats.max_vals.max().item<double>();
-                   }));
-  r.input.observer = args.observer.value_or("minmax");
-  r.input.scheme = args.ToString();
-  r.input.scale = q.scale;
-  r.input.zero_point = q.zero_point;
-  r.input.global_scale = q.global_scale;
-  return absl::OkStatus();
+  return FinishRange(observer, dtype, r.input);
 }
 
 absl::Status WeightQuantModifier::Compress(RunContext& ctx,
