@@ -397,15 +397,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
       if (IsTypedScheme(g.scheme())) {
         ASSIGN_OR_RETURN(o.weights.typed,
                          ToTypedScheme(g.scheme(), o.weights.modules.targets));
-        // GPTQModifier's actorder: "static" unless the scheme names one;
-        // the recipe's actorder: true is "weight", false turns it off.
         quantization::ActOrder& a = o.weights.typed->weights->actorder;
-        if (g.has_actorder() && !g.actorder()) {
-          a = quantization::ActOrder::kNone;
-        } else if (a == quantization::ActOrder::kNone) {
-          a = g.has_actorder() ? quantization::ActOrder::kWeight
-                               : quantization::ActOrder::kStatic;
-        }
+        a = ResolveActOrder(g, a);
       } else {
         o.weights.scheme = ToQuantScheme(g.scheme());
       }

@@ -516,6 +516,16 @@ absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
   return s;
 }
 
+quantization::ActOrder ResolveActOrder(const recipe::GptqModifier& gptq,
+                                       quantization::ActOrder from_scheme) {
+  if (gptq.has_actorder() && !gptq.actorder()) {
+    return quantization::ActOrder::kNone;
+  }
+  if (from_scheme != quantization::ActOrder::kNone) return from_scheme;
+  return gptq.has_actorder() ? quantization::ActOrder::kWeight
+                             : quantization::ActOrder::kStatic;
+}
+
 absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s) {
   if (s.output_activations.has_value()) {
     return absl::UnimplementedError(absl::StrCat(

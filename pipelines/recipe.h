@@ -52,6 +52,11 @@ bool IsTypedScheme(const recipe::QuantizationScheme& scheme);
 // or tracecut refuses).
 absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
     const recipe::QuantizationScheme& scheme, std::vector<std::string> targets);
+// The activation order a GPTQ modifier runs a compressed-tensors scheme
+// with, as GPTQModifier.resolve_actorder: the modifier's actorder when set
+// (true is "weight", false none), else the scheme's own, else "static".
+quantization::ActOrder ResolveActOrder(const recipe::GptqModifier& gptq,
+                                       quantization::ActOrder from_scheme);
 // An error for a resolved compressed-tensors scheme tracecut cannot run:
 // output activations (Unimplemented), static input activations no observer
 // calibrates (InvalidArgument; per tensor and NVFP4's "local" global scale

@@ -28,13 +28,14 @@ namespace {
 
 // Note [llm-compressor presets]
 // Presets come from quantization/quant_args.h (compressed-tensors'
-// PRESET_SCHEMES). Integer weight-only schemes of strategy tensor, channel
-// or group (W2A16..W8A16, W4A16_ASYM, and config groups like them) become
-// tracecut's integer scheme fields; every other scheme (FP8, FP8_DYNAMIC,
-// FP8_BLOCK, W8A8, NVFP4A16, MXFP4, config groups with float weights or
-// activations) becomes a compressed-tensors scheme (`preset` or `json`),
-// which the modifiers refuse at run start where its activations need
-// calibrated scales.
+// PRESET_SCHEMES). Every scheme a recipe.yaml names, integer ones included,
+// becomes a compressed-tensors scheme (`preset` or `json`), so that
+// `scheme: W4A16` quantizes on compressed-tensors' grid (absmax/7.5, codes
+// in [-8, 7]) as llm-compressor does, not on tracecut's legacy integer
+// fields (absmax/7). Those fields are still how a recipe.yaml is written
+// back from a textproto that uses them: the preset of the same shape.
+// A config group compressed-tensors' own validation refuses is read field
+// by field (ParseWeights) for an error that names the field.
 
 // The recipe scheme for `scheme`, or nullopt when it is not integer
 // weight-only with a strategy recipes express.
@@ -90,9 +91,9 @@ SupportedPresets() {
   return *presets;
 }
 
-// A config group tracecut's integer fields cannot express, as a
-// compressed-tensors scheme (recipe `json`); nullopt for one they can,
-// which ParseConfigGroup reads field by field.
+// A config group as a compressed-tensors scheme (recipe `json`); nullopt
+// for an integer one compressed-tensors refuses, which ParseConfigGroup
+// reads field by field to name what is wrong.
 absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
                                                       const YAML::Node& node,
                                                       const std::string& path) {
@@ -122,7 +123,6 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
     }
     return std::optional<Group>();
   }
-  if (RecipeScheme(*typed).has_value()) return std::optional<Group>();
   if (!typed->weights.has_value()) {
     return r.Error(node, path,
                    "quantizes no weights (tracecut quantizes weights and "
@@ -133,6 +133,9 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
   }
   Group g;
   g.targets = typed->targets;
+  if (typed->weights->actorder != quantization::ActOrder::kNone) {
+    g.actorder = true;  // Checked against the GPTQ modifier's own.
+  }
   util::Json scheme = typed->ToJson();
   scheme.erase("targets");
   g.scheme.set_json(util::DumpJson(scheme));
@@ -308,10 +311,7 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
   }
   Group g;
   g.targets = std::move(targets);
-  if (std::optional<recipe::QuantizationScheme> scheme =
-          RecipeScheme(*preset)) {
-    g.scheme = *scheme;
-  } else if (preset->weights.has_value()) {
+  if (preset->weights.has_value()) {
     if (absl::Status runs = CheckTypedSchemeRuns(*preset); !runs.ok()) {
       return r.Error(at, path,
                      absl::StrCat("scheme ", name, ": ", runs.message()));

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "pipelines/recipe.h"
 #include "quantization/quant_args.h"
+#include "util/json.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
@@ -34,6 +35,28 @@ std::string Gptq(const std::string& fields) {
                       fields);
 }
 
+// A scheme's weights as QuantizationArgs::ToString ("int4 sym group128"):
+// recipe.yaml schemes are compressed-tensors ones.
+std::string WeightsOf(const recipe::QuantizationScheme& s) {
+  if (!IsTypedScheme(s)) return "tracecut's integer fields";
+  absl::StatusOr<quantization::QuantizationScheme> t =
+      ToTypedScheme(s, {"Linear"});
+  if (!t.ok()) return std::string(t.status().message());
+  return t->weights->ToString();
+}
+
+// The activation order a GPTQ modifier runs with: "none", "weight" or
+// "static".
+std::string ActOrderOf(const recipe::GptqModifier& g) {
+  absl::StatusOr<quantization::QuantizationScheme> t =
+      ToTypedScheme(g.scheme(), {"Linear"});
+  if (!t.ok()) return std::string(t.status().message());
+  const quantization::ActOrder a = ResolveActOrder(g, t->weights->actorder);
+  return a == quantization::ActOrder::kNone
+             ? "none"
+             : std::string(quantization::ActOrderName(a));
+}
+
 recipe::Recipe Textproto(const std::string& text) {
   recipe::Recipe r;
   EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &r)) << text;
@@ -46,22 +69,20 @@ TEST(RecipeYamlTest, LlmCompressorsWrittenRecipeLoads) {
       LoadRecipeFile("pipelines/testdata/llmcompressor_w4a16.yaml"));
   ASSERT_EQ(r.modifiers_size(), 2);
   const recipe::GptqModifier& g = r.modifiers(0).gptq();
-  EXPECT_EQ(g.scheme().bits(), 4);
-  EXPECT_TRUE(g.scheme().symmetric());
-  EXPECT_EQ(g.scheme().group_size(), 128);
-  EXPECT_FALSE(g.scheme().per_tensor());
+  // Presets are compressed-tensors' (absmax/7.5 grids), as llm-compressor
+  // runs them.
+  EXPECT_EQ(g.scheme().preset(), "W4A16");
+  EXPECT_EQ(WeightsOf(g.scheme()), "int4 sym group128");
   EXPECT_EQ(g.targets_size(), 1);
   EXPECT_EQ(g.targets(0), "Linear");
   EXPECT_EQ(g.ignore(0), "lm_head");
   EXPECT_DOUBLE_EQ(g.dampening_frac(), 0.01);
   EXPECT_EQ(g.block_size(), 128);
-  // actorder: static is "weight": act order with groups fixed up front.
-  EXPECT_TRUE(g.actorder());
-  EXPECT_TRUE(g.static_groups());
+  // actorder: static is act order with groups fixed up front.
+  EXPECT_NE(ActOrderOf(g), "none");
   const recipe::RtnModifier& q = r.modifiers(1).rtn();
-  EXPECT_EQ(q.scheme().bits(), 4);
-  EXPECT_FALSE(q.scheme().symmetric());
-  EXPECT_EQ(q.scheme().group_size(), 128);
+  EXPECT_EQ(q.scheme().preset(), "W4A16_ASYM");
+  EXPECT_EQ(WeightsOf(q.scheme()), "int4 asym group128");
   EXPECT_EQ(q.ignore(0), "lm_head");
   // Pipeline settings are oneshot's defaults.
   EXPECT_EQ(r.pipeline(), recipe::Recipe::SEQUENTIAL);
@@ -75,10 +96,10 @@ TEST(RecipeYamlTest, GptqDocstringExampleLoads) {
       LoadRecipeFile("pipelines/testdata/llmcompressor_gptq_docstring.yaml"));
   ASSERT_EQ(r.modifiers_size(), 1);
   const recipe::GptqModifier& g = r.modifiers(0).gptq();
-  EXPECT_EQ(g.scheme().bits(), 8);
-  EXPECT_EQ(g.scheme().group_size(), 128);
+  EXPECT_TRUE(g.scheme().has_json());
+  EXPECT_EQ(WeightsOf(g.scheme()), "int8 sym group128");
   EXPECT_DOUBLE_EQ(g.dampening_frac(), 0.001);
-  EXPECT_TRUE(g.actorder());
+  EXPECT_NE(ActOrderOf(g), "none");
   EXPECT_EQ(g.targets(0), "Linear");
   // GPTQModifier's default ignore is empty.
   EXPECT_EQ(g.ignore_size(), 0);
@@ -98,8 +119,8 @@ TEST(RecipeYamlTest, SchemeForms) {
   // Preset by name with the modifier's targets (default ["Linear"]).
   ASSERT_OK_AND_ASSIGN(recipe::Recipe r,
                        ParseRecipeYaml(Gptq("      scheme: W8A16\n")));
-  EXPECT_EQ(r.modifiers(0).gptq().scheme().bits(), 8);
-  EXPECT_EQ(r.modifiers(0).gptq().scheme().group_size(), 128);
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().preset(), "W8A16");
+  EXPECT_EQ(WeightsOf(r.modifiers(0).gptq().scheme()), "int8 sym group128");
   EXPECT_EQ(r.modifiers(0).gptq().targets(0), "Linear");
 
   // {PRESET: targets}: one modifier per preset, in order.
@@ -107,9 +128,9 @@ TEST(RecipeYamlTest, SchemeForms) {
       r, ParseRecipeYaml(Gptq("      scheme:\n        W4A16: [re:.*mlp.*]\n"
                               "        W8A16: re:.*self_attn.*\n")));
   ASSERT_EQ(r.modifiers_size(), 2);
-  EXPECT_EQ(r.modifiers(0).gptq().scheme().bits(), 4);
+  EXPECT_EQ(r.modifiers(0).gptq().scheme().preset(), "W4A16");
   EXPECT_EQ(r.modifiers(0).gptq().targets(0), "re:.*mlp.*");
-  EXPECT_EQ(r.modifiers(1).gptq().scheme().bits(), 8);
+  EXPECT_EQ(r.modifiers(1).gptq().scheme().preset(), "W8A16");
   EXPECT_EQ(r.modifiers(1).gptq().targets(0), "re:.*self_attn.*");
 
   // config_groups: compressed-tensors infers the strategy from group_size.
@@ -124,15 +145,9 @@ TEST(RecipeYamlTest, SchemeForms) {
                               "          targets: [lm_head]\n"
                               "          weights: {num_bits: 8}\n")));
   ASSERT_EQ(r.modifiers_size(), 2);
-  const recipe::QuantizationScheme& channel = r.modifiers(0).gptq().scheme();
-  EXPECT_EQ(channel.bits(), 4);
-  EXPECT_FALSE(channel.symmetric());
-  EXPECT_EQ(channel.group_size(), -1);
-  EXPECT_FALSE(channel.per_tensor());
-  EXPECT_FALSE(r.modifiers(0).gptq().actorder());
-  const recipe::QuantizationScheme& tensor = r.modifiers(1).gptq().scheme();
-  EXPECT_EQ(tensor.bits(), 8);
-  EXPECT_TRUE(tensor.per_tensor());
+  EXPECT_EQ(WeightsOf(r.modifiers(0).gptq().scheme()), "int4 asym channel");
+  EXPECT_EQ(ActOrderOf(r.modifiers(0).gptq()), "none");
+  EXPECT_EQ(WeightsOf(r.modifiers(1).gptq().scheme()), "int8 sym tensor");
 }
 
 TEST(RecipeYamlTest, KvCacheSchemeIsReadAndWrittenBack) {
@@ -204,13 +219,15 @@ TEST(RecipeYamlTest, ActOrderResolvesAsGptqModifierDoes) {
         "[Linear]\n          weights: {num_bits: 4, group_size: 32",
         weights, "}\n")));
     if (!r.ok()) return std::string(r.status().message());
-    return std::string(r->modifiers(0).gptq().actorder() ? "act" : "none");
+    return ActOrderOf(r->modifiers(0).gptq());
   };
-  EXPECT_EQ(actorder("", ""), "act");  // The Sentinel("static") default.
-  EXPECT_EQ(actorder("", ", actorder: null"), "act");
-  EXPECT_EQ(actorder("", ", actorder: weight"), "act");
+  EXPECT_EQ(actorder("", ""), "static");  // The Sentinel("static") default.
+  EXPECT_EQ(actorder("", ", actorder: null"), "static");
+  EXPECT_EQ(actorder("", ", actorder: weight"), "weight");
   EXPECT_EQ(actorder("      actorder: null\n", ""), "none");
-  EXPECT_EQ(actorder("      actorder: weight\n", ", actorder: static"), "act");
+  EXPECT_EQ(actorder("      actorder: weight\n", ""), "weight");
+  EXPECT_EQ(actorder("      actorder: weight\n", ", actorder: static"),
+            "static");
   EXPECT_THAT(actorder("      actorder: null\n", ", actorder: weight"),
               HasSubstr("differs from the actorder of the scheme's weights"));
   EXPECT_THAT(actorder("      actorder: group\n", ""),
@@ -249,7 +266,7 @@ TEST(RecipeYamlTest, StagesAndGroupsKeepTheirOrder) {
   ASSERT_EQ(r.modifiers_size(), 3);
   EXPECT_EQ(r.modifiers(0).rtn().targets(0), "lm_head");
   EXPECT_TRUE(r.modifiers(1).has_gptq());
-  EXPECT_EQ(r.modifiers(2).rtn().scheme().bits(), 2);
+  EXPECT_EQ(WeightsOf(r.modifiers(2).rtn().scheme()), "int2 sym group128");
 }
 
 TEST(RecipeYamlTest, SmoothQuantModifierAsLlmCompressorWritesIt) {
@@ -338,8 +355,7 @@ TEST(RecipeYamlTest, AwqModifierAsLlmCompressorWritesIt) {
   ASSERT_EQ(r.modifiers_size(), 2);
   EXPECT_EQ(r.modifiers(0).awq().duo_scaling(), recipe::AwqModifier::ON);
   EXPECT_EQ(r.modifiers(0).awq().n_grid(), 20);
-  EXPECT_FALSE(r.modifiers(1).rtn().scheme().symmetric());
-  EXPECT_EQ(r.modifiers(1).rtn().scheme().group_size(), 128);
+  EXPECT_EQ(WeightsOf(r.modifiers(1).rtn().scheme()), "int4 asym group128");
   ASSERT_OK_AND_ASSIGN(
       recipe::Recipe mapped,
       ParseRecipeYaml(
@@ -419,9 +435,10 @@ TEST(RecipeYamlTest, UnsupportedFieldsAndModifiersAreNamed) {
   EXPECT_EQ(ErrorOf(Gptq("      scheme: FP8_DYNAMIC\n      kv_cache_scheme: "
                          "{num_bits: 8, type: float, strategy: attn_head}\n")),
             "OK");
-  EXPECT_THAT(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
-                           "{num_bits: 8, type: float}\n")),
-              HasSubstr("kv_cache_scheme: needs a compressed-tensors scheme"));
+  // Integer weights with an FP8 KV cache (a common recipe).
+  EXPECT_EQ(ErrorOf(Gptq("      scheme: W4A16\n      kv_cache_scheme: "
+                         "{num_bits: 8, type: float}\n")),
+            "OK");
   EXPECT_THAT(
       ErrorOf(Gptq("      scheme: W4A16\n      weight_observer: mse\n")),
       HasSubstr("observer mse not supported yet"));
@@ -493,11 +510,10 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
       // A preset, GPTQ with act order.
       R"pb(modifiers {
              gptq {
-               scheme { bits: 4 symmetric: true group_size: 128 }
+               scheme { preset: "W4A16" }
                targets: "Linear"
                ignore: "lm_head"
                actorder: true
-               static_groups: true
              }
            })pb",
       // SmoothQuant before GPTQ, with and without its own mappings.
@@ -514,7 +530,10 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
            }
            modifiers {
              gptq {
-               scheme { bits: 8 group_size: 128 }
+               scheme {
+                 json: '{"weights": {"num_bits": 8, "strategy": "group", '
+                       '"group_size": 128}}'
+               }
                targets: "Linear"
              }
            })pb",
@@ -532,7 +551,7 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
            }
            modifiers {
              rtn {
-               scheme { bits: 4 symmetric: false group_size: 128 }
+               scheme { preset: "W4A16_ASYM" }
                targets: "Linear"
                ignore: "lm_head"
              }
@@ -540,7 +559,10 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
       // config_groups forms, repeated modifier types, pipeline settings.
       R"pb(modifiers {
              gptq {
-               scheme { bits: 3 symmetric: false group_size: -1 }
+               scheme {
+                 json: '{"weights": {"num_bits": 3, "symmetric": false, '
+                       '"strategy": "channel"}}'
+               }
                targets: "re:.*mlp.*"
                dampening_frac: 0.05
                block_size: 64
@@ -548,20 +570,25 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
            }
            modifiers {
              gptq {
-               scheme { bits: 8 per_tensor: true }
+               scheme {
+                 json: '{"weights": {"num_bits": 8, "strategy": "tensor"}}'
+               }
                targets: "re:.*self_attn.*"
                actorder: true
              }
            }
            modifiers {
              rtn {
-               scheme { bits: 6 group_size: 32 }
+               scheme {
+                 json: '{"weights": {"num_bits": 6, "strategy": "group", '
+                       '"group_size": 32}}'
+               }
                targets: "lm_head"
              }
            }
            modifiers {
              rtn {
-               scheme { bits: 4 symmetric: false group_size: 128 }
+               scheme { preset: "W4A16_ASYM" }
                targets: "Embedding"
                ignore: "a"
                ignore: "b"
@@ -578,15 +605,25 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
     ASSERT_OK(ValidateRecipe(want));
     ASSERT_OK_AND_ASSIGN(std::string yaml, RecipeToYaml(want));
     ASSERT_OK_AND_ASSIGN(recipe::Recipe got, ParseRecipeYaml(yaml));
-    // What the proto leaves unset reads back as set to its default.
+    // What the proto leaves unset reads back as set to its default; a
+    // json scheme reads back with every field compressed-tensors fills in.
     recipe::Recipe want_explicit = want;
     for (recipe::Modifier& m : *want_explicit.mutable_modifiers()) {
+      recipe::QuantizationScheme* s = nullptr;
       if (m.has_gptq()) {
         recipe::GptqModifier* g = m.mutable_gptq();
         g->set_dampening_frac(g->dampening_frac());
         g->set_block_size(g->block_size());
-        g->set_actorder(g->actorder());
-        g->set_static_groups(g->actorder() && g->scheme().group_size() > 0);
+        s = g->mutable_scheme();
+      } else if (m.has_rtn()) {
+        s = m.mutable_rtn()->mutable_scheme();
+      }
+      if (s != nullptr && s->has_json()) {
+        ASSERT_OK_AND_ASSIGN(quantization::QuantizationScheme t,
+                             ToTypedScheme(*s, {}));
+        util::Json j = t.ToJson();
+        j.erase("targets");
+        s->set_json(util::DumpJson(j));
       }
     }
     google::protobuf::util::MessageDifferencer diff;
@@ -647,6 +684,13 @@ TEST(RecipeYamlTest, WrittenFormIsLlmCompressors) {
             "  pipeline: sequential\n"
             "  sequential_targets: [LlamaDecoderLayer]\n"
             "  propagate_error: true\n");
+  // tracecut's integer fields are written as the compressed-tensors scheme
+  // of the same shape, which is what reading the recipe back runs.
+  ASSERT_OK_AND_ASSIGN(recipe::Recipe back, ParseRecipeYaml(yaml));
+  EXPECT_EQ(back.modifiers(0).gptq().scheme().preset(), "W4A16");
+  EXPECT_EQ(ActOrderOf(back.modifiers(0).gptq()), "weight");
+  EXPECT_EQ(WeightsOf(back.modifiers(1).gptq().scheme()), "int8 sym channel");
+  EXPECT_EQ(ActOrderOf(back.modifiers(1).gptq()), "none");
 }
 
 TEST(RecipeYamlTest, RecipesWithoutAnLlmCompressorFormAreRefused) {
