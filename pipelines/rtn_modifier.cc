@@ -133,17 +133,13 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
         ConfigInt(ctx.model(), "num_key_value_heads")
             .value_or(
                 ConfigInt(ctx.model(), "num_attention_heads").value_or(0));
-    if (Distributed()) {
-      return absl::UnimplementedError(
-          absl::StrCat(name(),
-                       ": kv_cache_scheme in a data-parallel run is not "
-                       "supported yet; run it in one process"));
-    }
-    bool attention = false;
+    kv_attentions_.clear();
     for (const ir::Node* node : ctx.model().graph().nodes()) {
-      attention = attention || WantsFunction(*node);
+      if (WantsFunction(*node)) {
+        kv_attentions_.emplace(node->scope().path(), node->scope().type());
+      }
     }
-    if (!attention) {
+    if (kv_attentions_.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name(),
                        ": kv_cache_scheme: the model calls no "
@@ -558,9 +554,11 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
         paths.insert(leaf);
       }
     }
-    return CompressDistributed(
+    RETURN_IF_ERROR(CompressDistributed(
         ctx, std::vector<std::string>(paths.begin(), paths.end()),
-        subgraph.index);
+        subgraph.index));
+    RETURN_IF_ERROR(ReduceKvCache());
+    return RecordKvCache(ctx);
   }
   CollectSiblingInputs();
   // std::map: modules in path order, so results do not depend on call order.
@@ -587,7 +585,9 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
     for (const std::string& path : selected_) {
       if (done_.count(path) == 0) paths.push_back(path);
     }
-    return CompressDistributed(ctx, paths, -1);
+    RETURN_IF_ERROR(CompressDistributed(ctx, paths, -1));
+    RETURN_IF_ERROR(ReduceKvCache());
+    return RecordKvCache(ctx);
   }
   CollectSiblingInputs();
   for (auto& [path, pending] : pending_) {

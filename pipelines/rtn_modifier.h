@@ -54,7 +54,8 @@
 // belongs to, and its k_scale / v_scale recorded at the subgraph's end
 // (llm-compressor's QuantizedKVCache hooks; vLLM reads the scales from the
 // attention module). Per tensor, or per KV head (attn_head: the repeated
-// GQA heads of the call taken once each); not in data-parallel runs yet.
+// GQA heads of the call taken once each). Data-parallel runs reduce the
+// ranges over the ranks as static inputs are.
 
 #include <ATen/core/Tensor.h>
 
@@ -89,8 +90,8 @@ struct WeightQuantOptions {
   // dtype); dynamic activation args are recorded for the output, static
   // input ones calibrated (Note [Static input activations]).
   std::optional<quantization::QuantizationScheme> typed;
-  // compressed-tensors' kv_cache_scheme (static, per tensor): the keys and
-  // values entering each attention are calibrated (Note [KV cache]).
+  // compressed-tensors' kv_cache_scheme (static, per tensor or head): the keys
+  // and values entering each attention are calibrated (Note [KV cache]).
   std::optional<quantization::QuantizationArgs> kv_cache;
   // Accumulate input statistics to report each module's output error. GPTQ
   // needs them anyway; for RTN this is the only use.
@@ -216,6 +217,10 @@ class WeightQuantModifier : public Modifier {
   absl::Status ReduceInputs(const std::vector<std::string>& paths,
                             const std::vector<int64_t>& columns,
                             const at::Tensor& counts, int subgraph);
+  // Data-parallel: reduces the k/v statistics of every attention not yet
+  // recorded over the ranks, into kv_pending_ (entries created where this
+  // rank saw none); attentions no rank reached stay for a later subgraph.
+  absl::Status ReduceKvCache();
   // ModuleRecord::weight_quantization of this modifier's modules.
   std::string TypedRecord() const;
   // The group size the scheme asks for; -1 when none.
@@ -262,6 +267,9 @@ class WeightQuantModifier : public Modifier {
     int64_t batches = 0;
   };
   std::map<std::string, KvPending> kv_pending_;
+  // Every attention of the model (module path -> type): the list each rank
+  // reduces in a data-parallel run.
+  std::map<std::string, std::string> kv_attentions_;
   int64_t kv_heads_ = 0;  // config.json's, for per-head KV caches.
   std::set<std::string> kv_done_;
   std::set<std::string> done_;

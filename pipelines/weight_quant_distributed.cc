@@ -125,6 +125,50 @@ absl::Status UnpackRecord(const c10::IValue& v, ModuleRecord& r,
   });
 }
 
+// Reduces `o`'s statistics (of `shape`) over the ranks as llm-compressor's
+// _act_sync_dict does: static_minmax by min / max (what one process sees),
+// minmax (a moving average) by the mean over the `observed` ranks that have
+// statistics. A rank without any contributes the neutral value and takes
+// the result in `dtype`.
+absl::Status ReduceObserver(Collective& c, quantization::ActivationObserver& o,
+                            std::vector<int64_t> shape, int64_t observed,
+                            c10::ScalarType dtype, const std::string& what) {
+  const bool mean = o.args().observer.value_or("minmax") == "minmax";
+  const bool have = o.has_statistics();
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  at::Tensor lo, hi;
+  RETURN_IF_ERROR(runtime::TorchCall(what, [&]() -> absl::Status {
+    if (have) {
+      const quantization::MinMax& s = o.statistics();
+      if (s.min_vals.numel() != n) {
+        return absl::InternalError(absl::StrCat(
+            what, " has ", s.min_vals.numel(), " values, expected ", n));
+      }
+      dtype = s.min_vals.scalar_type();
+      lo = s.min_vals.to(at::kFloat).reshape({n}).clone();
+      hi = s.max_vals.to(at::kFloat).reshape({n}).clone();
+    } else {
+      const float inf = std::numeric_limits<float>::infinity();
+      lo = at::full({n}, mean ? 0.0F : inf, at::kFloat);
+      hi = at::full({n}, mean ? 0.0F : -inf, at::kFloat);
+    }
+    return absl::OkStatus();
+  }));
+  RETURN_IF_ERROR(
+      c.AllReduce(lo, mean ? ReduceKind::kSum : ReduceKind::kMin, what));
+  RETURN_IF_ERROR(
+      c.AllReduce(hi, mean ? ReduceKind::kSum : ReduceKind::kMax, what));
+  return runtime::TorchCall(what, [&] {
+    if (mean) {
+      lo = lo / static_cast<double>(observed);
+      hi = hi / static_cast<double>(observed);
+    }
+    o.set_statistics(
+        {lo.reshape(shape).to(dtype), hi.reshape(shape).to(dtype)});
+  });
+}
+
 }  // namespace
 
 bool WeightQuantModifier::Distributed() const {
@@ -257,9 +301,6 @@ absl::Status WeightQuantModifier::ReduceInputs(
     const at::Tensor& counts, int subgraph) {
   Collective& c = *options_.collective;
   const quantization::QuantizationArgs& args = *static_input_;
-  // llm-compressor's _act_sync_dict: static_minmax reduces by min / max
-  // (what one process sees), minmax (a moving average) by the mean.
-  const bool mean = args.observer.value_or("minmax") == "minmax";
   const auto acc = counts.accessor<int64_t, 2>();
   for (size_t i = 0; i < paths.size(); ++i) {
     if (acc[i][4] == 0) continue;  // No rank observed it.
@@ -275,41 +316,60 @@ absl::Status WeightQuantModifier::ReduceInputs(
                        quantization::ActivationObserver::Create(args));
       p.input.emplace(std::move(observer));
     }
-    const bool have = p.input->has_statistics();
-    const std::string what =
-        absl::StrCat("the input activation range of ", path);
-    at::Tensor lo, hi;
-    RETURN_IF_ERROR(runtime::TorchCall(what, [&]() -> absl::Status {
-      if (have) {
-        const quantization::MinMax& s = p.input->statistics();
-        if (s.min_vals.numel() != n) {
-          return absl::InternalError(absl::StrCat(
-              what, " has ", s.min_vals.numel(), " values, expected ", n));
-        }
-        lo = s.min_vals.to(at::kFloat).reshape({n}).clone();
-        hi = s.max_vals.to(at::kFloat).reshape({n}).clone();
-      } else {
-        const float inf = std::numeric_limits<float>::infinity();
-        lo = at::full({n}, mean ? 0.0F : inf, at::kFloat);
-        hi = at::full({n}, mean ? 0.0F : -inf, at::kFloat);
-      }
-      return absl::OkStatus();
-    }));
-    RETURN_IF_ERROR(
-        c.AllReduce(lo, mean ? ReduceKind::kSum : ReduceKind::kMin, what));
-    RETURN_IF_ERROR(
-        c.AllReduce(hi, mean ? ReduceKind::kSum : ReduceKind::kMax, what));
-    const c10::ScalarType dtype =
-        have ? p.input->statistics().min_vals.scalar_type()
-             : typed_dtype_.value_or(at::kFloat);
-    RETURN_IF_ERROR(runtime::TorchCall(what, [&] {
-      if (mean) {
-        lo = lo / static_cast<double>(acc[i][4]);
-        hi = hi / static_cast<double>(acc[i][4]);
-      }
-      p.input->set_statistics({lo.to(dtype), hi.to(dtype)});
-    }));
+    RETURN_IF_ERROR(ReduceObserver(
+        c, *p.input, {n}, acc[i][4], typed_dtype_.value_or(at::kFloat),
+        absl::StrCat("the input activation range of ", path)));
     p.input_batches = acc[i][3];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightQuantModifier::ReduceKvCache() {
+  if (!options_.kv_cache.has_value()) return absl::OkStatus();
+  Collective& c = *options_.collective;
+  std::vector<std::string> paths;
+  for (const auto& [path, type] : kv_attentions_) {
+    if (!kv_done_.contains(path)) paths.push_back(path);
+  }
+  if (paths.empty()) return absl::OkStatus();
+  // [batches, ranks that observed it] per attention.
+  at::Tensor counts =
+      at::zeros({static_cast<int64_t>(paths.size()), 2}, at::kLong);
+  auto acc = counts.accessor<int64_t, 2>();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    auto it = kv_pending_.find(paths[i]);
+    if (it == kv_pending_.end()) continue;
+    acc[i][0] = it->second.batches;
+    acc[i][1] = 1;
+  }
+  RETURN_IF_ERROR(c.AllReduce(counts, ReduceKind::kSum,
+                              absl::StrCat(name(), " KV-cache batch counts")));
+  acc = counts.accessor<int64_t, 2>();
+  // Per KV head: [heads, 1, 1], as the observer keeps them.
+  const bool per_head = options_.kv_cache->resolved_strategy() ==
+                        quantization::Strategy::kAttnHead;
+  const std::vector<int64_t> shape = per_head
+                                         ? std::vector<int64_t>{kv_heads_, 1, 1}
+                                         : std::vector<int64_t>{1};
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (acc[i][1] == 0) continue;  // In a later subgraph.
+    const std::string& path = paths[i];
+    KvPending& p = kv_pending_[path];
+    if (!p.k.has_value()) {
+      p.type = kv_attentions_.at(path);
+      ASSIGN_OR_RETURN(quantization::ActivationObserver k,
+                       quantization::ActivationObserver::CreateForAttention(
+                           *options_.kv_cache));
+      p.k.emplace(k);
+      p.v.emplace(std::move(k));
+    }
+    for (auto [observer, which] :
+         {std::pair(&*p.k, "keys"), std::pair(&*p.v, "values")}) {
+      RETURN_IF_ERROR(ReduceObserver(
+          c, *observer, shape, acc[i][1], typed_dtype_.value_or(at::kFloat),
+          absl::StrCat("the ", which, " range of ", path)));
+    }
+    p.batches = acc[i][0];
   }
   return absl::OkStatus();
 }

@@ -401,8 +401,8 @@ def check_kv_cache(tracecut, ckpt, data, calib, ids, want, d):
   against llm-compressor's kv_cache_scheme: without error propagation every
   stored tensor is bit-identical, k_scale and v_scale within 1 %, and the
   config equal (its kv_cache_scheme too); with it, the output loads and
-  the logit error is within 10 % of llm-compressor's; streamed, the same
-  bytes."""
+  the logit error is within 10 % of llm-compressor's; streamed or on two
+  data-parallel ranks, the same bytes."""
   for strategy in ("tensor", "attn_head"):
     kv = dict(KV_CACHE, strategy=strategy)
     label = f"FP8 KV cache ({strategy})"
@@ -437,6 +437,19 @@ def check_kv_cache(tracecut, ckpt, data, calib, ids, want, d):
     if strategy == "tensor":
       check_same_output(tracecut, ckpt, recipe, data, ours, label,
                         "streamed", [])
+    else:
+      # Two data-parallel ranks: static_minmax ranges reduce (min / max) to
+      # exactly what one process sees, per KV head.
+      static = os.path.join(d, "kv-static.textproto")
+      with open(static, "w") as f:
+        f.write(f'modifiers {{ rtn {{ scheme {{ preset: "FP8_DYNAMIC" }} '
+                f'targets: "Linear" ignore: "lm_head" kv_cache_scheme: '
+                f"'{json.dumps(dict(kv, observer='static_minmax'))}' }} }}\n")
+      whole = os.path.join(d, "tracecut-kv-static")
+      run([tracecut, "calibrate", ckpt, "--recipe=" + static,
+           "--data=" + data, "-o", whole])
+      check_same_output(tracecut, ckpt, static, data, whole,
+                        label + " static_minmax", "2-ranks", [])
 
 
 def check_unrouted_experts(tracecut, ckpt, ignore_text, d):
