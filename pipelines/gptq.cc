@@ -269,6 +269,12 @@ HessianAccumulator HessianAccumulator::FromSum(at::Tensor sum,
   return h;
 }
 
+HessianAccumulator HessianAccumulator::Clone() const {
+  HessianAccumulator h = *this;
+  h.hessian_ = hessian_.clone();
+  return h;
+}
+
 absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
   return runtime::TorchCall("HessianAccumulator::Add", [&]() -> absl::Status {
     if (columns_ <= 0) {

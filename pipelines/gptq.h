@@ -90,6 +90,8 @@ class HessianAccumulator {
   static HessianAccumulator FromSum(at::Tensor sum, int64_t num_samples,
                                     int64_t num_tokens);
   bool summing() const { return summing_; }
+  // A copy with its own matrix (a copy of the object shares it).
+  HessianAccumulator Clone() const;
 
   // Adds inputs [..., columns] (any floating dtype, rank >= 1). Rejects a
   // wrong last dimension, non-floating dtypes and NaN / infinite entries.

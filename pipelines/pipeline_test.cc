@@ -190,6 +190,58 @@ TEST(PipelineTest, ThreePipelinesGiveIdenticalScalesWithoutPropagation) {
   EXPECT_EQ(basic.FindModule("lm_head")->weight_method, "");
 }
 
+// Note [Shared Hessians] in rtn_modifier.h: q/k/v (and gate/up) share one
+// accumulated Hessian; each gets the GPTQ result it gets alone, bit for bit.
+TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
+  const LoadedForCalibration& llama = Fixture("llama");
+  CalibrationData data = Data(llama, 6, /*seed=*/5, /*batch_size=*/2);
+  int64_t shared_reads = 0;
+  auto run = [&](std::vector<std::string> targets,
+                 CalibrationResults& results) {
+    auto gm = std::make_unique<runtime::GraphModule>(CloneOf(llama));
+    GptqModifierOptions o;
+    o.weights.modules.targets = std::move(targets);
+    o.weights.scheme = W4G128();
+    GptqModifier gptq(o);
+    PipelineOptions options = Options(PipelineKind::kSequential, llama);
+    options.propagate_error = false;  // Each Linear's inputs: the original.
+    EXPECT_OK(RunPipeline(*gm, data, {&gptq}, results, options));
+    shared_reads = gptq.shared_hessian_reads();
+    return gm;
+  };
+  CalibrationResults all;
+  std::unique_ptr<runtime::GraphModule> shared =
+      run({"re:.*_proj$"}, all);
+  // 2 layers x 3 batches x (k, v after q; up after gate).
+  EXPECT_EQ(shared_reads, 2 * 3 * 3);
+  // The first Linear of each group makes the Hessian, the later ones join
+  // it: check one of each, each alone.
+  for (const char* name : {"q_proj", "v_proj", "gate_proj", "up_proj"}) {
+    SCOPED_TRACE(name);
+    CalibrationResults alone;
+    std::unique_ptr<runtime::GraphModule> gm =
+        run({absl::StrCat("re:.*\\.", name, "$")}, alone);
+    int compared = 0;
+    for (const auto& [path, a] : alone.modules) {
+      SCOPED_TRACE(path);
+      const ModuleRecord* b = all.FindModule(path);
+      ASSERT_NE(b, nullptr);
+      EXPECT_EQ(b->weight_method, "gptq");
+      EXPECT_TRUE(SameTensor(a.weight_scale, b->weight_scale));
+      EXPECT_EQ(a.weight_error, b->weight_error);
+      EXPECT_EQ(a.gptq_loss, b->gptq_loss);
+      ASSERT_OK_AND_ASSIGN(at::Tensor wa,
+                           gm->GetTensor(absl::StrCat(path, ".weight")));
+      ASSERT_OK_AND_ASSIGN(at::Tensor wb,
+                           shared->GetTensor(absl::StrCat(path, ".weight")));
+      EXPECT_TRUE(SameTensor(wa, wb));
+      ++compared;
+    }
+    EXPECT_EQ(compared, 2);  // One per layer.
+    EXPECT_EQ(shared_reads, 0);
+  }
+}
+
 // The values the cache must hold between subgraphs i-1 and i (all batches),
 // plus subgraph i's kept outputs: the most a sequential run may hold.
 int64_t CacheBound(const partition::Partition& p, int64_t batches) {

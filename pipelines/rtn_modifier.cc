@@ -231,6 +231,8 @@ absl::Status WeightQuantModifier::OnRunStart(RunContext& ctx) {
                           "; quantizing it changes them too"));
   }
   pending_.clear();
+  shared_inputs_.clear();
+  shared_hessian_reads_ = 0;
   return absl::OkStatus();
 }
 
@@ -341,6 +343,19 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
   Pending& p = pending_[path];
   p.subgraph = call.subgraph;
   if (NeedsHessian() || options_.measure_error) {
+    // Note [Shared Hessians].
+    SharedInput* shared = nullptr;
+    if (!Distributed() && call.path == path && call.node != nullptr &&
+        !call.node->args().empty() && call.node->args()[0].is_node()) {
+      shared = &shared_inputs_[call.node->args()[0].node()];
+      // Joined only from the batch the group started with, so that it holds
+      // exactly the inputs this Linear saw.
+      if (p.hessian == nullptr && shared->hessian != nullptr &&
+          shared->first_batch == call.batch &&
+          shared->hessian->columns() == x.size(-1)) {
+        p.hessian = shared->hessian;
+      }
+    }
     if (p.hessian == nullptr) {
       // Input features: the weight's [out, in] (Conv1D's [in, out]).
       int64_t columns;
@@ -362,8 +377,30 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
                                path, " (", columns, " x ", columns, " fp32, ",
                                util::HumanBytes(columns * columns * 4), ")"));
       }
+      if (shared != nullptr && shared->hessian == nullptr) {
+        shared->hessian = p.hessian;
+        shared->first_batch = call.batch;
+      }
     }
-    absl::Status added = p.hessian->Add(x);
+    bool add = true;
+    if (shared != nullptr && p.hessian == shared->hessian) {
+      if (shared->batch != call.batch) {
+        shared->batch = call.batch;
+        shared->readers.clear();
+      } else if (!shared->readers.contains(path)) {
+        add = false;  // A sibling added this batch's inputs.
+        ++shared_hessian_reads_;
+      } else {
+        // Called twice in one batch: its own copy from now on.
+        ASSIGN_OR_RETURN(HessianAccumulator own,
+                         runtime::TorchCall(path, [&] {
+                           return p.hessian->Clone();
+                         }));
+        p.hessian = std::make_shared<HessianAccumulator>(std::move(own));
+      }
+      shared->readers.insert(path);
+    }
+    absl::Status added = add ? p.hessian->Add(x) : absl::OkStatus();
     if (!added.ok()) {
       bool non_finite = absl::StrContains(added.message(), "NaN") ||
                         absl::StrContains(added.message(), "inf");
@@ -566,6 +603,7 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
+  shared_inputs_.clear();
   RETURN_IF_ERROR(RecordKvCache(ctx));
   // Experts the router sent no token to: round-to-nearest, now, while
   // their weights are loaded.
@@ -594,6 +632,7 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
+  shared_inputs_.clear();
   for (const std::string& path : selected_) {
     if (done_.count(path) > 0) continue;
     RETURN_IF_ERROR(Compress(ctx, path, nullptr));
@@ -625,6 +664,7 @@ absl::Status WeightQuantModifier::RestoreState(const c10::IValue& state) {
     done_.insert(v.toStringRef());
   }
   pending_.clear();
+  shared_inputs_.clear();
   return absl::OkStatus();
 }
 

@@ -31,6 +31,16 @@
 // calibration_tokens 0 and why, its output error is NaN (not measured), and
 // the run warns.
 //
+// Note [Shared Hessians]: Linears that read the output of the same node
+// (q/k/v on the attention's normed input; gate/up) get the same inputs in
+// every batch, so they share one HessianAccumulator: it is accumulated once
+// per batch (by the first of them called) instead of once per Linear, with
+// the same floating-point operations, so every H is bit-identical to the
+// unshared one. A Linear called twice on it in one batch (a module reused
+// on the same input) leaves the group with its own copy. Not for fused MoE
+// experts (one call, per-expert inputs) or data-parallel runs (the ranks'
+// sums are reduced in place, per module).
+//
 // Note [Static input activations]: a compressed-tensors scheme whose input
 // activations are static (FP8: a per-tensor fp8 scale; NVFP4: the global
 // scale of its "local" dynamic groups) is calibrated as llm-compressor's
@@ -157,6 +167,9 @@ class WeightQuantModifier : public Modifier {
   // Which modules are done (a list of paths).
   absl::StatusOr<c10::IValue> SaveState() const override;
   absl::Status RestoreState(const c10::IValue& state) override;
+  // Inputs a Linear did not accumulate because a sibling's shared Hessian
+  // holds them already (Note [Shared Hessians]), over the run.
+  int64_t shared_hessian_reads() const { return shared_hessian_reads_; }
 
  protected:
   // "rtn", "gptq": the method recorded per module.
@@ -185,7 +198,9 @@ class WeightQuantModifier : public Modifier {
 
  private:
   struct Pending {
-    std::unique_ptr<HessianAccumulator> hessian;
+    // Shared by the Linears that read the same input (Note [Shared
+    // Hessians]).
+    std::shared_ptr<HessianAccumulator> hessian;
     int subgraph = 0;
     int64_t tokens = 0;
     // Note [Static input activations].
@@ -259,6 +274,16 @@ class WeightQuantModifier : public Modifier {
   std::optional<quantization::QuantizationArgs> static_input_;
   std::map<std::string, quantization::MinMax> sibling_inputs_;
   std::map<std::string, Pending> pending_;  // Called, not yet compressed.
+  // Note [Shared Hessians]: by the node whose output the Linears read, in
+  // the running subgraph.
+  struct SharedInput {
+    std::shared_ptr<HessianAccumulator> hessian;
+    int64_t first_batch = -1;       // The batch it was made in.
+    int64_t batch = -1;             // The batch last added.
+    std::set<std::string> readers;  // The Linears that read it in `batch`.
+  };
+  std::map<const ir::Node*, SharedInput> shared_inputs_;
+  int64_t shared_hessian_reads_ = 0;
   // Note [KV cache]: by attention module path.
   struct KvPending {
     std::string type;
