@@ -28,7 +28,21 @@ absl::Status GptqModifier::OnRunStart(RunContext& ctx) {
     return absl::InvalidArgumentError(
         absl::StrCat("gptq: block_size must be > 0, got ", gptq_.block_size));
   }
+  factors_.clear();
   return WeightQuantModifier::OnRunStart(ctx);
+}
+
+absl::Status GptqModifier::OnSubgraphEnd(RunContext& ctx,
+                                         const SubgraphInfo& subgraph) {
+  absl::Status s = WeightQuantModifier::OnSubgraphEnd(ctx, subgraph);
+  factors_.clear();
+  return s;
+}
+
+absl::Status GptqModifier::OnRunEnd(RunContext& ctx) {
+  absl::Status s = WeightQuantModifier::OnRunEnd(ctx);
+  factors_.clear();
+  return s;
 }
 
 absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
@@ -70,8 +84,24 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
   quantization::TypedGptqOptions o;
   o.dampening_frac = gptq_.dampening_frac;
   o.block_size = gptq_.block_size;
-  absl::StatusOr<quantization::TypedGptqResult> r =
-      quantization::TypedGptq(TypedWeight(weight), hessian, q, args, o);
+  // The factor depends on the Hessian alone: made once for the Linears
+  // sharing it, kept until the last of them.
+  auto it = factors_.find(hessian.unsafeGetTensorImpl());
+  if (it == factors_.end()) {
+    absl::StatusOr<quantization::HessianFactor> f =
+        quantization::FactorizeHessian(hessian, args.actorder,
+                                       o.dampening_frac);
+    if (!f.ok()) {
+      return util::Annotate(f.status(), absl::StrCat("gptq: ", path));
+    }
+    it = factors_
+             .insert_or_assign(hessian.unsafeGetTensorImpl(),
+                               SharedFactor{hessian, *std::move(f)})
+             .first;
+  }
+  absl::StatusOr<quantization::TypedGptqResult> r = quantization::TypedGptq(
+      TypedWeight(weight), it->second.factor, q, args, o);
+  if (hessian_readers_left() == 0) factors_.erase(it);
   if (!r.ok()) {
     return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
   }

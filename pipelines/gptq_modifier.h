@@ -18,10 +18,12 @@
 // what GPTQ bought per layer. See WeightQuantModifier (rtn_modifier.h) for
 // what is selected and recorded.
 
+#include <map>
 #include <string>
 
 #include "pipelines/gptq.h"
 #include "pipelines/rtn_modifier.h"
+#include "quantization/gptq_typed.h"
 
 namespace tracecut::pipelines {
 
@@ -40,6 +42,9 @@ class GptqModifier : public WeightQuantModifier {
   explicit GptqModifier(GptqModifierOptions options);
   std::string name() const override { return "gptq"; }
   absl::Status OnRunStart(RunContext& ctx) override;
+  absl::Status OnSubgraphEnd(RunContext& ctx,
+                             const SubgraphInfo& subgraph) override;
+  absl::Status OnRunEnd(RunContext& ctx) override;
 
  protected:
   std::string method() const override { return "gptq"; }
@@ -56,6 +61,13 @@ class GptqModifier : public WeightQuantModifier {
       absl::string_view path, const at::Tensor& weight,
       const at::Tensor& hessian);
   GptqOptions gptq_;
+  // The factor of a shared Hessian (Note [Shared Hessians] in
+  // rtn_modifier.h), by its tensor, while Linears that use it are left.
+  struct SharedFactor {
+    at::Tensor hessian;  // Held, so that the key stays its.
+    quantization::HessianFactor factor;
+  };
+  std::map<const c10::TensorImpl*, SharedFactor> factors_;
 };
 
 }  // namespace tracecut::pipelines

@@ -28,6 +28,7 @@
 #include "pipelines/modifier.h"
 #include "pipelines/observers.h"
 #include "pipelines/rtn_modifier.h"
+#include "quantization/quant_args.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
 
@@ -191,8 +192,12 @@ TEST(PipelineTest, ThreePipelinesGiveIdenticalScalesWithoutPropagation) {
 }
 
 // Note [Shared Hessians] in rtn_modifier.h: q/k/v (and gate/up) share one
-// accumulated Hessian; each gets the GPTQ result it gets alone, bit for bit.
-TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
+// accumulated Hessian (and, for compressed-tensors schemes, its factor);
+// each gets the GPTQ result it gets alone, bit for bit.
+class SharedHessianTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SharedHessianTest, EachLinearGetsItsOwnResult) {
+  const bool typed = GetParam();
   const LoadedForCalibration& llama = Fixture("llama");
   CalibrationData data = Data(llama, 6, /*seed=*/5, /*batch_size=*/2);
   int64_t shared_reads = 0;
@@ -200,8 +205,16 @@ TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
                  CalibrationResults& results) {
     auto gm = std::make_unique<runtime::GraphModule>(CloneOf(llama));
     GptqModifierOptions o;
+    if (typed) {
+      absl::StatusOr<quantization::QuantizationScheme> w4a16 =
+          quantization::PresetScheme("W4A16", targets);
+      EXPECT_OK(w4a16);
+      o.weights.typed = *w4a16;
+      o.weights.typed->weights->actorder = quantization::ActOrder::kStatic;
+    } else {
+      o.weights.scheme = W4G128();
+    }
     o.weights.modules.targets = std::move(targets);
-    o.weights.scheme = W4G128();
     GptqModifier gptq(o);
     PipelineOptions options = Options(PipelineKind::kSequential, llama);
     options.propagate_error = false;  // Each Linear's inputs: the original.
@@ -210,8 +223,7 @@ TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
     return gm;
   };
   CalibrationResults all;
-  std::unique_ptr<runtime::GraphModule> shared =
-      run({"re:.*_proj$"}, all);
+  std::unique_ptr<runtime::GraphModule> shared = run({"re:.*_proj$"}, all);
   // 2 layers x 3 batches x (k, v after q; up after gate).
   EXPECT_EQ(shared_reads, 2 * 3 * 3);
   // The first Linear of each group makes the Hessian, the later ones join
@@ -221,6 +233,7 @@ TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
     CalibrationResults alone;
     std::unique_ptr<runtime::GraphModule> gm =
         run({absl::StrCat("re:.*\\.", name, "$")}, alone);
+    EXPECT_EQ(shared_reads, 0);
     int compared = 0;
     for (const auto& [path, a] : alone.modules) {
       SCOPED_TRACE(path);
@@ -238,9 +251,10 @@ TEST(PipelineTest, SharedHessiansGiveEachLinearItsOwnResult) {
       ++compared;
     }
     EXPECT_EQ(compared, 2);  // One per layer.
-    EXPECT_EQ(shared_reads, 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(LegacyAndTyped, SharedHessianTest, ::testing::Bool());
 
 // The values the cache must hold between subgraphs i-1 and i (all batches),
 // plus subgraph i's kept outputs: the most a sequential run may hold.

@@ -392,8 +392,7 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
         ++shared_hessian_reads_;
       } else {
         // Called twice in one batch: its own copy from now on.
-        ASSIGN_OR_RETURN(HessianAccumulator own,
-                         runtime::TorchCall(path, [&] {
+        ASSIGN_OR_RETURN(HessianAccumulator own, runtime::TorchCall(path, [&] {
                            return p.hessian->Clone();
                          }));
         p.hessian = std::make_shared<HessianAccumulator>(std::move(own));
@@ -518,8 +517,12 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
   // column "dead"). It is quantized round-to-nearest from its own weights.
   const int64_t tokens = pending != nullptr ? pending->tokens : 0;
   at::Tensor h;
+  hessian_readers_left_ = 0;
   if (tokens > 0 && pending->hessian != nullptr) {
     h = pending->hessian->hessian();
+    // Note [Shared Hessians]: the Linears still to be compressed with it.
+    hessian_readers_left_ = pending->hessian.use_count() - 1;
+    pending->hessian.reset();
   }
   ASSIGN_OR_RETURN(global_scale_, FusedGlobalScale(ctx, path));
   WeightQuantOutcome outcome;
@@ -597,13 +600,13 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
     RETURN_IF_ERROR(ReduceKvCache());
     return RecordKvCache(ctx);
   }
+  shared_inputs_.clear();  // Only the pending modules hold the Hessians.
   CollectSiblingInputs();
   // std::map: modules in path order, so results do not depend on call order.
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
-  shared_inputs_.clear();
   RETURN_IF_ERROR(RecordKvCache(ctx));
   // Experts the router sent no token to: round-to-nearest, now, while
   // their weights are loaded.
@@ -627,12 +630,12 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
     RETURN_IF_ERROR(ReduceKvCache());
     return RecordKvCache(ctx);
   }
+  shared_inputs_.clear();
   CollectSiblingInputs();
   for (auto& [path, pending] : pending_) {
     RETURN_IF_ERROR(Compress(ctx, path, &pending));
   }
   pending_.clear();
-  shared_inputs_.clear();
   for (const std::string& path : selected_) {
     if (done_.count(path) > 0) continue;
     RETURN_IF_ERROR(Compress(ctx, path, nullptr));

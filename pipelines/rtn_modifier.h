@@ -172,6 +172,10 @@ class WeightQuantModifier : public Modifier {
   int64_t shared_hessian_reads() const { return shared_hessian_reads_; }
 
  protected:
+  // During QuantizeWeight: how many other Linears will be quantized with the
+  // same Hessian after this one (Note [Shared Hessians]), so that what is
+  // derived from it alone can be kept for them.
+  int64_t hessian_readers_left() const { return hessian_readers_left_; }
   // "rtn", "gptq": the method recorded per module.
   virtual std::string method() const = 0;
   // Whether quantizing needs the inputs' H (GPTQ) or only uses it for the
@@ -284,6 +288,7 @@ class WeightQuantModifier : public Modifier {
   };
   std::map<const ir::Node*, SharedInput> shared_inputs_;
   int64_t shared_hessian_reads_ = 0;
+  int64_t hessian_readers_left_ = 0;
   // Note [KV cache]: by attention module path.
   struct KvPending {
     std::string type;

@@ -38,17 +38,78 @@ at::Tensor PerColumn(const at::Tensor& p, const QuantizationArgs& args,
 
 }  // namespace
 
+absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
+                                               ActOrder actorder,
+                                               double dampening_frac) {
+  if (hessian.dim() != 2 || hessian.size(0) != hessian.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPTQ needs a square Hessian, got ", c10::str(hessian.sizes())));
+  }
+  if (dampening_frac < 0) {
+    return absl::InvalidArgumentError("GPTQ needs dampening_frac >= 0");
+  }
+  // Shapes and operators follow quantize_weight with a batch of one ([1,
+  // rows, cols]), so the same ATen kernels (bmm, not mm) see the same data.
+  return runtime::TorchCall("GPTQ", [&]() -> HessianFactor {
+    HessianFactor f;
+    const int64_t cols = hessian.size(0);
+    at::Tensor h = hessian.to(at::kFloat).unsqueeze(0).clone();
+    if (actorder != ActOrder::kNone) {  // apply_activation_ordering
+      f.perm = at::argsort(at::diagonal(h, 0, -2, -1), /*dim=*/-1,
+                           /*descending=*/true);  // [1, cols]
+      h = at::gather(h, -1, f.perm.unsqueeze(-2).expand({-1, cols, -1}));
+      h = at::gather(h, -2, f.perm.unsqueeze(-1).expand({-1, -1, cols}));
+    }
+    // factorize_hessian (the per-item path of small batches).
+    at::Tensor diag = at::diagonal(h, 0, -2, -1);
+    f.dead = diag == 0;
+    if (f.dead.any().item<bool>()) diag.masked_fill_(f.dead, 1.0);
+    at::Tensor h0 = h[0];
+    at::Tensor damp = at::mean(at::diag(h0)) * dampening_frac;
+    at::diagonal(h0).add_(damp);
+    auto [factor, info] = at::linalg_cholesky_ex(h0);
+    if (info.item<int>() == 0) {
+      h0.copy_(at::linalg_cholesky(at::cholesky_inverse(factor),
+                                   /*upper=*/true));
+    } else {
+      h0.copy_(at::eye(cols, h0.options()));
+      f.fell_back_to_rtn = true;
+    }
+    f.hinv = h;
+    return f;
+  });
+}
+
 absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
                                           const at::Tensor& hessian,
                                           const QParams& q,
                                           const QuantizationArgs& args,
                                           const TypedGptqOptions& options) {
-  RETURN_IF_ERROR(CheckFinite(weight, "weight"));
   if (weight.dim() != 2 || hessian.dim() != 2 ||
       hessian.size(0) != weight.size(1) || hessian.size(1) != weight.size(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPTQ needs a weight [out, in] and a Hessian [in, in], got ",
         c10::str(weight.sizes()), " and ", c10::str(hessian.sizes())));
+  }
+  ASSIGN_OR_RETURN(HessianFactor f, FactorizeHessian(hessian, args.actorder,
+                                                     options.dampening_frac));
+  return TypedGptq(weight, f, q, args, options);
+}
+
+absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
+                                          const HessianFactor& factor,
+                                          const QParams& q,
+                                          const QuantizationArgs& args,
+                                          const TypedGptqOptions& options) {
+  RETURN_IF_ERROR(CheckFinite(weight, "weight"));
+  if (weight.dim() != 2 || !factor.hinv.defined() || factor.hinv.dim() != 3 ||
+      factor.hinv.size(1) != weight.size(1) ||
+      factor.perm.defined() != (args.actorder != ActOrder::kNone)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPTQ needs a weight [out, in] and the factor of a Hessian [in, in] "
+        "with the scheme's actorder, got ",
+        c10::str(weight.sizes()), " and ",
+        factor.hinv.defined() ? c10::str(factor.hinv.sizes()) : "none"));
   }
   if (options.block_size <= 0 || options.dampening_frac < 0) {
     return absl::InvalidArgumentError(
@@ -57,13 +118,10 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
   if (!q.scale.defined()) {
     return absl::InvalidArgumentError("GPTQ needs the weight's parameters");
   }
-  // Shapes and operators follow quantize_weight with a batch of one ([1,
-  // rows, cols]), so the same ATen kernels (bmm, not mm) see the same data.
   return runtime::TorchCall("GPTQ", [&]() -> TypedGptqResult {
     TypedGptqResult result;
     const int64_t rows = weight.size(0), cols = weight.size(1);
     at::Tensor w = weight.to(at::kFloat).unsqueeze(0).clone();
-    at::Tensor h = hessian.to(at::kFloat).unsqueeze(0).clone();
 
     // Columns' groups in their original order, then permuted.
     const auto idx_options = at::TensorOptions().dtype(at::kLong);
@@ -74,38 +132,21 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
     } else if (s == Strategy::kBlock) {
       g_idx = at::floor_divide(g_idx, (*args.block_structure)[1]);
     }
-    at::Tensor perm;
-    if (args.actorder != ActOrder::kNone) {  // apply_activation_ordering
-      perm = at::argsort(at::diagonal(h, 0, -2, -1), /*dim=*/-1,
-                         /*descending=*/true);  // [1, cols]
-      h = at::gather(h, -1, perm.unsqueeze(-2).expand({-1, cols, -1}));
-      h = at::gather(h, -2, perm.unsqueeze(-1).expand({-1, -1, cols}));
+    const at::Tensor& perm = factor.perm;
+    if (perm.defined()) {
       w = at::gather(w, -1, perm.unsqueeze(-2).expand({-1, rows, -1}));
       g_idx = g_idx.index_select(0, perm[0]);
     }
-
-    // factorize_hessian (the per-item path of small batches).
-    at::Tensor diag = at::diagonal(h, 0, -2, -1);
-    at::Tensor dead = diag == 0;
-    if (dead.any().item<bool>()) {
-      diag.masked_fill_(dead, 1.0);
-      w.masked_fill_(dead.unsqueeze(1), 0);
+    if (factor.dead.any().item<bool>()) {
+      w.masked_fill_(factor.dead.unsqueeze(1), 0);
     }
-    at::Tensor h0 = h[0];
-    at::Tensor damp = at::mean(at::diag(h0)) * options.dampening_frac;
-    at::diagonal(h0).add_(damp);
-    auto [factor, info] = at::linalg_cholesky_ex(h0);
-    if (info.item<int>() == 0) {
-      h0.copy_(at::linalg_cholesky(at::cholesky_inverse(factor),
-                                   /*upper=*/true));
-    } else {
-      h0.copy_(at::eye(cols, h0.options()));
+    if (factor.fell_back_to_rtn) {
       result.fell_back_to_rtn = true;
       result.warning =
           "the Hessian is not positive definite even after damping: "
           "quantized round-to-nearest";
     }
-    const at::Tensor& hinv = h;
+    const at::Tensor& hinv = factor.hinv;
 
     // column_scale_window over all columns: each column's scale (global
     // scale folded in) and zero point.

@@ -48,11 +48,31 @@ struct TypedGptqResult {
   std::string warning;
 };
 
+// What GPTQ derives from the Hessian alone (factorize_hessian after
+// apply_activation_ordering): the same for every Linear that reads the same
+// inputs, so they can share it (q/k/v, gate/up).
+struct HessianFactor {
+  at::Tensor perm;  // [1, in] column order (actorder), or undefined.
+  at::Tensor dead;  // [1, in] bool, in that order: H_ii == 0.
+  at::Tensor hinv;  // [1, in, in] upper Cholesky factor of H^-1, in order.
+  bool fell_back_to_rtn = false;  // Not positive definite: Hinv = I.
+};
+absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
+                                               ActOrder actorder,
+                                               double dampening_frac);
+
 // `weight` [out, in] with its parameters `q` (WeightQParams of the same
 // weight) and the Hessian [in, in] of its inputs. InvalidArgument for
 // shapes, NaN/Inf, or options out of range.
 absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
                                           const at::Tensor& hessian,
+                                          const QParams& q,
+                                          const QuantizationArgs& args,
+                                          const TypedGptqOptions& options);
+// The same from the Hessian's factor (FactorizeHessian with args.actorder
+// and options.dampening_frac).
+absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
+                                          const HessianFactor& factor,
                                           const QParams& q,
                                           const QuantizationArgs& args,
                                           const TypedGptqOptions& options);
