@@ -1,0 +1,156 @@
+"""GPTQ W4A16 calibration, tracecut against llm-compressor in the same run
+(issue 32): wall time, peak RSS and final-logit error, interleaved.
+
+  gptq_peer_bench.py TRACECUT OUT_DIR [--hidden=1024] [--layers=4]
+      [--rounds=2] [--threads=2]
+
+One seeded bf16 LlamaForCausalLM (hidden --hidden, intermediate 2.75x,
+heads of 64, half as many KV heads, vocab 8000) from a config, exported once
+(`tracecut export`, timed); 32 x 128 seeded tokens. Then --rounds times, one
+process after the other, each under /usr/bin/time -v with --threads intra-op
+threads (OMP_NUM_THREADS and, for tracecut, --threads):
+  ours: tracecut calibrate CKPT --recipe=gptq W4A16 preset (every Linear but
+        lm_head, sequential pipeline) --data=TOKENS
+  peer: llm-compressor oneshot(GPTQModifier(targets="Linear",
+        scheme="W4A16", ignore=["lm_head"]), pipeline="sequential") on the
+        same tokens + save_pretrained(save_compressed=True)
+Both outputs are loaded by transformers (compressed-tensors decompresses
+them) and compared with the original on 4 x 64 held-out tokens (relative
+Frobenius error of the final logits). Prints a markdown table.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+PEER = r"""
+import sys, torch, transformers
+from datasets import Dataset
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import GPTQModifier
+import llmcompressor.pipelines.cache as cache
+cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
+ckpt, data, out, threads = sys.argv[1:5]
+torch.set_num_threads(int(threads))
+model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+ids = torch.load(data)
+ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                        "attention_mask": torch.ones_like(ids).tolist()})
+recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"])
+model = oneshot(model=model, dataset=ds, recipe=recipe,
+                max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+                shuffle_calibration_samples=False, pipeline="sequential")
+model.save_pretrained(out, save_compressed=True)
+"""
+
+MAKE = r"""
+import sys, torch, transformers
+sys.path.insert(0, sys.argv[4])
+from schemes_test import save_tokenizer
+hidden, layers = int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=8000, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+    num_hidden_layers=layers, num_attention_heads=hidden // 64,
+    num_key_value_heads=hidden // 128, max_position_embeddings=256)
+transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(sys.argv[1])
+save_tokenizer(sys.argv[1], 8000)
+g = torch.Generator().manual_seed(0)
+torch.save(torch.randint(0, 8000, (32, 128), generator=g), sys.argv[1] + "-calib.pt")
+torch.save(torch.randint(0, 8000, (4, 64), generator=g), sys.argv[1] + "-held.pt")
+"""
+
+ERROR = r"""
+import sys, torch, transformers
+ckpt, held = sys.argv[1], torch.load(sys.argv[2])
+def logits(path):
+  m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+  with torch.no_grad():
+    return m(input_ids=held).logits.float()
+want = logits(ckpt)
+for out in sys.argv[3:]:
+  got = logits(out)
+  print(out, ((got - want).norm() / want.norm()).item())
+"""
+
+
+def timed(cmd, env):
+  p = subprocess.run(["/usr/bin/time", "-v"] + cmd, env=env,
+                     capture_output=True, text=True)
+  if p.returncode != 0:
+    sys.exit(f"{cmd[0]} failed:\n{p.stderr[-3000:]}")
+  wall = re.search(r"Elapsed \(wall clock\) time.*: (\S+)", p.stderr).group(1)
+  parts = [float(x) for x in wall.split(":")]
+  seconds = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+  kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)",
+                     p.stderr).group(1))
+  return seconds, kb / 1024 / 1024
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("tracecut")
+  ap.add_argument("out_dir")
+  ap.add_argument("--hidden", type=int, default=1024)
+  ap.add_argument("--layers", type=int, default=4)
+  ap.add_argument("--rounds", type=int, default=2)
+  ap.add_argument("--threads", type=int, default=2)
+  a = ap.parse_args()
+  py = sys.executable
+  here = os.path.dirname(os.path.abspath(__file__))
+  tests_hf = os.path.join(os.path.dirname(here), "tests", "hf")
+  os.makedirs(a.out_dir, exist_ok=True)
+  ckpt = os.path.join(a.out_dir, f"llama-h{a.hidden}-l{a.layers}")
+  env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), HF_HUB_OFFLINE="1",
+             TRANSFORMERS_VERBOSITY="error")
+  if not os.path.isdir(ckpt):
+    subprocess.run([py, "-c", MAKE, ckpt, str(a.hidden), str(a.layers),
+                    tests_hf], check=True, env=env)
+  export_s, export_gib = timed(
+      [a.tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")],
+      env)
+  recipe = os.path.join(a.out_dir, "gptq_w4a16.textproto")
+  with open(recipe, "w") as f:
+    f.write('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '
+            'ignore: "lm_head" } }\n')
+  rows = []
+  for r in range(a.rounds):
+    ours = os.path.join(a.out_dir, f"tracecut-{r}")
+    peer = os.path.join(a.out_dir, f"llmcompressor-{r}")
+    rows.append(("tracecut", r) + timed(
+        [a.tracecut, "calibrate", ckpt, "--recipe=" + recipe,
+         "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
+         "-o", ours], env))
+    rows.append(("llm-compressor", r) + timed(
+        [py, "-W", "ignore", "-c", PEER, ckpt, ckpt + "-calib.pt", peer,
+         str(a.threads)], env))
+  p = subprocess.run(
+      [py, "-W", "ignore", "-c", ERROR, ckpt, ckpt + "-held.pt",
+       os.path.join(a.out_dir, "tracecut-0"),
+       os.path.join(a.out_dir, "llmcompressor-0")],
+      check=True, env=env, capture_output=True, text=True)
+  errors = [float(line.split()[-1]) for line in p.stdout.splitlines()[-2:]]
+  load = os.getloadavg()
+  print(f"hidden {a.hidden}, {a.layers} layers, bf16; 32 x 128 tokens; "
+        f"{a.threads} threads each; load average at the end "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+  print(f"tracecut export: {export_s:.1f} s, {export_gib:.2f} GiB")
+  print("| tool | round | wall s | peak RSS GiB |")
+  print("|---|---|---|---|")
+  for tool, r, s, gib in rows:
+    print(f"| {tool} | {r} | {s:.1f} | {gib:.2f} |")
+  ours = [s for t, _, s, _ in rows if t == "tracecut"]
+  theirs = [s for t, _, s, _ in rows if t != "tracecut"]
+  ours_gib = max(g for t, _, _, g in rows if t == "tracecut")
+  theirs_gib = max(g for t, _, _, g in rows if t != "tracecut")
+  print(f"wall ratio (mean): {sum(ours) / sum(theirs):.2f}; with export: "
+        f"{(sum(ours) + export_s * len(ours)) / sum(theirs):.2f}; peak RSS "
+        f"ratio: {ours_gib / theirs_gib:.2f}")
+  print(f"final-logit relative error: tracecut {errors[0]:.4f}, "
+        f"llm-compressor {errors[1]:.4f}")
+
+
+if __name__ == "__main__":
+  main()
