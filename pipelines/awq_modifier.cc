@@ -96,6 +96,32 @@ absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
         {"re:.*post_attention_layernorm$", {"re:.*gate_up_proj$"}},
         {"re:.*gate_up_proj$", {"re:.*down_proj$"}}};
   }
+  // Post-norm layers (the norms apply to the attention's and MLP's
+  // outputs): only the Linear-to-Linear mappings. llm-compressor has these
+  // for Olmo, Olmo3 and Exaone4; Olmo2 is the same layout.
+  if (architecture == "OlmoForCausalLM" || architecture == "Olmo2ForCausalLM" ||
+      architecture == "Olmo3ForCausalLM" ||
+      architecture == "Exaone4ForCausalLM") {
+    return std::vector<AwqMapping>{{"re:.*v_proj$", {"re:.*o_proj$"}},
+                                   {"re:.*up_proj$", {"re:.*down_proj$"}}};
+  }
+  // Gemma 2 and 3: the MLP reads pre_feedforward_layernorm (whose
+  // x * (1 + weight) the smoothing handles); Gemma 3's input_layernorm is
+  // left out, as llm-compressor leaves it.
+  const bool gemma3 = architecture == "Gemma3ForCausalLM" ||
+                      architecture == "Gemma3ForConditionalGeneration";
+  if (architecture == "Gemma2ForCausalLM" || gemma3) {
+    std::vector<AwqMapping> m;
+    if (!gemma3) {
+      m.push_back({"re:.*input_layernorm$",
+                   {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}});
+    }
+    m.push_back({"re:.*v_proj$", {"re:.*o_proj$"}});
+    m.push_back({"re:.*pre_feedforward_layernorm$",
+                 {"re:.*gate_proj$", "re:.*up_proj$"}});
+    m.push_back({"re:.*up_proj$", {"re:.*down_proj$"}});
+    return m;
+  }
   return std::vector<AwqMapping>{
       {"re:.*input_layernorm$",
        {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}},
@@ -583,32 +609,58 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
       ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), new_sw));
   ASSIGN_OR_RETURN(torch::jit::Module m,
                    ctx.model().GetSubmodule(mapping.smooth));
-  if (m.hasattr("bias") && m.attr("bias").isTensor()) {
+  const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
+  if (has_bias) {
     const std::string bias_path = absl::StrCat(mapping.smooth, ".bias");
     ASSIGN_OR_RETURN(at::Tensor bias, ctx.model().GetTensor(bias_path));
     ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
   // The smoothed model must compute what it did (output_drift.h).
-  OutputDrift drift;
-  size_t checked = 0;
-  RETURN_IF_ERROR(
-      ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
-        if (call.path != mapping.loss_leaf) return true;
-        ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
-        if (checked < reference.size()) {
-          RETURN_IF_ERROR(drift.Add(reference[checked++], out));
-        }
-        return false;
-      }));
+  auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {
+    OutputDrift drift;
+    size_t checked = 0;
+    RETURN_IF_ERROR(
+        ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
+          if (call.path != mapping.loss_leaf) return true;
+          ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+          if (checked < reference.size()) {
+            RETURN_IF_ERROR(drift.Add(reference[checked++], out));
+          }
+          return false;
+        }));
+    return drift;
+  };
+  ASSIGN_OR_RETURN(OutputDrift drift, drift_of());
+  std::string norm_kind;
+  if (sw.dim() == 1 && !has_bias) {
+    // A norm computing x * (1 + weight) (Gemma's) needs 1 + w' = (1 + w) / s
+    // instead: both are tried and the one that keeps the outputs wins, so
+    // that no weight-rounding tolerance can hide the wrong one.
+    ASSIGN_OR_RETURN(at::Tensor offset_sw, runtime::TorchCall(where, [&] {
+                       return ((sw.to(at::kFloat) + 1) / best_scales - 1)
+                           .to(sw.scalar_type());
+                     }));
+    RETURN_IF_ERROR(
+        ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), offset_sw));
+    ASSIGN_OR_RETURN(OutputDrift offset, drift_of());
+    if (offset.relative() < drift.relative()) {
+      drift = offset;
+      norm_kind = " ((1 + weight) norm)";
+    } else {
+      RETURN_IF_ERROR(
+          ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), new_sw));
+    }
+  }
   RETURN_IF_ERROR(drift.Check(sw.scalar_type(), where, mapping.parent));
   ctx.results()
       .Module(mapping.smooth)
       .notes.push_back(absl::StrFormat(
-          "awq: scales for %s from ratio %.4g%s; %s output error %.4g -> %.4g",
+          "awq: scales for %s from ratio %.4g%s; %s output error %.4g -> "
+          "%.4g%s",
           absl::StrJoin(mapping.balance, ", "), best_ratio,
           best_duo ? " (duo scaling)" : "", mapping.parent, initial_error,
-          best_error));
+          best_error, norm_kind));
   return absl::OkStatus();
 }
 

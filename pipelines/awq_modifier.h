@@ -85,8 +85,11 @@ struct AwqOptions {
 // (qkv_proj <- input_layernorm, o_proj <- qkv_proj, gate_up_proj <-
 // post_attention_layernorm, down_proj <- gate_up_proj); Llama's (q/k/v <-
 // input_layernorm, o_proj <- v_proj, gate/up <- post_attention_layernorm,
-// down_proj <- up_proj) for every other dense architecture, as there. MoE
-// architectures have none here: InvalidArgument asking for mappings.
+// down_proj <- up_proj) for every other dense architecture, as there;
+// Gemma 2 / 3's (gate/up <- pre_feedforward_layernorm; Gemma 3 without
+// input_layernorm); post-norm models' (Olmo, Olmo 2, Olmo 3, Exaone 4: only
+// o_proj <- v_proj and down_proj <- up_proj). MoE architectures have none
+// here: InvalidArgument asking for mappings.
 absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
     absl::string_view architecture);
 

@@ -129,6 +129,20 @@ TEST(AwqDefaultMappingsTest, DenseModelsGetLlamasMoeModelsNone) {
   EXPECT_EQ(llama[1].smooth_layer, "re:.*v_proj$");
   EXPECT_EQ(llama[1].balance_layers,
             std::vector<std::string>({"re:.*o_proj$"}));
+  // Gemma's MLP reads pre_feedforward_layernorm; post-norm models smooth
+  // no norm.
+  ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> gemma2,
+                       AwqDefaultMappings("Gemma2ForCausalLM"));
+  ASSERT_EQ(gemma2.size(), 4u);
+  EXPECT_EQ(gemma2[2].smooth_layer, "re:.*pre_feedforward_layernorm$");
+  ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> gemma3,
+                       AwqDefaultMappings("Gemma3ForCausalLM"));
+  EXPECT_EQ(gemma3.size(), 3u);
+  ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> olmo2,
+                       AwqDefaultMappings("Olmo2ForCausalLM"));
+  ASSERT_EQ(olmo2.size(), 2u);
+  EXPECT_EQ(olmo2[0].smooth_layer, "re:.*v_proj$");
+  EXPECT_EQ(olmo2[1].smooth_layer, "re:.*up_proj$");
   EXPECT_THAT(
       AwqDefaultMappings("MixtralForCausalLM").status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give mappings")));
