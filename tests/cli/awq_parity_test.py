@@ -91,6 +91,16 @@ def logit_error(path, want, ids):
   return ((got - want).norm() / want.norm()).item()
 
 
+def smoothed_drift(model, smoothed, ids):
+  """Relative error of the smoothed TorchScript model's logits against the
+  original transformers model's on `ids`."""
+  with torch.no_grad():
+    want = model(input_ids=ids).logits
+    got = smoothed(ids)
+  got = got if isinstance(got, torch.Tensor) else got[0]
+  return ((got - want).norm() / want.norm()).item()
+
+
 def main():
   tracecut = sys.argv[1]
   torch.set_num_threads(2)
@@ -138,11 +148,7 @@ def main():
           f"ones, largest relative difference {worst:.3g} (bound 1e-5); "
           f"moved: {sorted(moved)}")
 
-    with torch.no_grad():
-      want = model(input_ids=ids[:2]).logits
-      got = ours_model(ids[:2])
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    err = ((got - want).norm() / want.norm()).item()
+    err = smoothed_drift(model, ours_model, ids[:2])
     assert err <= 1e-5, f"logits changed by smoothing: relative {err:.3g}"
     print(f"smoothed model's logits vs the original transformers model's: "
           f"relative error {err:.3g} (bound 1e-5)")
@@ -246,11 +252,7 @@ def phi3(tracecut, ids):
         key = f"model.layers.{layer}.{name}.weight"
         assert not torch.equal(ours[key], original[key]), (
             f"phi3 {key}: not smoothed")
-    with torch.no_grad():
-      want = model(input_ids=ids[:2]).logits
-      got = ours_model(ids[:2])
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    err = ((got - want).norm() / want.norm()).item()
+    err = smoothed_drift(model, ours_model, ids[:2])
     assert err <= 1e-5, f"phi3 logits changed by smoothing: {err:.3g}"
     print(f"Phi-3 AWQ: the first mapping's weights within {worst:.3g} "
           f"relative of llm-compressor's; all {2 * len(fused)} fused-layer "
@@ -297,11 +299,7 @@ def gemma2(tracecut, ids):
     with open(report) as f:
       notes = f.read().count("(1 + weight) norm")
     assert notes == 4, f"gemma2: {notes} norms smoothed as (1 + weight)"
-    with torch.no_grad():
-      want = model(input_ids=ids[:2]).logits
-      got = ours_model(ids[:2])
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    err = ((got - want).norm() / want.norm()).item()
+    err = smoothed_drift(model, ours_model, ids[:2])
     assert err <= 1e-5, f"gemma2 logits changed by smoothing: {err:.3g}"
     print(f"Gemma 2 AWQ: 4 (1 + weight) norms smoothed; logits unchanged "
           f"({err:.3g})")
