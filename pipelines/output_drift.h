@@ -3,9 +3,10 @@
 
 // How far a transform moved what the model computes: SmoothQuant and AWQ
 // must leave the outputs they rescale as they were, up to float rounding.
-// A smooth layer whose weight does not scale its output (a norm computing
-// x * (1 + weight), as Gemma's, or a mapping whose balance layers do not
-// read its output) would otherwise change the model without a word.
+// A smooth layer whose weight does not scale its output (a mapping whose
+// balance layers do not read its output) would otherwise change the model
+// without a word; they also use it to tell a norm computing x * (1 +
+// weight), as Gemma's, from one computing x * weight.
 //
 //   OutputDrift drift;
 //   RETURN_IF_ERROR(drift.Add(before, after));  // per output, any number

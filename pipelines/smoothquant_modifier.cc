@@ -70,6 +70,16 @@ std::vector<SmoothQuantMapping> DefaultSmoothQuantMappings(
     return {{{"re:.*qkv_proj"}, "re:.*input_layernorm"},
             {{"re:.*gate_up_proj"}, "re:.*post_attention_layernorm"}};
   }
+  // Gemma 2 / 3: the MLP reads pre_feedforward_layernorm (llm-compressor
+  // gives them Llama's, whose post_attention_layernorm normalizes the
+  // attention's output there: its smoothing would change the model).
+  if (architecture == "Gemma2ForCausalLM" ||
+      architecture == "Gemma3ForCausalLM" ||
+      architecture == "Gemma3ForConditionalGeneration") {
+    return {
+        {{"re:.*q_proj", "re:.*k_proj", "re:.*v_proj"}, "re:.*input_layernorm"},
+        {{"re:.*gate_proj", "re:.*up_proj"}, "re:.*pre_feedforward_layernorm"}};
+  }
   return LlamaMappings();
 }
 
@@ -340,9 +350,9 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
     weights.push_back(w);
   }
   // What the balance layers compute on the first batch, before and after:
-  // smoothing must not change it (a norm computing x * (1 + weight), as
-  // Gemma's, would). Only where the pipeline can replay the subgraph (not
-  // `basic`); later batches end at their first leaf call.
+  // smoothing must not change it (balance layers that do not read the
+  // smooth layer's output would). Only where the pipeline can replay the
+  // subgraph (not `basic`); later batches end at their first leaf call.
   const std::set<std::string> balance_set(balance.begin(), balance.end());
   auto outputs = [&](std::vector<at::Tensor>& into) {
     return ctx.ReplaySubgraph(
@@ -376,7 +386,8 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
       }));
   RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, new_sw));
   ASSIGN_OR_RETURN(torch::jit::Module m, ctx.model().GetSubmodule(smooth));
-  if (m.hasattr("bias") && m.attr("bias").isTensor()) {
+  const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
+  if (has_bias) {
     const std::string bias_path = absl::StrCat(smooth, ".bias");
     ASSIGN_OR_RETURN(at::Tensor bias, ctx.model().GetTensor(bias_path));
     ASSIGN_OR_RETURN(at::Tensor new_bias,
@@ -386,11 +397,32 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
   if (!check) return absl::OkStatus();
-  std::vector<at::Tensor> after;
-  RETURN_IF_ERROR(outputs(after));
-  OutputDrift drift;
-  for (size_t k = 0; k < before.size() && k < after.size(); ++k) {
-    RETURN_IF_ERROR(drift.Add(before[k], after[k]));
+  auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {
+    std::vector<at::Tensor> after;
+    RETURN_IF_ERROR(outputs(after));
+    OutputDrift drift;
+    for (size_t k = 0; k < before.size() && k < after.size(); ++k) {
+      RETURN_IF_ERROR(drift.Add(before[k], after[k]));
+    }
+    return drift;
+  };
+  ASSIGN_OR_RETURN(OutputDrift drift, drift_of());
+  if (sw.dim() == 1 && !has_bias) {
+    // A norm computing x * (1 + weight) (Gemma's) needs 1 + w' = (1 + w) / s:
+    // both are tried and the one that keeps the outputs wins (as AWQ does).
+    ASSIGN_OR_RETURN(
+        at::Tensor offset_sw, runtime::TorchCall("smoothquant", [&] {
+          return ((sw.to(at::kFloat) + 1) / scales - 1).to(sw.scalar_type());
+        }));
+    RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, offset_sw));
+    ASSIGN_OR_RETURN(OutputDrift offset, drift_of());
+    if (offset.relative() < drift.relative()) {
+      drift = offset;
+      ctx.results().Module(smooth).notes.push_back(
+          "smoothquant: smoothed as a (1 + weight) norm");
+    } else {
+      RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, new_sw));
+    }
   }
   RETURN_IF_ERROR(drift.Check(sw.scalar_type(),
                               absl::StrCat("smoothquant: ", smooth),

@@ -66,3 +66,52 @@ def relative(a, b):
   """max |a - b| / max |b|."""
   return ((a.double() - b.double()).abs().max() /
           b.double().abs().max()).item()
+
+
+def check_gemma2(tracecut, ids, modifier, label):
+  """Gemma 2: its norms compute x * (1 + weight), and its MLP reads
+  pre_feedforward_layernorm. `modifier` (a recipe modifier, run alone, with
+  tracecut's defaults for Gemma 2) must smooth both norms of each layer as
+  (1 + weight) norms, 1 + w' = (1 + w) / s, so that the smoothed model
+  computes what the original does."""
+  import json
+  import tempfile
+  torch.manual_seed(0)
+  config = transformers.Gemma2Config(
+      vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+      head_dim=32, max_position_embeddings=64)
+  model = transformers.Gemma2ForCausalLM(config).eval()
+  g = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for layer in model.model.layers:
+      for norm in (layer.input_layernorm, layer.pre_feedforward_layernorm):
+        norm.weight.add_(torch.randn(norm.weight.shape, generator=g) * 0.5)
+    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
+  with tempfile.TemporaryDirectory() as d:
+    ckpt, data = export_checkpoint(tracecut, model, d, "gemma2", ids)
+    recipe = os.path.join(d, "alone.textproto")
+    with open(recipe, "w") as f:
+      f.write(f"modifiers {{ {modifier} }}\n")
+    out = os.path.join(d, "smoothed.pt")
+    report = os.path.join(d, "report.json")
+    run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+         "--format=torchscript", "--report=" + report, "-o", out])
+    smoothed = torch.jit.load(out).eval()
+    ours = dict(smoothed.state_dict())
+    original = model.state_dict()
+    for layer in range(2):
+      for name in ("input_layernorm", "pre_feedforward_layernorm"):
+        key = f"model.layers.{layer}.{name}.weight"
+        assert not torch.equal(ours[key], original[key]), (label, key)
+    with open(report) as f:
+      notes = json.dumps(json.load(f)).count("(1 + weight) norm")
+    assert notes == 4, f"{label} on Gemma 2: {notes} (1 + weight) norms"
+    with torch.no_grad():
+      want = model(input_ids=ids[:2]).logits
+      got = smoothed(ids[:2])
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    err = ((got - want).norm() / want.norm()).item()
+    assert err <= 1e-5, f"{label} on Gemma 2 changed the logits: {err:.3g}"
+    print(f"{label} on Gemma 2: 4 (1 + weight) norms smoothed; logits "
+          f"unchanged ({err:.3g})")

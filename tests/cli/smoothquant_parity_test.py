@@ -31,7 +31,8 @@ import tempfile
 import torch
 import transformers
 
-from parity_common import export_checkpoint, make_model, relative, run, VOCAB
+from parity_common import (check_gemma2, export_checkpoint, make_model,
+                           relative, run, VOCAB)
 
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
@@ -173,3 +174,9 @@ def main():
 
 if __name__ == "__main__":
   main()
+  # Gemma 2's x * (1 + weight) norms (llm-compressor gives Gemma Llama's
+  # mappings and divides w: not compared).
+  check_gemma2(sys.argv[1],
+               torch.randint(0, VOCAB, (8, 16),
+                             generator=torch.Generator().manual_seed(3)),
+               "smoothquant {}", "SmoothQuant")
