@@ -31,9 +31,9 @@ absl::Status OutputDrift::Check(c10::ScalarType dtype, absl::string_view where,
   if (changed <= (half ? 5e-2 : 1e-3)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
       "%s: smoothing changed what %s compute (relative error %.3g): the "
-      "smooth layer's weight does not scale its output (a norm computing x "
-      "* (1 + weight), as Gemma's, or balance layers that do not read its "
-      "output); give mappings without it",
+      "smooth layer's weight does not scale its output (balance layers "
+      "that do not read its output, or a layer computing neither x * weight "
+      "nor x * (1 + weight)); give mappings without it",
       where, outputs, changed));
 }
 
