@@ -604,9 +604,6 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
       return out;
     });
   };
-  ASSIGN_OR_RETURN(at::Tensor new_sw, divided(sw));
-  RETURN_IF_ERROR(
-      ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), new_sw));
   ASSIGN_OR_RETURN(torch::jit::Module m,
                    ctx.model().GetSubmodule(mapping.smooth));
   const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
@@ -616,6 +613,10 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
+  const std::string weight_path = absl::StrCat(mapping.smooth, ".weight");
+  auto set_weight = [&](const at::Tensor& w) {
+    return ctx.UpdateTensor(weight_path, w);
+  };
   // The smoothed model must compute what it did (output_drift.h).
   auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {
     OutputDrift drift;
@@ -631,26 +632,17 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
         }));
     return drift;
   };
-  ASSIGN_OR_RETURN(OutputDrift drift, drift_of());
+  OutputDrift drift;
   std::string norm_kind;
   if (sw.dim() == 1 && !has_bias) {
-    // A norm computing x * (1 + weight) (Gemma's) needs 1 + w' = (1 + w) / s
-    // instead: both are tried and the one that keeps the outputs wins, so
-    // that no weight-rounding tolerance can hide the wrong one.
-    ASSIGN_OR_RETURN(at::Tensor offset_sw, runtime::TorchCall(where, [&] {
-                       return ((sw.to(at::kFloat) + 1) / best_scales - 1)
-                           .to(sw.scalar_type());
-                     }));
-    RETURN_IF_ERROR(
-        ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), offset_sw));
-    ASSIGN_OR_RETURN(OutputDrift offset, drift_of());
-    if (offset.relative() < drift.relative()) {
-      drift = offset;
-      norm_kind = " ((1 + weight) norm)";
-    } else {
-      RETURN_IF_ERROR(
-          ctx.UpdateTensor(absl::StrCat(mapping.smooth, ".weight"), new_sw));
-    }
+    ASSIGN_OR_RETURN(NormSmoothing n,
+                     SmoothNormWeight(sw, best_scales, set_weight, drift_of));
+    drift = n.drift;
+    if (n.offset) norm_kind = " ((1 + weight) norm)";
+  } else {
+    ASSIGN_OR_RETURN(at::Tensor new_sw, divided(sw));
+    RETURN_IF_ERROR(set_weight(new_sw));
+    ASSIGN_OR_RETURN(drift, drift_of());
   }
   RETURN_IF_ERROR(drift.Check(sw.scalar_type(), where, mapping.parent));
   ctx.results()

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "runtime/torch_status.h"
+#include "util/status_macros.h"
 
 namespace tracecut::pipelines {
 
@@ -22,6 +23,29 @@ absl::Status OutputDrift::Add(const at::Tensor& want, const at::Tensor& got) {
 
 double OutputDrift::relative() const {
   return std::sqrt(diff_ / std::max(norm_, 1e-300));
+}
+
+absl::StatusOr<NormSmoothing> SmoothNormWeight(
+    const at::Tensor& w, const at::Tensor& scales,
+    absl::FunctionRef<absl::Status(const at::Tensor&)> set,
+    absl::FunctionRef<absl::StatusOr<OutputDrift>()> drift) {
+  at::Tensor plain, offset;
+  RETURN_IF_ERROR(runtime::TorchCall("smoothing a norm", [&] {
+    plain = (w / scales).to(w.scalar_type());
+    offset = ((w.to(at::kFloat) + 1) / scales - 1).to(w.scalar_type());
+  }));
+  NormSmoothing out;
+  RETURN_IF_ERROR(set(plain));
+  ASSIGN_OR_RETURN(out.drift, drift());
+  RETURN_IF_ERROR(set(offset));
+  ASSIGN_OR_RETURN(OutputDrift with_offset, drift());
+  if (with_offset.relative() < out.drift.relative()) {
+    out.drift = with_offset;
+    out.offset = true;
+    return out;
+  }
+  RETURN_IF_ERROR(set(plain));
+  return out;
 }
 
 absl::Status OutputDrift::Check(c10::ScalarType dtype, absl::string_view where,

@@ -15,7 +15,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace tracecut::pipelines {
@@ -36,6 +38,21 @@ class OutputDrift {
   double diff_ = 0;
   double norm_ = 0;
 };
+
+// A norm smooth layer's weight `w` divided by the smoothing `scales`: a norm
+// computing x * w needs w / s, one computing x * (1 + w) (Gemma's)
+// 1 + w' = (1 + w) / s. `set` puts a candidate into the model and `drift`
+// measures the outputs with it; both are tried and the one that moves them
+// less is kept, so that no rounding tolerance can hide the wrong one.
+// Returns its drift; `offset` says whether it was the (1 + w) one.
+struct NormSmoothing {
+  OutputDrift drift;
+  bool offset = false;
+};
+absl::StatusOr<NormSmoothing> SmoothNormWeight(
+    const at::Tensor& w, const at::Tensor& scales,
+    absl::FunctionRef<absl::Status(const at::Tensor&)> set,
+    absl::FunctionRef<absl::StatusOr<OutputDrift>()> drift);
 
 }  // namespace tracecut::pipelines
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "util/status_macros.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
@@ -30,6 +31,35 @@ TEST(OutputDriftTest, BoundDependsOnTheWeightsDtype) {
   OutputDrift rounding;
   ASSERT_OK(rounding.Add(at::ones({100}), at::ones({100}) * (1 + 1e-6)));
   EXPECT_OK(rounding.Check(at::kFloat, "awq: a.norm", "a.mlp"));
+}
+
+// A toy norm x * g with g either w (plain) or 1 + w (Gemma's): whichever it
+// is, SmoothNormWeight leaves the weight that keeps x * g / s's product with
+// s equal to the original output.
+TEST(SmoothNormWeightTest, KeepsTheUpdateThatPreservesTheOutput) {
+  const at::Tensor w = at::tensor({0.5f, -0.25f, 2.0f});
+  const at::Tensor s = at::tensor({2.0f, 0.5f, 4.0f});
+  for (const bool offset_norm : {false, true}) {
+    SCOPED_TRACE(offset_norm);
+    auto gain = [&](const at::Tensor& weight) {
+      return offset_norm ? weight + 1 : weight;
+    };
+    const at::Tensor want = gain(w);
+    at::Tensor current = w;
+    auto set = [&](const at::Tensor& t) {
+      current = t;
+      return absl::OkStatus();
+    };
+    auto drift = [&]() -> absl::StatusOr<OutputDrift> {
+      OutputDrift d;  // The balance layers multiply by s again.
+      RETURN_IF_ERROR(d.Add(want, gain(current) * s));
+      return d;
+    };
+    ASSERT_OK_AND_ASSIGN(NormSmoothing n, SmoothNormWeight(w, s, set, drift));
+    EXPECT_EQ(n.offset, offset_norm);
+    EXPECT_LT(n.drift.relative(), 1e-6);
+    EXPECT_TRUE(at::allclose(gain(current) * s, want));
+  }
 }
 
 }  // namespace

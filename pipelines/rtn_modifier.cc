@@ -279,15 +279,9 @@ absl::Status WeightQuantModifier::OnFunctionCall(RunContext& ctx,
                      ": scaled_dot_product_attention without tensor "
                      "keys and values"));
   }
-  KvPending& p = kv_pending_[path];
-  if (!p.k.has_value()) {
-    p.type = call.node->scope().type();
-    ASSIGN_OR_RETURN(quantization::ActivationObserver k,
-                     quantization::ActivationObserver::CreateForAttention(
-                         *options_.kv_cache));
-    p.k.emplace(k);
-    p.v.emplace(std::move(k));
-  }
+  ASSIGN_OR_RETURN(KvPending * pending,
+                   KvPendingOf(path, call.node->scope().type()));
+  KvPending& p = *pending;
   const bool per_head = options_.kv_cache->resolved_strategy() ==
                         quantization::Strategy::kAttnHead;
   for (int i : {1, 2}) {
@@ -312,6 +306,21 @@ absl::Status WeightQuantModifier::OnFunctionCall(RunContext& ctx,
   }
   ++p.batches;
   return absl::OkStatus();
+}
+
+absl::StatusOr<WeightQuantModifier::KvPending*>
+WeightQuantModifier::KvPendingOf(const std::string& path,
+                                 const std::string& type) {
+  KvPending& p = kv_pending_[path];
+  if (!p.k.has_value()) {
+    p.type = type;
+    ASSIGN_OR_RETURN(quantization::ActivationObserver k,
+                     quantization::ActivationObserver::CreateForAttention(
+                         *options_.kv_cache));
+    p.k.emplace(k);
+    p.v.emplace(std::move(k));
+  }
+  return &p;
 }
 
 absl::Status WeightQuantModifier::RecordKvCache(RunContext& ctx) {

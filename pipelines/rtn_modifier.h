@@ -297,6 +297,9 @@ class WeightQuantModifier : public Modifier {
     int64_t batches = 0;
   };
   std::map<std::string, KvPending> kv_pending_;
+  // The entry of the attention at `path` (of `type`), with its observers.
+  absl::StatusOr<KvPending*> KvPendingOf(const std::string& path,
+                                         const std::string& type);
   // Every attention of the model (module path -> type): the list each rank
   // reduces in a data-parallel run.
   std::map<std::string, std::string> kv_attentions_;

@@ -379,12 +379,6 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
                      }));
     RETURN_IF_ERROR(ctx.UpdateTensor(absl::StrCat(balance[k], ".weight"), w));
   }
-  ASSIGN_OR_RETURN(
-      at::Tensor new_sw, runtime::TorchCall("smoothquant", [&] {
-        at::Tensor s = sw.dim() == 1 ? scales : scales.view({-1, 1});
-        return (sw / s).to(sw.scalar_type());
-      }));
-  RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, new_sw));
   ASSIGN_OR_RETURN(torch::jit::Module m, ctx.model().GetSubmodule(smooth));
   const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
   if (has_bias) {
@@ -396,7 +390,9 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
                      }));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
-  if (!check) return absl::OkStatus();
+  auto set_weight = [&](const at::Tensor& w) {
+    return ctx.UpdateTensor(smooth_weight, w);
+  };
   auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {
     std::vector<at::Tensor> after;
     RETURN_IF_ERROR(outputs(after));
@@ -406,23 +402,24 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
     }
     return drift;
   };
-  ASSIGN_OR_RETURN(OutputDrift drift, drift_of());
-  if (sw.dim() == 1 && !has_bias) {
-    // A norm computing x * (1 + weight) (Gemma's) needs 1 + w' = (1 + w) / s:
-    // both are tried and the one that keeps the outputs wins (as AWQ does).
-    ASSIGN_OR_RETURN(
-        at::Tensor offset_sw, runtime::TorchCall("smoothquant", [&] {
-          return ((sw.to(at::kFloat) + 1) / scales - 1).to(sw.scalar_type());
-        }));
-    RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, offset_sw));
-    ASSIGN_OR_RETURN(OutputDrift offset, drift_of());
-    if (offset.relative() < drift.relative()) {
-      drift = offset;
+  OutputDrift drift;
+  if (check && sw.dim() == 1 && !has_bias) {
+    ASSIGN_OR_RETURN(NormSmoothing n,
+                     SmoothNormWeight(sw, scales, set_weight, drift_of));
+    drift = n.drift;
+    if (n.offset) {
       ctx.results().Module(smooth).notes.push_back(
           "smoothquant: smoothed as a (1 + weight) norm");
-    } else {
-      RETURN_IF_ERROR(ctx.UpdateTensor(smooth_weight, new_sw));
     }
+  } else {
+    ASSIGN_OR_RETURN(
+        at::Tensor new_sw, runtime::TorchCall("smoothquant", [&] {
+          at::Tensor s = sw.dim() == 1 ? scales : scales.view({-1, 1});
+          return (sw / s).to(sw.scalar_type());
+        }));
+    RETURN_IF_ERROR(set_weight(new_sw));
+    if (!check) return absl::OkStatus();
+    ASSIGN_OR_RETURN(drift, drift_of());
   }
   RETURN_IF_ERROR(drift.Check(sw.scalar_type(),
                               absl::StrCat("smoothquant: ", smooth),

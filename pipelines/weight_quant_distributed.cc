@@ -354,15 +354,9 @@ absl::Status WeightQuantModifier::ReduceKvCache() {
   for (size_t i = 0; i < paths.size(); ++i) {
     if (acc[i][1] == 0) continue;  // In a later subgraph.
     const std::string& path = paths[i];
-    KvPending& p = kv_pending_[path];
-    if (!p.k.has_value()) {
-      p.type = kv_attentions_.at(path);
-      ASSIGN_OR_RETURN(quantization::ActivationObserver k,
-                       quantization::ActivationObserver::CreateForAttention(
-                           *options_.kv_cache));
-      p.k.emplace(k);
-      p.v.emplace(std::move(k));
-    }
+    ASSIGN_OR_RETURN(KvPending * pending,
+                     KvPendingOf(path, kv_attentions_.at(path)));
+    KvPending& p = *pending;
     for (auto [observer, which] :
          {std::pair(&*p.k, "keys"), std::pair(&*p.v, "values")}) {
       RETURN_IF_ERROR(ReduceObserver(

@@ -40,7 +40,7 @@ import torch
 import transformers
 
 from parity_common import (check_gemma2, export_checkpoint, make_model,
-                           relative, run, VOCAB)
+                           relative, run, smoothed_drift, VOCAB)
 
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -89,16 +89,6 @@ def logit_error(path, want, ids):
       path, dtype=torch.float32).eval()
   with torch.no_grad():
     got = m(input_ids=ids).logits
-  return ((got - want).norm() / want.norm()).item()
-
-
-def smoothed_drift(model, smoothed, ids):
-  """Relative error of the smoothed TorchScript model's logits against the
-  original transformers model's on `ids`."""
-  with torch.no_grad():
-    want = model(input_ids=ids).logits
-    got = smoothed(ids)
-  got = got if isinstance(got, torch.Tensor) else got[0]
   return ((got - want).norm() / want.norm()).item()
 
 

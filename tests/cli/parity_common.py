@@ -68,6 +68,16 @@ def relative(a, b):
           b.double().abs().max()).item()
 
 
+def smoothed_drift(model, smoothed, ids):
+  """Relative error of the smoothed TorchScript model's logits against the
+  original transformers model's on `ids`."""
+  with torch.no_grad():
+    want = model(input_ids=ids).logits
+    got = smoothed(ids)
+  got = got if isinstance(got, torch.Tensor) else got[0]
+  return ((got - want).norm() / want.norm()).item()
+
+
 def check_gemma2(tracecut, ids, modifier, label):
   """Gemma 2: its norms compute x * (1 + weight), and its MLP reads
   pre_feedforward_layernorm. `modifier` (a recipe modifier, run alone, with
@@ -107,11 +117,7 @@ def check_gemma2(tracecut, ids, modifier, label):
     with open(report) as f:
       notes = json.dumps(json.load(f)).count("(1 + weight) norm")
     assert notes == 4, f"{label} on Gemma 2: {notes} (1 + weight) norms"
-    with torch.no_grad():
-      want = model(input_ids=ids[:2]).logits
-      got = smoothed(ids[:2])
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    err = ((got - want).norm() / want.norm()).item()
+    err = smoothed_drift(model, smoothed, ids[:2])
     assert err <= 1e-5, f"{label} on Gemma 2 changed the logits: {err:.3g}"
     print(f"{label} on Gemma 2: 4 (1 + weight) norms smoothed; logits "
           f"unchanged ({err:.3g})")
