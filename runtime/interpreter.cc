@@ -459,6 +459,28 @@ Interpreter::HookId Interpreter::AddModuleHook(ModuleHook hook) {
   return id;
 }
 
+namespace {
+
+void PlaceOperand(internal::Operand& o, c10::Device device) {
+  if (o.kind != internal::Operand::Kind::kConstant) {
+    for (internal::Operand& e : o.elements) PlaceOperand(e, device);
+    return;
+  }
+  if (o.constant.isDevice()) {
+    o.constant = device;
+  } else if (o.constant.isTensor()) {
+    o.constant = o.constant.toTensor().to(device);
+  }
+}
+
+}  // namespace
+
+void Interpreter::PlaceOn(c10::Device device) {
+  for (internal::NodePlan& p : plan_->nodes) {
+    for (internal::Operand& o : p.operands) PlaceOperand(o, device);
+  }
+}
+
 bool Interpreter::RemoveHook(HookId id) {
   auto remove = [id](auto& hooks) {
     auto it = std::find_if(hooks.begin(), hooks.end(),

@@ -152,6 +152,35 @@ TEST(InterpreterTest, OptionalTensorListsDevicesAndDtypes) {
   EXPECT_TRUE(torch::equal(y->toTensor(), expected));
 }
 
+// PlaceOn rewrites the devices written into the graph: the meta device
+// stands in for a GPU (it exists on every machine).
+TEST(InterpreterTest, PlaceOnMovesDevicesWrittenIntoTheGraph) {
+  auto g = std::make_unique<ir::Graph>();
+  Node* x = *g->Placeholder("x");
+  Node* range = *g->CallFunction("aten::arange", {Argument::Int(3)},
+                                 {{"dtype", Argument::DType("float32")},
+                                  {"device", Argument::Device("cpu")}});
+  Node* moved = *g->CallFunction(
+      "aten::to.device",
+      {R(x), Argument::Device("cpu"), Argument::DType("float32"),
+       Argument::Bool(false), Argument::Bool(false)});
+  Node* sum = *g->CallFunction("aten::add.Tensor", {R(moved), R(range)});
+  (void)*g->Output(R(sum));
+  GraphModule gm(MakeMlp(), std::move(g));
+  absl::StatusOr<Interpreter> interp = Interpreter::Create(gm);
+  ASSERT_TRUE(interp.ok()) << interp.status();
+  absl::StatusOr<c10::IValue> cpu = interp->Run({at::ones({3})});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(torch::equal(cpu->toTensor(), torch::tensor({1.F, 2.F, 3.F})));
+
+  interp->PlaceOn(c10::Device(c10::kMeta));
+  absl::StatusOr<c10::IValue> meta =
+      interp->Run({at::ones({3}, at::TensorOptions().device(c10::kMeta))});
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_TRUE(meta->toTensor().is_meta());
+  EXPECT_EQ(meta->toTensor().sizes(), c10::IntArrayRef({3}));
+}
+
 struct Event {
   std::string what;
   size_t num_inputs;
