@@ -554,7 +554,8 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
                        return loss.defined() ? loss.reshape({1}).to(at::kFloat)
                                              : at::zeros({1}, at::kFloat);
                      }));
-    at::Tensor count = at::full({1}, elements, at::kLong);
+    at::Tensor count =
+        at::full({1}, elements, total.options().dtype(at::kLong));
     if (Distributed()) {
       at::Tensor count_f = count.to(at::kDouble);
       RETURN_IF_ERROR(options_.collective->AllReduce(

@@ -41,6 +41,7 @@
 #include "pipelines/smoothquant_modifier.h"
 #include "pipelines/weight_stream.h"
 #include "quantization/quant_args.h"
+#include "runtime/device.h"
 #include "runtime/finite.h"
 #include "runtime/lowering.h"
 #include "runtime/torch_status.h"
@@ -702,6 +703,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   p.resume = options.resume;
   p.stop_after_subgraph = options.stop_after_subgraph;
   p.progress = progress;
+  p.device = options.device;
   ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
   p.fingerprint = absl::StrCat(
       "model ", model_identity, "; recipe ",
@@ -709,10 +711,24 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
       absl::StrJoin(targets, ","),
       p.calibrate_all_experts ? absl::StrCat("; all experts ", p.expert_pattern)
                               : "",
-      streaming ? "; weights streamed" : "");
+      streaming ? "; weights streamed" : "",
+      // Another device computes other bits: a checkpoint continues only on
+      // the kind of device that began it.
+      options.device.is_cpu()
+          ? ""
+          : absl::StrCat("; device ",
+                         c10::DeviceTypeName(options.device.type(),
+                                             /*lower_case=*/true)));
 
   const bool distributed =
       options.collective != nullptr && options.collective->distributed();
+  if (distributed && !options.device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--device=", runtime::DeviceName(options.device),
+        ": data-parallel runs compute on the CPU only (one GPU per rank over "
+        "NCCL is not built yet); run one process on the GPU, or the ranks "
+        "on the CPU"));
+  }
   const int rank = distributed ? options.collective->rank() : 0;
   const int world_size = distributed ? options.collective->world_size() : 1;
   const bool partitioned = p.kind != PipelineKind::kBasic;
@@ -879,6 +895,7 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   info.batches = static_cast<int64_t>(data.batches.size());
   info.data_fingerprint = data.fingerprint;
   info.include_run_section = options.report_run_section;
+  info.device = runtime::DeviceName(options.device);
   outcome.report = BuildReport(info, outcome.results, &outcome.pipeline);
 
   // The report goes next to its destination first, the model is saved, and

@@ -136,6 +136,10 @@ struct CalibrateOptions {
 
   Progress* progress = nullptr;
 
+  // Where subgraphs compute (runtime::ResolveDevice; Note [Devices] in
+  // pipeline.cc). Data-parallel runs compute on the CPU only.
+  c10::Device device = c10::Device(c10::kCPU);
+
   // Data-parallel calibration (not owned; docs/distributed.md): this rank
   // calibrates its shard of the data (ShardCalibrationData), the modifiers
   // combine statistics over all ranks, and only rank 0 writes the output

@@ -28,6 +28,8 @@
 #include "pipelines/interrupt.h"
 #include "pipelines/pipeline_checkpoint.h"
 #include "pipelines/pipeline_internal.h"
+#include "runtime/device.h"
+#include "runtime/device_placement.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 #include "util/status.h"
@@ -35,6 +37,20 @@
 
 namespace tracecut::pipelines {
 namespace {
+
+// Note [Devices]
+// With PipelineOptions::device a GPU, the parameters a subgraph reads go to
+// the device once its weights are loaded and come back before they are
+// written (DevicePlacement); its interpreter computes there
+// (Interpreter::PlaceOn: the `device=cpu` torch.export writes into factory
+// calls becomes the device). Inputs are copied from the cache to the device
+// as a batch reads them, and outputs kept for later subgraphs are copied
+// back: the cache stays on the host, as llm-compressor's IntermediatesCache
+// (which offloads to the CPU by default). The modifiers' statistics
+// (Hessians, ranges) are made from the device's activations and their work
+// at the subgraph's end runs where those are; what they record goes to the
+// host with the weights (RecordsToHost). Device memory: one subgraph's
+// weights, its modifiers' statistics and one batch's activations.
 
 using internal::ForEachModifier;
 using internal::HookDispatcher;
@@ -114,6 +130,8 @@ class PartitionedRun {
   absl::StatusOr<int> Restore(RunContext& ctx);
   absl::Status PutTracked(int64_t batch, const std::string& name,
                           const c10::IValue& value);
+  // The cache's value, on the run's device.
+  absl::StatusOr<c10::IValue> GetInput(int64_t batch, const std::string& name);
   ProgressPoint Point(int i, const char* stage, int64_t batch,
                       int64_t batches) const;
 
@@ -189,6 +207,7 @@ absl::Status PartitionedRun::Plan() {
           absl::StrFormat("subgraph %d/%d (%s)", i + 1, n, step.label));
     }
     step.interp = std::make_unique<Interpreter>(std::move(*interp));
+    if (!options_.device.is_cpu()) step.interp->PlaceOn(options_.device);
     step.info.index = i;
     step.info.count = n;
     step.info.label = step.label;
@@ -264,9 +283,27 @@ std::string PartitionedRun::RunIdentity() const {
                       "caller=", options_.fingerprint, "\n");
 }
 
+absl::StatusOr<c10::IValue> PartitionedRun::GetInput(int64_t batch,
+                                                     const std::string& name) {
+  ASSIGN_OR_RETURN(c10::IValue v, cache_->Get(batch, name));
+  if (options_.device.is_cpu()) return v;
+  return runtime::TorchCall(
+      absl::StrCat("copying '", name, "' to ",
+                   runtime::DeviceName(options_.device)),
+      [&] { return runtime::ToDevice(v, options_.device); });
+}
+
 absl::Status PartitionedRun::PutTracked(int64_t batch, const std::string& name,
                                         const c10::IValue& value) {
-  RETURN_IF_ERROR(cache_->Put(batch, name, value));
+  // The cache lives on the host (Note [Devices]).
+  ASSIGN_OR_RETURN(
+      c10::IValue host,
+      runtime::TorchCall(absl::StrCat("copying '", name, "' to the host"), [&] {
+        return options_.device.is_cpu()
+                   ? value
+                   : runtime::ToDevice(value, c10::Device(c10::kCPU));
+      }));
+  RETURN_IF_ERROR(cache_->Put(batch, name, host));
   result_.peak_cache_values =
       std::max(result_.peak_cache_values, cache_->stats().values);
   return absl::OkStatus();
@@ -288,7 +325,7 @@ absl::Status PartitionedRun::RunBatches(int i, const char* stage, bool store,
     std::vector<c10::IValue> inputs;
     inputs.reserve(s.input_names.size());
     for (const std::string& name : s.input_names) {
-      absl::StatusOr<c10::IValue> v = cache_->Get(b, name);
+      absl::StatusOr<c10::IValue> v = GetInput(b, name);
       if (!v.ok()) return util::Annotate(v.status(), where);
       inputs.push_back(std::move(*v));
     }
@@ -369,7 +406,7 @@ absl::Status PartitionedRun::Replay(int i, RunContext& ctx,
     std::vector<c10::IValue> inputs;
     inputs.reserve(s.input_names.size());
     for (const std::string& name : s.input_names) {
-      ASSIGN_OR_RETURN(c10::IValue v, cache_->Get(batch, name));
+      ASSIGN_OR_RETURN(c10::IValue v, GetInput(batch, name));
       inputs.push_back(std::move(v));
     }
     stopped = false;
@@ -395,6 +432,12 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   SubgraphCacheStats stats;
   const absl::Time load_start = absl::Now();
   if (options_.weights != nullptr) RETURN_IF_ERROR(options_.weights->Load(i));
+  std::vector<std::string> placed_paths = step.subgraph->param_targets;
+  placed_paths.insert(placed_paths.end(), step.subgraph->leaf_modules.begin(),
+                      step.subgraph->leaf_modules.end());
+  ASSIGN_OR_RETURN(runtime::DevicePlacement placed,
+                   runtime::DevicePlacement::Place(
+                       model_.module(), placed_paths, options_.device));
   stats.load_seconds = absl::ToDoubleSeconds(absl::Now() - load_start);
   // Measured now: streamed weights are only loaded from here to Done().
   stats.param_bytes = ParamBytesRead(*step.subgraph, model_.module());
@@ -429,6 +472,11 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   std::vector<Interpreter::HookId> ids =
       hooks.Attach(*step.interp, i, experts.get());
   if (experts != nullptr) {
+    if (!options_.device.is_cpu()) {
+      for (Interpreter* e : experts->expert_interpreters()) {
+        e->PlaceOn(options_.device);
+      }
+    }
     expert_ids.push_back(experts->AttachCapture(*step.interp));
     for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, i);
   }
@@ -464,6 +512,8 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   }
   timing.propagate_seconds = absl::ToDoubleSeconds(absl::Now() - t2);
   const absl::Time write_start = absl::Now();
+  RETURN_IF_ERROR(placed.Return());
+  RETURN_IF_ERROR(internal::RecordsToHost(results_));
   if (options_.weights != nullptr) {
     RETURN_IF_ERROR(options_.weights->Done(i, results_));
   }
@@ -480,6 +530,8 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   stats.label = step.label;
   stats.nodes = step.subgraph->node_count;
   stats.rss_bytes = ResidentBytes();
+  ASSIGN_OR_RETURN(stats.device_peak_bytes,
+                   runtime::DevicePeakBytes(options_.device));
   stats.values = cache_->stats().values;
   stats.bytes_held = cache_->stats().bytes_held;
   stats.bytes_on_disk = cache_->stats().bytes_on_disk;

@@ -143,6 +143,10 @@ struct PipelineOptions {
   // unchanged (expert_calibration.h).
   bool calibrate_all_experts = false;
   std::string expert_pattern = kDefaultExpertPattern;
+  // Where subgraphs compute (Note [Devices] in pipeline.cc): their
+  // weights, inputs, hooks' statistics and the modifiers' work live there
+  // while they run; the model, the cache and the results stay on the host.
+  c10::Device device = c10::Device(c10::kCPU);
   // Not owned; nullptr: the model holds all its weights.
   SubgraphWeights* weights = nullptr;
   // Not owned; nullptr: this process checkpoints on its own.
@@ -168,6 +172,8 @@ struct SubgraphCacheStats {
   double write_seconds = 0;
   // The process's resident memory after the subgraph (0: unknown).
   int64_t rss_bytes = 0;
+  // On a GPU: the most device memory LibTorch held so far (0: CPU).
+  int64_t device_peak_bytes = 0;
 };
 
 struct PipelineResult {

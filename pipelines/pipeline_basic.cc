@@ -14,6 +14,8 @@
 #include "absl/time/time.h"
 #include "pipelines/interrupt.h"
 #include "pipelines/pipeline_internal.h"
+#include "runtime/device.h"
+#include "runtime/device_placement.h"
 #include "runtime/torch_status.h"
 #include "util/status.h"
 #include "util/status_macros.h"
@@ -36,6 +38,8 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   Progress silent = Progress::Silent();
   Progress* progress = options.progress != nullptr ? options.progress : &silent;
   ASSIGN_OR_RETURN(Interpreter interp, Interpreter::Create(model));
+  // Note [Devices] (pipeline.cc), for the whole model at once.
+  if (!options.device.is_cpu()) interp.PlaceOn(options.device);
   if (interp.placeholders().size() != data.input_names.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model has ", interp.placeholders().size(),
@@ -83,6 +87,9 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   progress->Begin(num_batches * (transform_pass ? 2 : 1) + 1);
   SubgraphTiming timing;
   timing.label = info.label;
+  ASSIGN_OR_RETURN(
+      runtime::DevicePlacement placed,
+      runtime::DevicePlacement::Place(model.module(), {""}, options.device));
   RETURN_IF_ERROR(ForEachModifier(
       modifiers, [&](Modifier* m) { return m->OnSubgraphStart(ctx, info); }));
   absl::Time t0 = absl::Now();
@@ -93,6 +100,11 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
                                               options.expert_pattern));
     if (experts->empty()) experts.reset();
   }
+  if (experts != nullptr && !options.device.is_cpu()) {
+    for (Interpreter* e : experts->expert_interpreters()) {
+      e->PlaceOn(options.device);
+    }
+  }
   // One pass over all batches with `dispatcher`'s hooks.
   auto run_batches = [&](const char* stage, HookDispatcher& dispatcher,
                          AllExpertsRunner* runner) -> absl::Status {
@@ -101,7 +113,16 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
           absl::StrFormat("whole model, %s batch %d", stage, b);
       RETURN_IF_ERROR(CheckInterrupt());
       dispatcher.set_batch(b);
-      absl::StatusOr<c10::IValue> out = interp.Run(data.batches[b]);
+      std::vector<c10::IValue> inputs = data.batches[b];
+      if (!options.device.is_cpu()) {
+        ASSIGN_OR_RETURN(inputs, runtime::TorchCall(where, [&] {
+                           for (c10::IValue& v : inputs) {
+                             v = runtime::ToDevice(v, options.device);
+                           }
+                           return inputs;
+                         }));
+      }
+      absl::StatusOr<c10::IValue> out = interp.Run(std::move(inputs));
       if (!dispatcher.status().ok()) return dispatcher.status();
       if (!out.ok()) return util::Annotate(out.status(), where);
       if (runner != nullptr) {
@@ -149,6 +170,8 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   progress->EndStep(point("compress", 0, 0));
   timing.compress_seconds = absl::ToDoubleSeconds(absl::Now() - t1);
   results.subgraphs.push_back(timing);
+  RETURN_IF_ERROR(placed.Return());
+  RETURN_IF_ERROR(internal::RecordsToHost(results));
   RETURN_IF_ERROR(ForEachModifier(
       modifiers, [&](Modifier* m) { return m->OnRunEnd(ctx); }));
   progress->Finish(

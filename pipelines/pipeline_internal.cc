@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines::internal {
@@ -133,6 +134,27 @@ std::vector<Interpreter::HookId> HookDispatcher::Attach(
         }
       }));
   return ids;
+}
+
+absl::Status RecordsToHost(CalibrationResults& results) {
+  return runtime::TorchCall("moving results to the host", [&] {
+    const c10::Device host(c10::kCPU);
+    auto to_host = [&](at::Tensor& t) {
+      if (t.defined() && !t.device().is_cpu()) t = t.to(host);
+    };
+    for (auto& [path, r] : results.modules) {
+      for (at::Tensor* t : {&r.weight_scale, &r.weight_zero_point,
+                            &r.weight_g_idx, &r.weight_global_scale}) {
+        to_host(*t);
+      }
+      for (ActivationRange* range :
+           {&r.input, &r.output, &r.k_cache, &r.v_cache}) {
+        to_host(range->scale);
+        to_host(range->zero_point);
+        to_host(range->global_scale);
+      }
+    }
+  });
 }
 
 }  // namespace tracecut::pipelines::internal

@@ -32,6 +32,11 @@ std::string NonFiniteKind(const c10::IValue& v);
 absl::Status ForEachModifier(absl::Span<Modifier* const> modifiers,
                              const std::function<absl::Status(Modifier*)>& fn);
 
+// The tensors of `results`' module records (quantization parameters) on
+// the host, where the writers and checkpoints read them (Note [Devices] in
+// pipeline.cc).
+absl::Status RecordsToHost(CalibrationResults& results);
+
 // Dispatches module-hook calls to the modifiers that want them.
 class HookDispatcher {
  public:

@@ -27,6 +27,7 @@
 #include "pipelines/gptq_modifier.h"
 #include "pipelines/modifier.h"
 #include "pipelines/observers.h"
+#include "pipelines/pipeline_internal.h"
 #include "pipelines/rtn_modifier.h"
 #include "quantization/quant_args.h"
 #include "util/testing/runfiles.h"
@@ -565,6 +566,21 @@ TEST(PipelineTest, LayerSequentialRejectsModelsThatAreNotAChain) {
   CalibrationResults seq_results;
   Observer observer2(o);
   EXPECT_OK(RunPipeline(gm, data, {&observer2}, seq_results, options));
+}
+
+// Note [Devices]: records made on a GPU go to the host; host tensors stay
+// the same objects (a CPU run is byte-identical to one without devices).
+TEST(RecordsToHostTest, KeepsHostTensors) {
+  CalibrationResults results;
+  ModuleRecord& r = results.Module("a");
+  r.weight_scale = at::ones({2, 1});
+  r.input.scale = at::ones({1});
+  const at::Tensor scale = r.weight_scale;
+  const at::Tensor input_scale = r.input.scale;
+  ASSERT_OK(internal::RecordsToHost(results));
+  EXPECT_TRUE(results.Module("a").weight_scale.is_same(scale));
+  EXPECT_TRUE(results.Module("a").input.scale.is_same(input_scale));
+  EXPECT_FALSE(results.Module("a").weight_zero_point.defined());
 }
 
 }  // namespace

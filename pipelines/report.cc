@@ -217,6 +217,9 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
         j["cache_bytes_held"] = Json(st.bytes_held);
         j["cache_bytes_on_disk"] = Json(st.bytes_on_disk);
         j["rss_bytes"] = Json(st.rss_bytes);
+        if (st.device_peak_bytes > 0) {
+          j["device_peak_bytes"] = Json(st.device_peak_bytes);
+        }
         subgraphs.push_back(std::move(j));
       }
       run["subgraphs"] = std::move(subgraphs);
@@ -225,6 +228,12 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
     if (getrusage(RUSAGE_SELF, &usage) == 0) {
       run["peak_rss_bytes"] =
           Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
+    }
+    run["device"] = Json(info.device);
+    if (pipeline != nullptr && !pipeline->subgraphs.empty() &&
+        pipeline->subgraphs.back().device_peak_bytes > 0) {
+      run["device_peak_bytes"] =
+          Json(pipeline->subgraphs.back().device_peak_bytes);
     }
     if (info.streamed_peak_weight_bytes.has_value()) {
       run["streamed_peak_weight_bytes"] =

@@ -90,6 +90,8 @@ struct ReportInfo {
   std::string recipe_text;
   // Streamed runs: the most checkpoint weight bytes held at once.
   std::optional<int64_t> streamed_peak_weight_bytes;
+  // Where subgraphs computed ("cpu", "cuda:0"); the run section states it.
+  std::string device = "cpu";
   bool include_run_section = true;
 };
 

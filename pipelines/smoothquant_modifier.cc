@@ -100,7 +100,8 @@ absl::StatusOr<at::Tensor> SmoothQuantScales(
     at::Tensor scales = activation.pow(alpha) / weight.pow(1 - alpha);
     scales = at::where(weight > 0.0, scales, activation);
     // torch.Tensor([1e-5]) there: fp32, which promotes fp16 / bf16 scales.
-    return at::maximum(scales, at::full({1}, kMinimumScale, at::kFloat));
+    return at::maximum(scales, at::full({1}, kMinimumScale,
+                                        scales.options().dtype(at::kFloat)));
   });
 }
 

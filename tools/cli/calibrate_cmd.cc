@@ -29,6 +29,7 @@
 #include "pipelines/recipe_yaml.h"
 #include "pipelines/report_html.h"
 #include "quantization/quant_args.h"
+#include "runtime/device.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
 #include "tools/cli/model_flags.h"
@@ -172,6 +173,14 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   // Data-parallel: launch the ranks here, or be one (launch.h).
   ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
   ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
+  // Before anything asks LibTorch about CUDA (runtime/device.h).
+  const std::string device = args.Get("device").value_or("cpu");
+  if (device != "cpu" && (nproc > 1 || IsLaunchedRank())) {
+    return UsageError(absl::StrCat(
+        "--device=", device,
+        ": data-parallel runs compute on the CPU only (one GPU per rank over "
+        "NCCL is not built yet); drop --device or --nproc-per-node"));
+  }
   if (nproc > 1 && !IsLaunchedRank()) {
     RETURN_IF_ERROR(CheckRankCount(nproc, args));
     const std::string output = args.Get("output").value_or("");
@@ -187,6 +196,11 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
   const bool quiet_rank = collective != nullptr && collective->rank() != 0;
   CalibrateOptions o;
+  absl::StatusOr<c10::Device> resolved = runtime::ResolveDevice(device);
+  if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
+    return UsageError(resolved.status().message());
+  }
+  ASSIGN_OR_RETURN(o.device, std::move(resolved));
   o.collective = collective.get();
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");
@@ -362,6 +376,18 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     io.err << ")";
   }
   io.err << "\n";
+  if (!o.device.is_cpu()) {
+    const Json* run = util::FindMember(out.report, "run");
+    const Json* peak =
+        run != nullptr ? util::FindMember(*run, "device_peak_bytes") : nullptr;
+    io.err << "tracecut calibrate: computed on "
+           << runtime::DeviceName(o.device);
+    if (peak != nullptr) {
+      io.err << "; at most " << util::HumanBytes(peak->get<int64_t>())
+             << " of device memory held at once";
+    }
+    io.err << "\n";
+  }
   if (out.streamed_peak_weight_bytes.has_value()) {
     io.err << "tracecut calibrate: weights streamed; at most "
            << util::HumanBytes(*out.streamed_peak_weight_bytes)
@@ -527,6 +553,11 @@ Subcommand CalibrateCommand() {
                       "leaving its checkpoint (for testing --resume; every "
                       "rank of a data-parallel run stops there)"),
       FlagSpec::Bool("json", "print the report on stdout"),
+      FlagSpec::Value("device", "DEV",
+                      "where subgraphs compute: cpu (default), cuda, cuda:N, "
+                      "or auto (the first GPU when there is one); weights go "
+                      "to the device one subgraph at a time, activations are "
+                      "cached on the host (docs/devices.md)"),
       FlagSpec::Value("nproc-per-node", "N",
                       "data-parallel calibration: run N ranks on this "
                       "machine, each on its share of the samples "

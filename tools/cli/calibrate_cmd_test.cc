@@ -87,6 +87,11 @@ TEST(CalibrateCmdTest, UsageErrors) {
            {"calibrate", Llama(), "--scheme=W4A17", "-o", out},
            // Static activation scales are not calibrated yet.
            {"calibrate", Llama(), "--scheme=FP8", "-o", out},
+           {"calibrate", Llama(), "--scheme=W4A16", "--device=tpu", "-o", out},
+           {"calibrate", Llama(), "--scheme=W4A16", "--device=cuda:x", "-o",
+            out},
+           {"calibrate", Llama(), "--scheme=W4A16", "--device=cuda",
+            "--nproc-per-node=2", "-o", out},
        }) {
     Result r = RunTracecut(args);
     EXPECT_EQ(r.code, 2) << absl::StrJoin(args, " ") << "\n" << r.err;
@@ -280,6 +285,47 @@ TEST(CalibrateCmdTest, StopThenResumeMatchesUninterrupted) {
                        util::ReadFile(full + "/r.json"));
   EXPECT_THAT(util::ReadFile(part + "/r.json"), IsOkAndHolds(full_report));
   EXPECT_EQ(ListDir(part), std::vector<std::string>({"m.pt", "r.json"}));
+}
+
+// --device=cpu is today's run, byte for byte. --device=cuda computes on a
+// GPU where there is one (docs/devices.md); where there is none (CI) it is
+// one error line and nothing is written.
+TEST(CalibrateCmdTest, DeviceFlag) {
+  auto args = [&](const std::string& dir, const std::string& device) {
+    std::vector<std::string> a = {"calibrate",
+                                  Llama(),
+                                  "--recipe=" + Recipe(),
+                                  "--synthetic=4",
+                                  "--deterministic-report",
+                                  "-o",
+                                  dir + "/m.pt",
+                                  "--report=" + dir + "/r.json"};
+    if (!device.empty()) a.push_back("--device=" + device);
+    return a;
+  };
+  const std::string plain = TempDir("device_plain");
+  const std::string cpu = TempDir("device_cpu");
+  Result a = RunTracecut(args(plain, ""));
+  ASSERT_EQ(a.code, 0) << a.err;
+  Result b = RunTracecut(args(cpu, "cpu"));
+  ASSERT_EQ(b.code, 0) << b.err;
+  for (const char* file : {"/m.pt", "/r.json"}) {
+    ASSERT_OK_AND_ASSIGN(const std::string want, util::ReadFile(plain + file));
+    ASSERT_OK_AND_ASSIGN(const std::string got, util::ReadFile(cpu + file));
+    EXPECT_TRUE(want == got) << file;  // Binary: not printed.
+  }
+
+  const std::string gpu = TempDir("device_cuda");
+  Result c = RunTracecut(args(gpu, "cuda"));
+  if (c.code == 0) {  // A GPU machine.
+    EXPECT_THAT(c.err, HasSubstr("computed on cuda:0"));
+    return;
+  }
+  EXPECT_EQ(c.code, 1) << c.err;
+  EXPECT_THAT(c.err, StartsWith("tracecut calibrate: error: --device=cuda: "
+                                "CUDA: "));
+  EXPECT_EQ(std::count(c.err.begin(), c.err.end(), '\n'), 1) << c.err;
+  EXPECT_TRUE(ListDir(gpu).empty()) << c.err;
 }
 
 TEST(CalibrateCmdTest, ErrorsAreOneLineAndLeaveNothing) {
