@@ -13,6 +13,8 @@
 #include "ir/graph.h"
 #include "partition/subgraph.h"
 #include "runtime/compare.h"
+#include "runtime/device.h"
+#include "runtime/device_placement.h"
 #include "runtime/interpreter.h"
 #include "util/status_macros.h"
 
@@ -26,7 +28,7 @@ template <typename OnOutputs>
 absl::StatusOr<c10::IValue> Run(const Partition& partition,
                                 const torch::jit::Module& root,
                                 const std::vector<c10::IValue>& inputs,
-                                PartitionRunStats* stats,
+                                c10::Device device, PartitionRunStats* stats,
                                 OnOutputs&& on_outputs) {
   if (inputs.size() != partition.model_inputs.size()) {
     return absl::InvalidArgumentError(
@@ -53,6 +55,7 @@ absl::StatusOr<c10::IValue> Run(const Partition& partition,
           interp.status().code(),
           absl::StrCat(Sub(s.index), ": ", interp.status().message()));
     }
+    if (!device.is_cpu()) interp->PlaceOn(device);
     absl::StatusOr<c10::IValue> out = interp->Run(gather(s.input_names));
     if (!out.ok()) {
       return absl::Status(
@@ -76,9 +79,16 @@ absl::StatusOr<c10::IValue> Run(const Partition& partition,
   }
   ASSIGN_OR_RETURN(runtime::Interpreter tail,
                    runtime::Interpreter::Create(*partition.output_graph, root));
+  if (!device.is_cpu()) tail.PlaceOn(device);
   if (stats != nullptr) stats->peak_cached_values = peak;
   return tail.Run(gather(partition.model_outputs));
 }
+
+// CheckPartition with `inputs` and the model's tensors on options.device.
+absl::StatusOr<CheckResult> CheckOnDevice(
+    const ir::Graph& graph, const torch::jit::Module& root,
+    const Partition& partition, const std::vector<c10::IValue>& inputs,
+    const runtime::CompareOptions& options);
 
 }  // namespace
 
@@ -86,13 +96,32 @@ absl::StatusOr<c10::IValue> RunPartition(const Partition& partition,
                                          const torch::jit::Module& root,
                                          const std::vector<c10::IValue>& inputs,
                                          PartitionRunStats* stats) {
-  return Run(partition, root, inputs, stats,
+  return Run(partition, root, inputs, c10::Device(c10::kCPU), stats,
              [](const Subgraph&, c10::ArrayRef<c10::IValue>) {
                return absl::OkStatus();
              });
 }
 
 absl::StatusOr<CheckResult> CheckPartition(
+    const ir::Graph& graph, const torch::jit::Module& root,
+    const Partition& partition, const std::vector<c10::IValue>& host_inputs,
+    const runtime::CompareOptions& options) {
+  if (!options.device.is_cpu()) {
+    // The model's tensors on the device for both runs, back after them.
+    return runtime::DevicePlacement::WithModuleOn(
+        root, options.device, [&]() -> absl::StatusOr<CheckResult> {
+          ASSIGN_OR_RETURN(
+              std::vector<c10::IValue> inputs,
+              runtime::ValuesToDevice(host_inputs, options.device));
+          return CheckOnDevice(graph, root, partition, inputs, options);
+        });
+  }
+  return CheckOnDevice(graph, root, partition, host_inputs, options);
+}
+
+namespace {
+
+absl::StatusOr<CheckResult> CheckOnDevice(
     const ir::Graph& graph, const torch::jit::Module& root,
     const Partition& partition, const std::vector<c10::IValue>& inputs,
     const runtime::CompareOptions& options) {
@@ -104,6 +133,7 @@ absl::StatusOr<CheckResult> CheckPartition(
   absl::flat_hash_map<std::string, c10::IValue> reference;
   ASSIGN_OR_RETURN(runtime::Interpreter whole,
                    runtime::Interpreter::Create(graph, root));
+  if (!options.device.is_cpu()) whole.PlaceOn(options.device);
   whole.AddNodeHook([&](const ir::Node& node, absl::Span<const c10::IValue>,
                         const c10::IValue* output) {
     if (output != nullptr && wanted.contains(node.name())) {
@@ -143,8 +173,8 @@ absl::StatusOr<CheckResult> CheckPartition(
     result.subgraphs.push_back(r);
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(c10::IValue actual,
-                   Run(partition, root, inputs, &stats, on_outputs));
+  ASSIGN_OR_RETURN(c10::IValue actual, Run(partition, root, inputs,
+                                           options.device, &stats, on_outputs));
   absl::StatusOr<runtime::CompareResult> output =
       runtime::CompareValues(actual, expected, options);
   if (!output.ok()) {
@@ -157,6 +187,8 @@ absl::StatusOr<CheckResult> CheckPartition(
   result.peak_cached_values = stats.peak_cached_values;
   return result;
 }
+
+}  // namespace
 
 absl::StatusOr<CheckResult> CheckPartition(
     const runtime::GraphModule& gm, const Partition& partition,

@@ -115,12 +115,9 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
       dispatcher.set_batch(b);
       std::vector<c10::IValue> inputs = data.batches[b];
       if (!options.device.is_cpu()) {
-        ASSIGN_OR_RETURN(inputs, runtime::TorchCall(where, [&] {
-                           for (c10::IValue& v : inputs) {
-                             v = runtime::ToDevice(v, options.device);
-                           }
-                           return inputs;
-                         }));
+        ASSIGN_OR_RETURN(inputs, util::Annotate(runtime::ValuesToDevice(
+                                                    inputs, options.device),
+                                                where));
       }
       absl::StatusOr<c10::IValue> out = interp.Run(std::move(inputs));
       if (!dispatcher.status().ok()) return dispatcher.status();

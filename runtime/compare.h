@@ -37,6 +37,7 @@
 //   the first in traversal order (paths in order, elements in flat order).
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <optional>
@@ -59,6 +60,9 @@ inline constexpr double kDefaultAtol = 1e-5;
 struct CompareOptions {
   double rtol = kDefaultRtol;
   double atol = kDefaultAtol;
+  // Where the compared runs compute (runtime/device.h); the comparison
+  // itself reads the values on the host.
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 // InvalidArgument unless rtol and atol are finite and >= 0.

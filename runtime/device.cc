@@ -143,6 +143,18 @@ c10::IValue ToDevice(const c10::IValue& value, c10::Device device) {
   return value;
 }
 
+absl::StatusOr<std::vector<c10::IValue>> ValuesToDevice(
+    const std::vector<c10::IValue>& values, c10::Device device) {
+  return TorchCall(absl::StrCat("copying values to ", DeviceName(device)), [&] {
+    std::vector<c10::IValue> moved;
+    moved.reserve(values.size());
+    for (const c10::IValue& v : values) {
+      moved.push_back(ToDevice(v, device));
+    }
+    return moved;
+  });
+}
+
 absl::StatusOr<int64_t> DevicePeakBytes(c10::Device device) {
   if (device.is_cpu()) return 0;
   return TorchCall("device memory", [&] {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -40,6 +41,11 @@ std::string DeviceName(c10::Device device);
 // `value` with every tensor in it (through tuples, lists and dicts) on
 // `device`; tensors already there are not copied, other values are kept.
 c10::IValue ToDevice(const c10::IValue& value, c10::Device device);
+
+// ToDevice of each value; a LibTorch error (out of device memory) as a
+// Status.
+absl::StatusOr<std::vector<c10::IValue>> ValuesToDevice(
+    const std::vector<c10::IValue>& values, c10::Device device);
 
 // The most bytes LibTorch's caching allocator held for tensors on a CUDA
 // `device` since the process started; 0 for the CPU.

@@ -42,6 +42,13 @@ class DevicePlacement {
   // Every tensor of the model on the device back on the host. Idempotent.
   absl::Status Return();
 
+  // Places every tensor of `root` (DevicePlacement::Place with "") and
+  // returns them when `fn` is done, also when it fails: for checks that
+  // run a model on the device and leave it as it was.
+  template <typename Fn>
+  static auto WithModuleOn(const torch::jit::Module& root, c10::Device device,
+                           Fn fn) -> decltype(fn());
+
   // Tensors copied to the device, counted once.
   int64_t tensors() const { return static_cast<int64_t>(placed_.size()); }
 
@@ -54,6 +61,18 @@ class DevicePlacement {
   c10::Device device_ = c10::Device(c10::kCPU);
   std::vector<Placed> placed_;
 };
+
+template <typename Fn>
+auto DevicePlacement::WithModuleOn(const torch::jit::Module& root,
+                                   c10::Device device, Fn fn)
+    -> decltype(fn()) {
+  absl::StatusOr<DevicePlacement> placed = Place(root, {""}, device);
+  if (!placed.ok()) return placed.status();
+  auto result = fn();
+  absl::Status returned = placed->Return();
+  if (!returned.ok()) return returned;
+  return result;
+}
 
 }  // namespace tracecut::runtime
 

@@ -8,6 +8,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/compare.h"
+#include "runtime/device.h"
+#include "runtime/device_placement.h"
 #include "runtime/interpreter.h"
 #include "runtime/torch_status.h"
 #include "transforms/instrumentation.h"
@@ -24,9 +26,10 @@ using Values = absl::flat_hash_map<std::string, c10::IValue>;
 // Runs `graph` (a subgraph) against `root` on `inputs`; its outputs.
 absl::StatusOr<std::vector<c10::IValue>> RunSubgraph(
     const ir::Graph& graph, const torch::jit::Module& root,
-    const Values& inputs) {
+    const Values& inputs, c10::Device device) {
   ASSIGN_OR_RETURN(runtime::Interpreter interp,
                    runtime::Interpreter::Create(graph, root));
+  if (!device.is_cpu()) interp.PlaceOn(device);
   ASSIGN_OR_RETURN(c10::IValue out, interp.RunNamed(inputs));
   std::vector<c10::IValue> outputs;
   if (out.isTuple()) {
@@ -74,11 +77,11 @@ Comparison Compare(const std::vector<c10::IValue>& actual,
   return c;
 }
 
-}  // namespace
-
-absl::StatusOr<DebugReport> DebugPipeline(
+// DebugPipeline with `inputs` and gm's tensors on options.compare.device.
+absl::StatusOr<DebugReport> DebugOnDevice(
     const runtime::GraphModule& gm, Pipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options) {
+  const c10::Device device = options.compare.device;
   RETURN_IF_ERROR(runtime::ValidateCompareOptions(options.compare));
   ASSIGN_OR_RETURN(partition::Partition original,
                    partition::PartitionGraph(gm.graph(), options.partition));
@@ -99,6 +102,7 @@ absl::StatusOr<DebugReport> DebugPipeline(
       for (const std::string& name : s.input_names) in[name] = values.at(name);
       ASSIGN_OR_RETURN(runtime::Interpreter interp,
                        runtime::Interpreter::Create(*s.graph, gm.module()));
+      if (!device.is_cpu()) interp.PlaceOn(device);
       ASSIGN_OR_RETURN(
           c10::IValue out,
           util::Annotate(interp.RunNamed(in), internal::SubgraphLabel(s)));
@@ -120,7 +124,7 @@ absl::StatusOr<DebugReport> DebugPipeline(
         {s.index, s.module_paths, s.input_names, s.output_names});
     const Values& in = cached[s.index];
     ASSIGN_OR_RETURN(std::vector<c10::IValue> reference,
-                     RunSubgraph(*s.graph, work.module(), in));
+                     RunSubgraph(*s.graph, work.module(), in, device));
     std::vector<c10::IValue> previous = reference;
     auto compare = [&](const std::vector<c10::IValue>& actual,
                        const std::vector<c10::IValue>& expected) {
@@ -139,7 +143,7 @@ absl::StatusOr<DebugReport> DebugPipeline(
       if (changed) {
         ASSIGN_OR_RETURN(
             std::vector<c10::IValue> after,
-            util::Annotate(RunSubgraph(sub.graph(), sub.module(), in),
+            util::Annotate(RunSubgraph(sub.graph(), sub.module(), in, device),
                            absl::StrCat("running after ", r.name)));
         const Comparison e = compare(after, previous);
         const Comparison c = compare(after, reference);
@@ -168,6 +172,23 @@ absl::StatusOr<DebugReport> DebugPipeline(
     RETURN_IF_ERROR(internal::RunOnSubgraph(pipeline, work, s, base).status());
   }
   return report;
+}
+
+}  // namespace
+
+absl::StatusOr<DebugReport> DebugPipeline(
+    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const std::vector<c10::IValue>& inputs, const DebugOptions& options) {
+  const c10::Device device = options.compare.device;
+  if (device.is_cpu()) return DebugOnDevice(gm, pipeline, inputs, options);
+  // The passes run on a clone of gm, made after gm's tensors are on the
+  // device: both are there, and gm is left as it was.
+  return runtime::DevicePlacement::WithModuleOn(
+      gm.module(), device, [&]() -> absl::StatusOr<DebugReport> {
+        ASSIGN_OR_RETURN(std::vector<c10::IValue> on_device,
+                         runtime::ValuesToDevice(inputs, device));
+        return DebugOnDevice(gm, pipeline, on_device, options);
+      });
 }
 
 std::string DebugReport::ToJson() const {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "runtime/device.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -44,6 +45,10 @@ std::vector<FlagSpec> CompareFlags(bool tolerance_alias) {
                       absl::StrCat("absolute tolerance (default ",
                                    Number(runtime::kDefaultAtol), ")")),
   };
+  flags.push_back(FlagSpec::Value(
+      "device", "DEV",
+      "where the compared runs compute: cpu (default), cuda, cuda:N or auto "
+      "(docs/devices.md); the model is left as it was"));
   if (tolerance_alias) {
     flags.push_back(FlagSpec::Value("tolerance", "X",
                                     "an alias of --rtol=X (its older name)"));
@@ -63,6 +68,13 @@ absl::StatusOr<runtime::CompareOptions> CompareOptionsFromFlags(
   if (rtol.has_value()) options.rtol = *rtol;
   if (alias.has_value()) options.rtol = *alias;
   if (atol.has_value()) options.atol = *atol;
+  if (std::optional<std::string> device = args.Get("device")) {
+    absl::StatusOr<c10::Device> resolved = runtime::ResolveDevice(*device);
+    if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(resolved.status().message());
+    }
+    ASSIGN_OR_RETURN(options.device, std::move(resolved));
+  }
   return options;
 }
 
@@ -74,6 +86,9 @@ absl::StatusOr<runtime::CompareOptions> CheckOptionsFromFlags(
       (args.Has("rtol") || args.Has("atol") || args.Has("tolerance"))) {
     return UsageError(
         "--rtol and --atol set the tolerances of --check: add --check");
+  }
+  if (!args.Has("check") && args.Has("device")) {
+    return UsageError("--device says where --check computes: add --check");
   }
   return options;
 }

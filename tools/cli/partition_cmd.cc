@@ -292,6 +292,7 @@ Subcommand PartitionCommand() {
           .Short('o'),
       CompareFlags()[0],
       CompareFlags()[1],
+      CompareFlags()[2],
       FlagSpec::Bool("json",
                      "print the plan as JSON (plus model, format, output and "
                      "check result, also when the check fails) on stdout"),

@@ -167,6 +167,33 @@ TEST(PartitionCmdTest, ToleranceFlags) {
   EXPECT_THAT(no_check.err, HasSubstr("add --check"));
 }
 
+// --device says where --check runs (docs/devices.md): cpu is the plain
+// check; cuda is the GPU where there is one, else one error line; an
+// unknown device or --device without --check is a usage error.
+TEST(PartitionCmdTest, DeviceFlag) {
+  Result cpu = RunTracecut(
+      {"partition", Fixture("llama"), "--check", "--device=cpu", "--json"});
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_THAT(cpu.err, HasSubstr("check passed"));
+  Result cuda =
+      RunTracecut({"partition", Fixture("llama"), "--check", "--device=cuda"});
+  if (cuda.code != 0) {  // No GPU here (CI).
+    EXPECT_EQ(cuda.code, 1);
+    EXPECT_EQ(Lines(cuda.err), 1) << cuda.err;
+    EXPECT_THAT(cuda.err, HasSubstr("error: --device=cuda: CUDA: "));
+  } else {
+    EXPECT_THAT(cuda.err, HasSubstr("check passed"));
+  }
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"partition", Fixture("llama"), "--check", "--device=gpu"},
+           {"partition", Fixture("llama"), "--device=cpu"}}) {
+    Result r = RunTracecut(args);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+  }
+}
+
 TEST(PartitionCmdTest, BadFormatIsUsageError) {
   Result r = RunTracecut({"partition", Fixture("llama"), "--format=proto"});
   EXPECT_EQ(r.code, 2);

@@ -20,9 +20,12 @@
 #include "partition/partitioner.h"
 #include "pipelines/report_html.h"
 #include "runtime/compare.h"
+#include "runtime/device.h"
+#include "runtime/device_placement.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
+#include "runtime/torch_status.h"
 #include "tools/cli/common.h"
 #include "tools/cli/compare_flags.h"
 #include "tools/cli/model_flags.h"
@@ -172,12 +175,25 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   if (check) {
     ASSIGN_OR_RETURN(tracer::ExampleInputs inputs,
                      tracer::ResolveExampleInputs(t.loaded.module, t.options));
-    ASSIGN_OR_RETURN(runtime::Interpreter before,
-                     runtime::Interpreter::Create(gm));
-    ASSIGN_OR_RETURN(runtime::Interpreter after,
-                     runtime::Interpreter::Create(*result));
-    ASSIGN_OR_RETURN(c10::IValue expected, before.Run(inputs.values));
-    ASSIGN_OR_RETURN(c10::IValue actual, after.Run(inputs.values));
+    // One model at a time on the device (they may share tensors).
+    auto run = [&](const runtime::GraphModule& m) {
+      return runtime::DevicePlacement::WithModuleOn(
+          m.module(), tolerances.device, [&]() -> absl::StatusOr<c10::IValue> {
+            ASSIGN_OR_RETURN(runtime::Interpreter interp,
+                             runtime::Interpreter::Create(m));
+            if (tolerances.device.is_cpu()) return interp.Run(inputs.values);
+            interp.PlaceOn(tolerances.device);
+            ASSIGN_OR_RETURN(
+                std::vector<c10::IValue> in,
+                runtime::ValuesToDevice(inputs.values, tolerances.device));
+            ASSIGN_OR_RETURN(c10::IValue out, interp.Run(std::move(in)));
+            return runtime::TorchCall("copying the outputs", [&] {
+              return runtime::ToDevice(out, c10::Device(c10::kCPU));
+            });
+          });
+    };
+    ASSIGN_OR_RETURN(c10::IValue expected, run(gm));
+    ASSIGN_OR_RETURN(c10::IValue actual, run(*result));
     absl::StatusOr<runtime::CompareResult> r =
         runtime::CompareValues(actual, expected, tolerances);
     if (!r.ok()) {
