@@ -124,7 +124,8 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
     at::Tensor w = weight.to(at::kFloat).unsqueeze(0).clone();
 
     // Columns' groups in their original order, then permuted.
-    const auto idx_options = at::TensorOptions().dtype(at::kLong);
+    const auto idx_options =
+        at::TensorOptions().dtype(at::kLong).device(weight.device());
     at::Tensor g_idx = at::arange(cols, idx_options);
     const Strategy s = args.resolved_strategy();
     if (s == Strategy::kGroup || s == Strategy::kTensorGroup) {
