@@ -61,7 +61,9 @@ at::Tensor MseError(const at::Tensor& observed, const QuantizationArgs& args,
   at::Tensor q = internal::ProcessQuantization(observed, candidate, token_args,
                                                std::nullopt, true, true)
                      .to(observed.scalar_type());
-  return at::sum((q - observed).abs().pow(norm), {0, -1});
+  // IntArrayRef: with a braced list, torch 2.11's overloads (dims or
+  // dimnames) are ambiguous (bench/gpu builds against it).
+  return at::sum((q - observed).abs().pow(norm), at::IntArrayRef({0, -1}));
 }
 
 absl::StatusOr<double> KwargNumber(const QuantizationArgs& args,
