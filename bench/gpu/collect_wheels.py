@@ -27,11 +27,12 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+
+from install_wheels import wheel_requires
 
 # What the exporter and the two calibrations import beyond the image's torch
 # and transformers: llm-compressor pins compressed-tensors; accelerate is the
@@ -130,23 +131,6 @@ def pip_download(cache, requirement_lines, require_hashes):
   return new
 
 
-def requires(wheel):
-  """The wheel's Requires-Dist that apply on the device (no extras)."""
-  with zipfile.ZipFile(wheel) as z:
-    meta = next(n for n in z.namelist()
-                if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-    text = z.read(meta).decode("utf-8", "replace")
-  out = []
-  for line in text.splitlines():
-    if not line.strip():
-      break  # end of the headers
-    if line.startswith("Requires-Dist:"):
-      r = Requirement(line.split(":", 1)[1].strip())
-      if r.marker is None or r.marker.evaluate(MARKER_ENV):
-        out.append(r)
-  return out
-
-
 def main():
   lock_path, cache, dest = sys.argv[1:4]
   os.makedirs(cache, exist_ok=True)
@@ -206,7 +190,7 @@ def main():
     if wheel is None:
       sys.exit(f"collect_wheels: no wheel for {req} (required by {by})")
     chosen[name] = (wheel, pinned, by)
-    for r in requires(wheel):
+    for r in wheel_requires(wheel, MARKER_ENV):
       queue.append((r, name))
 
   os.makedirs(dest, exist_ok=True)

@@ -56,7 +56,10 @@ def read_manifest(dirs):
   return rows
 
 
-def wheel_requires(path):
+def wheel_requires(path, env=None):
+  """The wheel's Requires-Dist whose markers hold in `env` (default: the
+  running interpreter), extras off. bench/gpu/collect_wheels.py uses it
+  with the device's environment."""
   with zipfile.ZipFile(path) as z:
     meta = next(n for n in z.namelist()
                 if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
@@ -64,10 +67,10 @@ def wheel_requires(path):
   out = []
   for line in text.splitlines():
     if not line.strip():
-      break
+      break  # the end of the headers
     if line.startswith("Requires-Dist:"):
       r = Requirement(line.split(":", 1)[1].strip())
-      if r.marker is None or r.marker.evaluate({"extra": ""}):
+      if r.marker is None or r.marker.evaluate(dict(env or {}, extra="")):
         out.append(r)
   return out
 
