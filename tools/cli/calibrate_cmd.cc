@@ -174,7 +174,9 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
   ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
   // Before anything asks LibTorch about CUDA (runtime/device.h).
-  const std::string device = args.Get("device").value_or("cpu");
+  std::string device = args.Get("device").value_or("cpu");
+  // `auto` is the CPU for data-parallel runs (their GPU path is not built).
+  if (device == "auto" && (nproc > 1 || IsLaunchedRank())) device = "cpu";
   if (device != "cpu" && (nproc > 1 || IsLaunchedRank())) {
     return UsageError(absl::StrCat(
         "--device=", device,
@@ -201,6 +203,10 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     return UsageError(resolved.status().message());
   }
   ASSIGN_OR_RETURN(o.device, std::move(resolved));
+  if (device == "auto" && o.device.is_cpu() && !quiet_rank) {
+    io.err << "tracecut calibrate: --device=auto: computing on the CPU ("
+           << runtime::LoadCudaBackend().message() << ")\n";
+  }
   o.collective = collective.get();
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");

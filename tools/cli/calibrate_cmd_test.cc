@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -313,6 +314,20 @@ TEST(CalibrateCmdTest, DeviceFlag) {
     ASSERT_OK_AND_ASSIGN(const std::string want, util::ReadFile(plain + file));
     ASSERT_OK_AND_ASSIGN(const std::string got, util::ReadFile(cpu + file));
     EXPECT_TRUE(want == got) << file;  // Binary: not printed.
+  }
+
+  // auto: the GPU where there is one, else the CPU, saying why.
+  const std::string automatic = TempDir("device_auto");
+  Result d = RunTracecut(args(automatic, "auto"));
+  ASSERT_EQ(d.code, 0) << d.err;
+  if (!absl::StrContains(d.err, "computed on cuda")) {
+    EXPECT_THAT(d.err,
+                HasSubstr("--device=auto: computing on the CPU (CUDA: "));
+    ASSERT_OK_AND_ASSIGN(const std::string want,
+                         util::ReadFile(plain + "/m.pt"));
+    ASSERT_OK_AND_ASSIGN(const std::string got,
+                         util::ReadFile(automatic + "/m.pt"));
+    EXPECT_TRUE(want == got);
   }
 
   const std::string gpu = TempDir("device_cuda");
