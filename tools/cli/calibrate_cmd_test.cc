@@ -62,6 +62,15 @@ TEST(CalibrateCmdTest, Help) {
   r = RunTracecut({"demo", "--help"});
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("tracecut-demo-out"));
+  EXPECT_THAT(r.out, HasSubstr("--device=DEV"));
+  // The older flow has no --device; an unknown device is a usage error.
+  for (const char* device : {"--device=cpu", "--device=npu"}) {
+    Result bad =
+        RunTracecut({"demo", device,
+                     std::string(device) == "--device=cpu" ? "--torchscript"
+                                                           : "--samples=1"});
+    EXPECT_EQ(bad.code, 2) << device << ": " << bad.err;
+  }
   r = RunTracecut({"--help"});
   EXPECT_THAT(r.out, HasSubstr("calibrate"));
   EXPECT_THAT(r.out, HasSubstr("demo"));

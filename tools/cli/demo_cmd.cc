@@ -35,6 +35,7 @@
 #include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "pipelines/report_html.h"
+#include "runtime/device.h"
 #include "runtime/torch_status.h"
 #include "tools/cli/common.h"
 #include "util/files.h"
@@ -105,6 +106,9 @@ absl::StatusOr<int64_t> ParseSamples(const ParsedArgs& args) {
 }
 
 absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
+  if (args.Has("device")) {
+    return UsageError("--device is for the main demo, not --torchscript");
+  }
   std::string model;
   if (std::optional<std::string> m = args.Get("model")) {
     model = UserPath(*m);
@@ -313,6 +317,13 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
         "--model is for --torchscript; the main demo generates its model");
   }
   ASSIGN_OR_RETURN(const int64_t samples, ParseSamples(args));
+  // Before anything asks LibTorch about CUDA (runtime/device.h).
+  absl::StatusOr<c10::Device> device =
+      runtime::ResolveDevice(args.Get("device").value_or("cpu"));
+  if (device.status().code() == absl::StatusCode::kInvalidArgument) {
+    return UsageError(device.status().message());
+  }
+  RETURN_IF_ERROR(device.status());
   const std::string out_dir =
       UserPath(args.Get("output").value_or("tracecut-demo-out"));
   const bool json = args.Has("json");
@@ -393,7 +404,11 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
     t = absl::Now();
     text << "== tracecut calibrate " << ckpt << " (" << run.name
          << " W4A16: int4 weights, symmetric, group 128) --synthetic="
-         << run.samples << " -o " << run.dir << "\n"
+         << run.samples << " -o " << run.dir
+         << (device->is_cpu()
+                 ? std::string()
+                 : absl::StrCat(" --device=", runtime::DeviceName(*device)))
+         << "\n"
          << std::flush;
     pipelines::CalibrateOptions o;
     o.model_path = ckpt;
@@ -409,6 +424,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
     o.output_path = run.dir;
     o.report_path = run.report;
     o.progress = &progress;
+    o.device = *device;
     ASSIGN_OR_RETURN(run.outcome, pipelines::Calibrate(o));
     text << "wrote " << run.dir << " " << Elapsed(t) << "\n\n";
   }
@@ -503,7 +519,9 @@ absl::Status RunDemo(const ParsedArgs& args, Io& io) {
 Subcommand DemoCommand() {
   Subcommand c;
   c.name = "demo";
-  c.synopsis = "[--torchscript [--model=FILE]] [--samples=N] [-o DIR] [--json]";
+  c.synopsis =
+      "[--torchscript [--model=FILE]] [--samples=N] [--device=DEV] [-o DIR] "
+      "[--json]";
   c.summary =
       "The main job on a generated transformers Llama, with an HTML report.";
   c.description =
@@ -528,6 +546,9 @@ Subcommand DemoCommand() {
                       "with --torchscript: this Llama-style model instead "
                       "of the bundled one"),
       FlagSpec::Value("samples", "N", "calibration samples (64)"),
+      FlagSpec::Value("device", "DEV",
+                      "where the calibrations compute: cpu (default), cuda, "
+                      "cuda:N or auto (docs/devices.md)"),
       FlagSpec::Value("output", "DIR", "output directory").Short('o'),
       FlagSpec::Bool("json",
                      "print the summary as JSON on stdout (the tables go to "
