@@ -6,8 +6,6 @@
 #include <dlfcn.h>
 #include <link.h>
 
-#include <cstdlib>
-#include <mutex>
 #include <string>
 #include <vector>
 
