@@ -55,7 +55,7 @@ absl::StatusOr<c10::IValue> Run(const Partition& partition,
           interp.status().code(),
           absl::StrCat(Sub(s.index), ": ", interp.status().message()));
     }
-    if (!device.is_cpu()) interp->PlaceOn(device);
+    interp->PlaceOn(device);
     absl::StatusOr<c10::IValue> out = interp->Run(gather(s.input_names));
     if (!out.ok()) {
       return absl::Status(
@@ -79,7 +79,7 @@ absl::StatusOr<c10::IValue> Run(const Partition& partition,
   }
   ASSIGN_OR_RETURN(runtime::Interpreter tail,
                    runtime::Interpreter::Create(*partition.output_graph, root));
-  if (!device.is_cpu()) tail.PlaceOn(device);
+  tail.PlaceOn(device);
   if (stats != nullptr) stats->peak_cached_values = peak;
   return tail.Run(gather(partition.model_outputs));
 }
@@ -133,7 +133,7 @@ absl::StatusOr<CheckResult> CheckOnDevice(
   absl::flat_hash_map<std::string, c10::IValue> reference;
   ASSIGN_OR_RETURN(runtime::Interpreter whole,
                    runtime::Interpreter::Create(graph, root));
-  if (!options.device.is_cpu()) whole.PlaceOn(options.device);
+  whole.PlaceOn(options.device);
   whole.AddNodeHook([&](const ir::Node& node, absl::Span<const c10::IValue>,
                         const c10::IValue* output) {
     if (output != nullptr && wanted.contains(node.name())) {

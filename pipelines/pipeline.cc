@@ -207,7 +207,7 @@ absl::Status PartitionedRun::Plan() {
           absl::StrFormat("subgraph %d/%d (%s)", i + 1, n, step.label));
     }
     step.interp = std::make_unique<Interpreter>(std::move(*interp));
-    if (!options_.device.is_cpu()) step.interp->PlaceOn(options_.device);
+    step.interp->PlaceOn(options_.device);
     step.info.index = i;
     step.info.count = n;
     step.info.label = step.label;
@@ -472,10 +472,8 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   std::vector<Interpreter::HookId> ids =
       hooks.Attach(*step.interp, i, experts.get());
   if (experts != nullptr) {
-    if (!options_.device.is_cpu()) {
-      for (Interpreter* e : experts->expert_interpreters()) {
-        e->PlaceOn(options_.device);
-      }
+    for (Interpreter* e : experts->expert_interpreters()) {
+      e->PlaceOn(options_.device);
     }
     expert_ids.push_back(experts->AttachCapture(*step.interp));
     for (Interpreter* e : experts->expert_interpreters()) hooks.Attach(*e, i);

@@ -39,7 +39,7 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   Progress* progress = options.progress != nullptr ? options.progress : &silent;
   ASSIGN_OR_RETURN(Interpreter interp, Interpreter::Create(model));
   // Note [Devices] (pipeline.cc), for the whole model at once.
-  if (!options.device.is_cpu()) interp.PlaceOn(options.device);
+  interp.PlaceOn(options.device);
   if (interp.placeholders().size() != data.input_names.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model has ", interp.placeholders().size(),
@@ -100,7 +100,7 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
                                               options.expert_pattern));
     if (experts->empty()) experts.reset();
   }
-  if (experts != nullptr && !options.device.is_cpu()) {
+  if (experts != nullptr) {
     for (Interpreter* e : experts->expert_interpreters()) {
       e->PlaceOn(options.device);
     }

@@ -476,6 +476,7 @@ void PlaceOperand(internal::Operand& o, c10::Device device) {
 }  // namespace
 
 void Interpreter::PlaceOn(c10::Device device) {
+  if (device.is_cpu()) return;
   for (internal::NodePlan& p : plan_->nodes) {
     for (internal::Operand& o : p.operands) PlaceOperand(o, device);
   }

@@ -115,8 +115,9 @@ class Interpreter {
   // Makes the graph compute on `device`: every device argument written into
   // the graph (torch.export records `device=cpu` in factory calls such as
   // arange, full or zeros, and in `to` / `_to_copy`) and every tensor
-  // constant becomes `device`'s. The module's tensors are not moved (the
-  // caller moves what the graph reads). Must not overlap a run.
+  // constant becomes `device`'s. The CPU changes nothing: the graph runs as
+  // recorded. The module's tensors are not moved (the caller moves what the
+  // graph reads). Must not overlap a run.
   void PlaceOn(c10::Device device);
 
   const ir::Graph& graph() const;

@@ -29,7 +29,7 @@ absl::StatusOr<std::vector<c10::IValue>> RunSubgraph(
     const Values& inputs, c10::Device device) {
   ASSIGN_OR_RETURN(runtime::Interpreter interp,
                    runtime::Interpreter::Create(graph, root));
-  if (!device.is_cpu()) interp.PlaceOn(device);
+  interp.PlaceOn(device);
   ASSIGN_OR_RETURN(c10::IValue out, interp.RunNamed(inputs));
   std::vector<c10::IValue> outputs;
   if (out.isTuple()) {
@@ -102,7 +102,7 @@ absl::StatusOr<DebugReport> DebugOnDevice(
       for (const std::string& name : s.input_names) in[name] = values.at(name);
       ASSIGN_OR_RETURN(runtime::Interpreter interp,
                        runtime::Interpreter::Create(*s.graph, gm.module()));
-      if (!device.is_cpu()) interp.PlaceOn(device);
+      interp.PlaceOn(device);
       ASSIGN_OR_RETURN(
           c10::IValue out,
           util::Annotate(interp.RunNamed(in), internal::SubgraphLabel(s)));

@@ -181,7 +181,6 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
           m.module(), tolerances.device, [&]() -> absl::StatusOr<c10::IValue> {
             ASSIGN_OR_RETURN(runtime::Interpreter interp,
                              runtime::Interpreter::Create(m));
-            if (tolerances.device.is_cpu()) return interp.Run(inputs.values);
             interp.PlaceOn(tolerances.device);
             ASSIGN_OR_RETURN(
                 std::vector<c10::IValue> in,
