@@ -6,7 +6,7 @@
 //
 // collects the Hessian of every Linear under --layer from real calibration
 // activations (synthetic tokens, seed 0, through the basic pipeline with a
-// collecting modifier), times GptqQuantize (pipelines/gptq.h) on each
+// collecting modifier), times GptqQuantize (quantization/gptq.h) on each
 // (median of --reps) and writes {"<path>|W", "<path>|H", "<path>|Q"} to
 // FILE.pt (torch.save format) so that bench/reference/gptq_ref.py solves
 // the very same problems and compares its weights with ours.
@@ -37,13 +37,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "bench/bench_util.h"
+#include "modifiers/modifier.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/gptq.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/recipe.h"
+#include "quantization/gptq.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -67,7 +67,7 @@ struct Settings {
 };
 
 // Accumulates the Hessian of every Linear whose path starts with `prefix.`.
-class HessianCollector : public pipelines::Modifier {
+class HessianCollector : public modifiers::Modifier {
  public:
   explicit HessianCollector(std::string prefix) : prefix_(prefix + ".") {}
   std::string name() const override { return "hessian-collector"; }
@@ -76,29 +76,30 @@ class HessianCollector : public pipelines::Modifier {
     return absl::StartsWith(path, prefix_) &&
            partition::ModulePatternMatches("Linear", path, type);
   }
-  absl::Status OnModuleCall(pipelines::RunContext& ctx,
-                            const pipelines::ModuleCall& call) override {
+  absl::Status OnModuleCall(modifiers::RunContext& ctx,
+                            const modifiers::ModuleCall& call) override {
     const at::Tensor x = call.inputs[0].toTensor();
     auto it = hessians_.find(std::string(call.path));
     if (it == hessians_.end()) {
       it = hessians_
                .emplace(std::string(call.path),
-                        pipelines::HessianAccumulator(x.size(-1)))
+                        quantization::HessianAccumulator(x.size(-1)))
                .first;
     }
     return it->second.Add(x);
   }
-  const std::map<std::string, pipelines::HessianAccumulator>& hessians() const {
+  const std::map<std::string, quantization::HessianAccumulator>& hessians()
+      const {
     return hessians_;
   }
 
  private:
   std::string prefix_;
-  std::map<std::string, pipelines::HessianAccumulator> hessians_;
+  std::map<std::string, quantization::HessianAccumulator> hessians_;
 };
 
-pipelines::GptqOptions GptqOptionsOf(const Settings& s) {
-  pipelines::GptqOptions o;
+quantization::GptqOptions GptqOptionsOf(const Settings& s) {
+  quantization::GptqOptions o;
   o.scheme.bits = s.bits;
   o.scheme.symmetric = true;
   o.scheme.group_size = s.group;
@@ -137,8 +138,8 @@ int Solve(const std::string& path, Settings s) {
   HessianCollector collector(s.layer);
   pipelines::PipelineOptions popts;
   popts.kind = pipelines::PipelineKind::kBasic;
-  pipelines::CalibrationResults results;
-  std::vector<pipelines::Modifier*> modifiers = {&collector};
+  modifiers::CalibrationResults results;
+  std::vector<modifiers::Modifier*> modifiers = {&collector};
   OrDie(pipelines::RunPipeline(loaded.model, data, modifiers, results, popts),
         kTool, "collecting Hessians");
   if (collector.hessians().empty()) {
@@ -146,7 +147,7 @@ int Solve(const std::string& path, Settings s) {
         absl::NotFoundError(absl::StrCat("no Linear under ", s.layer)));
   }
 
-  const pipelines::GptqOptions options = GptqOptionsOf(s);
+  const quantization::GptqOptions options = GptqOptionsOf(s);
   c10::Dict<std::string, at::Tensor> saved;
   std::string layers;
   double total = 0;
@@ -156,9 +157,9 @@ int Solve(const std::string& path, Settings s) {
                        .detach()
                        .clone();
     at::Tensor h = acc.hessian();
-    pipelines::GptqResult r;
+    quantization::GptqResult r;
     const double seconds = TimeMedian(s.reps, 1, [&] {
-      r = OrDie(pipelines::GptqQuantize(w, h, options), kTool, name);
+      r = OrDie(quantization::GptqQuantize(w, h, options), kTool, name);
     });
     total += seconds;
     saved.insert(absl::StrCat(name, "|W"), w);

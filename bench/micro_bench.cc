@@ -24,7 +24,7 @@
 #include "bench/bench_util.h"
 #include "partition/partitioner.h"
 #include "partition/plan.h"
-#include "pipelines/gptq.h"
+#include "quantization/gptq.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
 #include "runtime/lowering.h"
@@ -159,14 +159,14 @@ void BM_GptqQuantize(benchmark::State& state) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   const at::Tensor w = torch::randn({n, n});
-  pipelines::HessianAccumulator acc(n);
+  quantization::HessianAccumulator acc(n);
   OrDie(acc.Add(torch::randn({4 * n, n})), kTool, "hessian");
-  pipelines::GptqOptions options;
+  quantization::GptqOptions options;
   options.scheme.bits = 4;
   options.scheme.group_size = 128;
   for (auto _ : state) {
     benchmark::DoNotOptimize(OrDie(
-        pipelines::GptqQuantize(w, acc.hessian(), options), kTool, "gptq"));
+        quantization::GptqQuantize(w, acc.hessian(), options), kTool, "gptq"));
   }
 }
 BENCHMARK(BM_GptqQuantize)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);

@@ -26,10 +26,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bench/bench_util.h"
+#include "modifiers/modifier.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 #include "runtime/torch_status.h"
 
@@ -39,15 +39,15 @@ namespace {
 constexpr char kTool[] = "pipeline_bench";
 
 // Sees every Linear call and does nothing with it.
-class NoOpModifier : public pipelines::Modifier {
+class NoOpModifier : public modifiers::Modifier {
  public:
   std::string name() const override { return "no-op"; }
   bool WantsModule(absl::string_view path,
                    absl::string_view type) const override {
     return partition::ModulePatternMatches("Linear", path, type);
   }
-  absl::Status OnModuleCall(pipelines::RunContext& ctx,
-                            const pipelines::ModuleCall& call) override {
+  absl::Status OnModuleCall(modifiers::RunContext& ctx,
+                            const modifiers::ModuleCall& call) override {
     ++calls_;
     return absl::OkStatus();
   }
@@ -132,10 +132,10 @@ int Main(int argc, char** argv) {
                                    : pipelines::PipelineKind::kSequential;
     options.partition.targets = loaded.default_targets;
     NoOpModifier noop;
-    std::vector<pipelines::Modifier*> modifiers = {&noop};
+    std::vector<modifiers::Modifier*> modifiers = {&noop};
     pipelines::PipelineResult last;
     auto pass = [&] {
-      pipelines::CalibrationResults results;
+      modifiers::CalibrationResults results;
       last = OrDie(pipelines::RunPipeline(loaded.model, data, modifiers,
                                           results, options),
                    kTool, "pipeline");

@@ -12,7 +12,7 @@
 //
 // Note [pack-quantized layout]
 // * Integer codes are signed, q in [-2^(b-1), 2^(b-1) - 1] (tracecut's own
-//   convention, pipelines/quantize.h); dequantized weight = (q - zero_point)
+//   convention, quantization/quantize.h); dequantized weight = (q - zero_point)
 //   * scale, in fp32.
 // * `weight_packed` int32 [out, ceil(in * b / 32)]: each row's codes, offset
 //   by 2^(b-1) to be unsigned, as one little-endian bit stream (code k at
@@ -22,7 +22,7 @@
 //   but along the output dimension: int32 [ceil(out * b / 32), groups].
 // * Groups are runs of group_size consecutive input columns. This version
 //   has no g_idx (it dropped actorder="group"): GPTQ with act order writes
-//   it with static groups (pipelines/gptq.h Note [GPTQ in tracecut] 8).
+//   it with static groups (quantization/gptq.h Note [GPTQ in tracecut] 8).
 
 #include <torch/torch.h>
 

@@ -30,26 +30,26 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "modifiers/modifier.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
-#include "pipelines/progress.h"
 #include "pipelines/recipe.pb.h"
+#include "runtime/collective.h"
 #include "runtime/graph_module.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/hf/inputs.h"
 #include "util/json.h"
+#include "util/progress.h"
 
 namespace tracecut::pipelines {
-
-class Collective;
 
 // The recipe's modifiers, in recipe order; with `collective`, for a
 // data-parallel run (distributed.h); `whole_groups` for an output that
 // stores rows as whole groups (WeightQuantOptions::whole_groups).
-absl::StatusOr<std::vector<std::unique_ptr<Modifier>>> BuildModifiers(
-    const recipe::Recipe& recipe, Collective* collective = nullptr,
-    bool whole_groups = false);
+absl::StatusOr<std::vector<std::unique_ptr<modifiers::Modifier>>>
+BuildModifiers(const recipe::Recipe& recipe,
+               runtime::Collective* collective = nullptr,
+               bool whole_groups = false);
 
 // A model ready to calibrate: traced, with its embedded files.
 struct LoadedForCalibration {
@@ -93,7 +93,7 @@ struct CalibrateOptions {
   recipe::Recipe recipe;
   // Modifiers of the caller's own (not owned), run after the recipe's. With
   // any, the recipe may have no modifiers of its own.
-  std::vector<Modifier*> extra_modifiers;
+  std::vector<modifiers::Modifier*> extra_modifiers;
   std::string recipe_source = "<recipe>";  // For the report.
 
   // How the model is traced when it embeds no example inputs.
@@ -134,7 +134,7 @@ struct CalibrateOptions {
   // without it the report is byte-identical across identical runs.
   bool report_run_section = true;
 
-  Progress* progress = nullptr;
+  util::Progress* progress = nullptr;
 
   // Where subgraphs compute (runtime::ResolveDevice; Note [Devices] in
   // pipeline.cc). Data-parallel runs compute on the CPU only.
@@ -145,13 +145,13 @@ struct CalibrateOptions {
   // combine statistics over all ranks, and only rank 0 writes the output
   // and the report (and, streaming, the shards). Each rank checkpoints into
   // <run_dir>/rank-R-of-N; resume needs the same world size.
-  Collective* collective = nullptr;
+  runtime::Collective* collective = nullptr;
 };
 
 struct CalibrateOutcome {
   bool stopped = false;  // stop_after_subgraph reached; nothing written.
   PipelineResult pipeline;
-  CalibrationResults results;
+  modifiers::CalibrationResults results;
   std::vector<std::string> targets;  // Sequential targets used.
   int64_t num_batches = 0;
   util::Json report;

@@ -19,13 +19,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "pipelines/calibrate.h"
-#include "pipelines/quantize.h"
 #include "pipelines/recipe.h"
+#include "quantization/quantize.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::CheckQuantResultsFinite;
+using ::tracecut::modifiers::ModuleRecord;
+using ::tracecut::quantization::QuantizeRtn;
+using ::tracecut::quantization::QuantScheme;
+using ::tracecut::quantization::RtnResult;
 namespace {
 
 using ::tracecut::util::testing::StatusIs;

@@ -26,6 +26,11 @@
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::ModuleCall;
+using ::tracecut::modifiers::RunContext;
+using ::tracecut::modifiers::SubgraphInfo;
 namespace {
 
 using ::tracecut::util::testing::Runfile;

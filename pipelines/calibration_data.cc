@@ -23,7 +23,7 @@
 #include "checkpoint/safetensors.h"
 #include "pipelines/calibration_data_internal.h"
 #include "pipelines/interrupt.h"
-#include "pipelines/quantize.h"
+#include "quantization/quantize.h"
 #include "runtime/torch_status.h"
 #include "tracer/input_files.h"
 #include "util/hash.h"
@@ -112,7 +112,7 @@ absl::StatusOr<std::vector<int64_t>> SampleFromIValue(
     if (t.dim() != 1 || !at::isIntegralType(t.scalar_type(), false)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": token ids must be a 1-D integer tensor, got ",
-                       internal::DescribeTensor(t)));
+                       quantization::internal::DescribeTensor(t)));
     }
     t = t.to(at::kLong).contiguous();
     return std::vector<int64_t>(t.data_ptr<int64_t>(),
@@ -228,14 +228,14 @@ absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
             return absl::InvalidArgumentError(absl::StrCat(
                 "calibration data '", source,
                 "': token ids must be an integer tensor [N, seq], got ",
-                internal::DescribeTensor(t)));
+                quantization::internal::DescribeTensor(t)));
           }
           if (t.dim() == 1) t = t.unsqueeze(0);
           if (t.dim() != 2) {
             return absl::InvalidArgumentError(
                 absl::StrCat("calibration data '", source,
                              "': token ids must have shape [N, seq], got ",
-                             internal::DescribeTensor(t)));
+                             quantization::internal::DescribeTensor(t)));
           }
           return t.to(at::kLong).contiguous();
         }
@@ -318,7 +318,8 @@ absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
           return absl::InvalidArgumentError(absl::StrCat(
               "calibration data '", source,
               "': token ids must be a non-empty integer tensor [N, seq], got ",
-              tokens.defined() ? internal::DescribeTensor(tokens) : "nothing"));
+              tokens.defined() ? quantization::internal::DescribeTensor(tokens)
+                               : "nothing"));
         }
         if (limits.max_seq_len && tokens.size(1) > *limits.max_seq_len) {
           return absl::InvalidArgumentError(absl::StrFormat(
@@ -413,6 +414,76 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
         data.fingerprint = h;
         return data;
       });
+}
+
+absl::StatusOr<CalibrationData> ShardCalibrationData(
+    const CalibrationData& data, int rank, int world_size) {
+  if (world_size <= 1) return data;
+  // samples[j][i]: input i of sample j.
+  std::vector<std::vector<at::Tensor>> samples;
+  int64_t batch_size = 1;
+  for (size_t b = 0; b < data.batches.size(); ++b) {
+    const std::vector<c10::IValue>& batch = data.batches[b];
+    int64_t n = -1;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t size = batch[i].isTensor() && batch[i].toTensor().dim() > 0
+                               ? batch[i].toTensor().size(0)
+                               : -1;
+      if (size < 0 || (n >= 0 && size != n)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "data-parallel calibration splits the samples of %s along the "
+            "first dimension, but input '%s' of batch %d is not a tensor "
+            "with the batch's samples there",
+            data.source,
+            i < data.input_names.size() ? data.input_names[i] : "?", b));
+      }
+      n = size;
+    }
+    batch_size = std::max(batch_size, n);
+    for (int64_t j = 0; j < n; ++j) {
+      std::vector<at::Tensor> sample;
+      for (const c10::IValue& v : batch) {
+        sample.push_back(v.toTensor().narrow(0, j, 1));
+      }
+      samples.push_back(std::move(sample));
+    }
+  }
+  std::vector<size_t> mine;
+  for (size_t j = rank; j < samples.size(); j += world_size) mine.push_back(j);
+  if (mine.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d samples: too few for %d ranks (each needs one)", data.source,
+        samples.size(), world_size));
+  }
+  CalibrationData out;
+  out.input_names = data.input_names;
+  out.seq_len = data.seq_len;
+  out.descriptions = data.descriptions;
+  out.num_samples = static_cast<int64_t>(mine.size());
+  out.source =
+      absl::StrFormat("%s, shard %d of %d", data.source, rank, world_size);
+  out.fingerprint = data.fingerprint ^ (static_cast<uint64_t>(rank) << 48) ^
+                    static_cast<uint64_t>(world_size);
+  RETURN_IF_ERROR(runtime::TorchCall("sharding the calibration data", [&] {
+    for (size_t start = 0; start < mine.size(); start += batch_size) {
+      const size_t end = std::min(mine.size(), start + batch_size);
+      std::vector<c10::IValue> batch;
+      for (size_t i = 0; i < data.input_names.size(); ++i) {
+        std::vector<at::Tensor> parts;
+        for (size_t j = start; j < end; ++j) {
+          parts.push_back(samples[mine[j]][i]);
+        }
+        batch.emplace_back(at::cat(parts, 0));
+      }
+      out.batches.push_back(std::move(batch));
+    }
+    if (data.tokens.defined() &&
+        data.tokens.size(0) == static_cast<int64_t>(samples.size())) {
+      std::vector<int64_t> rows(mine.begin(), mine.end());
+      out.tokens = data.tokens.index_select(0, at::tensor(rows, at::kLong));
+    }
+  }));
+  return out;
 }
 
 }  // namespace tracecut::pipelines

@@ -157,6 +157,13 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
     const at::Tensor& tokens, const std::vector<std::string>& input_names,
     int64_t batch_size, std::string source);
 
+// Rank `rank`'s shard of `data`: sample i (over all batches, in order) goes
+// to rank i % world_size, in batches of the largest batch size of `data`.
+// Every input must be a tensor with the samples along dimension 0.
+// InvalidArgument when a rank would get no sample.
+absl::StatusOr<CalibrationData> ShardCalibrationData(
+    const CalibrationData& data, int rank, int world_size);
+
 }  // namespace tracecut::pipelines
 
 #endif  // TRACECUT_PIPELINES_CALIBRATION_DATA_H_

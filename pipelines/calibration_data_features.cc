@@ -17,7 +17,7 @@
 #include "checkpoint/safetensors.h"
 #include "pipelines/calibration_data.h"
 #include "pipelines/calibration_data_internal.h"
-#include "pipelines/quantize.h"
+#include "quantization/quantize.h"
 #include "runtime/torch_status.h"
 #include "tracer/input_files.h"
 #include "util/hash.h"
@@ -125,10 +125,10 @@ absl::StatusOr<at::Tensor> InputTensor(const c10::IValue& value,
     for (const at::Tensor& p : parts) {
       if (!p.sizes().equals(parts[0].sizes()) ||
           p.scalar_type() != parts[0].scalar_type()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": its samples differ in shape or dtype (",
-                         internal::DescribeTensor(parts[0]), " and ",
-                         internal::DescribeTensor(p), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": its samples differ in shape or dtype (",
+            quantization::internal::DescribeTensor(parts[0]), " and ",
+            quantization::internal::DescribeTensor(p), ")"));
       }
     }
     t = has_batch_dim ? at::cat(parts) : at::stack(parts);
@@ -146,11 +146,12 @@ absl::StatusOr<at::Tensor> InputTensor(const c10::IValue& value,
   if ((want_float && !is_float) || (want_int && !is_int)) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, " must be ", want_float ? "a floating-point" : "an integer",
-        " tensor", like, ", got ", internal::DescribeTensor(t)));
+        " tensor", like, ", got ", quantization::internal::DescribeTensor(t)));
   }
   if (!is_float && !is_int) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " must be a real tensor, got ", internal::DescribeTensor(t)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " must be a real tensor, got ",
+                     quantization::internal::DescribeTensor(t)));
   }
   if (!in.shape.empty()) {
     const int64_t rank = static_cast<int64_t>(in.shape.size());
@@ -158,17 +159,17 @@ absl::StatusOr<at::Tensor> InputTensor(const c10::IValue& value,
     if (t.dim() != rank) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, " must have rank ", rank, " ([N, ...]", like,
-                       "), got ", internal::DescribeTensor(t)));
+                       "), got ", quantization::internal::DescribeTensor(t)));
     }
   }
   if (t.dim() == 0 || t.size(0) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " holds no samples (", internal::DescribeTensor(t),
-                     "; the first dimension is the sample)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " holds no samples (", quantization::internal::DescribeTensor(t),
+        "; the first dimension is the sample)"));
   }
   if (t.numel() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " is empty: ", internal::DescribeTensor(t)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " is empty: ", quantization::internal::DescribeTensor(t)));
   }
   if (is_float) {
     at::Tensor bad = t.isfinite().logical_not();
@@ -186,7 +187,7 @@ absl::StatusOr<at::Tensor> InputTensor(const c10::IValue& value,
           !converted.to(t.scalar_type()).equal(t)) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ": its values do not fit ", in.dtype, " (",
-                         internal::DescribeTensor(t), ")"));
+                         quantization::internal::DescribeTensor(t), ")"));
       }
       t = converted;
     }
@@ -344,8 +345,8 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
     uint64_t h = util::Fnv1a64(absl::StrCat("features/", batch_size));
     for (size_t i = 0; i < tensors.size(); ++i) {
       const at::Tensor& t = tensors[i];
-      std::string d =
-          absl::StrCat(data.input_names[i], ": ", internal::DescribeTensor(t));
+      std::string d = absl::StrCat(data.input_names[i], ": ",
+                                   quantization::internal::DescribeTensor(t));
       h = util::Fnv1a64(d, h);
       h = util::Fnv1a64(
           absl::string_view(static_cast<const char*>(t.data_ptr()),

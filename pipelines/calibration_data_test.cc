@@ -441,5 +441,38 @@ TEST(FeatureDataTest, TokenModelsReadTokenFilesAsBefore) {
       at::equal(matching->batches[0][0].toTensor(), ids.narrow(0, 0, 4)));
 }
 
+CalibrationData FiveSamplesInBatchesOfTwo() {
+  CalibrationData data;
+  data.input_names = {"input_ids"};
+  data.source = "test";
+  data.tokens = at::arange(10, at::kLong).view({5, 2});
+  data.num_samples = 5;
+  data.seq_len = 2;
+  for (int64_t start = 0; start < 5; start += 2) {
+    data.batches.push_back(
+        {data.tokens.narrow(0, start, std::min<int64_t>(2, 5 - start))});
+  }
+  return data;
+}
+
+TEST(CalibrationDataTest, ShardGivesSampleIToRankIModWorld) {
+  CalibrationData data = FiveSamplesInBatchesOfTwo();
+  ASSERT_OK_AND_ASSIGN(CalibrationData r0, ShardCalibrationData(data, 0, 2));
+  ASSERT_OK_AND_ASSIGN(CalibrationData r1, ShardCalibrationData(data, 1, 2));
+  EXPECT_EQ(r0.num_samples, 3);
+  EXPECT_EQ(r1.num_samples, 2);
+  ASSERT_EQ(r0.batches.size(), 2u);  // Samples 0, 2 | 4.
+  EXPECT_TRUE(at::equal(r0.batches[0][0].toTensor(),
+                        data.tokens.index_select(0, at::tensor({0, 2}))));
+  EXPECT_TRUE(
+      at::equal(r0.batches[1][0].toTensor(), data.tokens.narrow(0, 4, 1)));
+  ASSERT_EQ(r1.batches.size(), 1u);  // Samples 1, 3.
+  EXPECT_TRUE(at::equal(r1.batches[0][0].toTensor(),
+                        data.tokens.index_select(0, at::tensor({1, 3}))));
+  EXPECT_THAT(ShardCalibrationData(data, 5, 6).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("5 samples: too few for 6 ranks")));
+}
+
 }  // namespace
 }  // namespace tracecut::pipelines

@@ -25,7 +25,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "pipelines/intermediates_cache_internal.h"
-#include "pipelines/quantize.h"
+#include "quantization/quantize.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
 #include "util/format.h"

@@ -36,6 +36,16 @@
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::LeafModule;
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::ModuleCall;
+using ::tracecut::modifiers::RunContext;
+using ::tracecut::modifiers::SubgraphInfo;
+using ::tracecut::modifiers::SubgraphTiming;
+using ::tracecut::util::Progress;
+using ::tracecut::util::ProgressPoint;
 namespace {
 
 // Note [Devices]

@@ -63,14 +63,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "modifiers/modifier.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibration_data.h"
 #include "pipelines/expert_calibration.h"
 #include "pipelines/intermediates_cache.h"
-#include "pipelines/modifier.h"
-#include "pipelines/progress.h"
 #include "runtime/graph_module.h"
 #include "util/files.h"
+#include "util/progress.h"
 
 namespace tracecut::pipelines {
 
@@ -94,7 +94,8 @@ class SubgraphWeights {
   // Before subgraph `i` runs (before the modifiers' OnSubgraphStart).
   virtual absl::Status Load(int i) = 0;
   // After subgraph `i` was compressed and propagated, before its checkpoint.
-  virtual absl::Status Done(int i, const CalibrationResults& results) = 0;
+  virtual absl::Status Done(int i,
+                            const modifiers::CalibrationResults& results) = 0;
   // Before the modifiers' OnRunEnd: what no subgraph read.
   virtual absl::Status LoadRest() = 0;
 };
@@ -151,7 +152,7 @@ struct PipelineOptions {
   SubgraphWeights* weights = nullptr;
   // Not owned; nullptr: this process checkpoints on its own.
   CheckpointGroup* checkpoint_group = nullptr;
-  Progress* progress = nullptr;  // nullptr: silent.
+  util::Progress* progress = nullptr;  // nullptr: silent.
 };
 
 // What the cache held after one subgraph.
@@ -196,8 +197,8 @@ struct PipelineResult {
 // checkpoint's). The model's weights change in place.
 absl::StatusOr<PipelineResult> RunPipeline(
     runtime::GraphModule& model, const CalibrationData& data,
-    absl::Span<Modifier* const> modifiers, CalibrationResults& results,
-    const PipelineOptions& options);
+    absl::Span<modifiers::Modifier* const> modifiers,
+    modifiers::CalibrationResults& results, const PipelineOptions& options);
 
 // How far `candidate`'s first output tensor is from `reference`'s over all
 // batches of `data`: ||c - r|| / ||r|| (Frobenius, over everything) and the

@@ -22,6 +22,15 @@
 
 namespace tracecut::pipelines::internal {
 
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::LeafModule;
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::RunContext;
+using ::tracecut::modifiers::SubgraphInfo;
+using ::tracecut::modifiers::SubgraphTiming;
+using ::tracecut::util::Progress;
+using ::tracecut::util::ProgressPoint;
+
 using runtime::Interpreter;
 
 absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,

@@ -24,6 +24,10 @@
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::RunContext;
 namespace {
 
 // ---------------------------------------------------------------------------

@@ -25,8 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "modifiers/modifier.h"
 #include "pipelines/intermediates_cache.h"
-#include "pipelines/modifier.h"
 
 namespace tracecut::pipelines {
 
@@ -53,8 +53,8 @@ class RunCheckpoint {
   // Checkpoints the run before subgraph `next`: the tensors changed since
   // the last call (ctx.TakeUpdatedTensors) go to a new weight file for
   // subgraph next - 1, then state.pt is replaced. Both writes are atomic.
-  absl::Status Write(int next, RunContext& ctx,
-                     absl::Span<Modifier* const> modifiers,
+  absl::Status Write(int next, modifiers::RunContext& ctx,
+                     absl::Span<modifiers::Modifier* const> modifiers,
                      IntermediatesCache& cache);
 
   // With keep_previous: the subgraphs the kept states continue at,
@@ -73,7 +73,8 @@ class RunCheckpoint {
   // keep_previous, `at` picks the kept state that continues at subgraph
   // `at` (one of Kept()); without, the state is state.pt.
   absl::StatusOr<std::optional<int>> Restore(
-      RunContext& ctx, absl::Span<Modifier* const> modifiers, int num_subgraphs,
+      modifiers::RunContext& ctx,
+      absl::Span<modifiers::Modifier* const> modifiers, int num_subgraphs,
       const PutFn& put, std::optional<int> at = std::nullopt);
 
  private:

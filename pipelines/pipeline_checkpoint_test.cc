@@ -15,14 +15,19 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "modifiers/modifier.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/intermediates_cache.h"
-#include "pipelines/modifier.h"
-#include "pipelines/progress.h"
 #include "util/files.h"
+#include "util/progress.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::RunContext;
+using ::tracecut::util::Progress;
 namespace {
 
 using ::testing::HasSubstr;

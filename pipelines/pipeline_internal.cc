@@ -11,6 +11,14 @@
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines::internal {
+
+using ::tracecut::modifiers::ActivationRange;
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::FunctionCall;
+using ::tracecut::modifiers::LeafModule;
+using ::tracecut::modifiers::Modifier;
+using ::tracecut::modifiers::ModuleCall;
+using ::tracecut::modifiers::RunContext;
 namespace {
 
 using runtime::Interpreter;

@@ -16,9 +16,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "modifiers/modifier.h"
 #include "pipelines/calibration_data.h"
 #include "pipelines/expert_calibration.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 #include "runtime/graph_module.h"
 #include "runtime/interpreter.h"
@@ -29,18 +29,20 @@ namespace tracecut::pipelines::internal {
 // Returns "NaN" / "infinite" / "" (all finite).
 std::string NonFiniteKind(const c10::IValue& v);
 
-absl::Status ForEachModifier(absl::Span<Modifier* const> modifiers,
-                             const std::function<absl::Status(Modifier*)>& fn);
+absl::Status ForEachModifier(
+    absl::Span<modifiers::Modifier* const> modifiers,
+    const std::function<absl::Status(modifiers::Modifier*)>& fn);
 
 // The tensors of `results`' module records (quantization parameters) on
 // the host, where the writers and checkpoints read them (Note [Devices] in
 // pipeline.cc).
-absl::Status RecordsToHost(CalibrationResults& results);
+absl::Status RecordsToHost(modifiers::CalibrationResults& results);
 
 // Dispatches module-hook calls to the modifiers that want them.
 class HookDispatcher {
  public:
-  HookDispatcher(RunContext& ctx, absl::Span<Modifier* const> modifiers);
+  HookDispatcher(modifiers::RunContext& ctx,
+                 absl::Span<modifiers::Modifier* const> modifiers);
 
   // With `routed`, calls of modules inside its experts are not passed on:
   // the experts' calibration data comes from their runs on all tokens.
@@ -55,22 +57,22 @@ class HookDispatcher {
 
  private:
   struct Route {
-    const LeafModule* leaf = nullptr;
-    std::vector<Modifier*> modifiers;
+    const modifiers::LeafModule* leaf = nullptr;
+    std::vector<modifiers::Modifier*> modifiers;
   };
-  RunContext& ctx_;
-  std::vector<Modifier*> function_modifiers_;  // WantsFunction on some node.
+  modifiers::RunContext& ctx_;
+  std::vector<modifiers::Modifier*>
+      function_modifiers_;  // WantsFunction on some node.
   absl::flat_hash_map<std::string, Route> routes_;
   int64_t batch_ = 0;
   absl::Status status_;
 };
 
 // The `basic` pipeline: the whole model, batch after batch.
-absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
-                                        const CalibrationData& data,
-                                        absl::Span<Modifier* const> modifiers,
-                                        CalibrationResults& results,
-                                        const PipelineOptions& options);
+absl::StatusOr<PipelineResult> RunBasic(
+    runtime::GraphModule& model, const CalibrationData& data,
+    absl::Span<modifiers::Modifier* const> modifiers,
+    modifiers::CalibrationResults& results, const PipelineOptions& options);
 
 }  // namespace tracecut::pipelines::internal
 

@@ -21,19 +21,32 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "modifiers/gptq_modifier.h"
+#include "modifiers/modifier.h"
+#include "modifiers/observer_modifier.h"
+#include "modifiers/weight_quant_modifier.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/gptq_modifier.h"
-#include "pipelines/modifier.h"
-#include "pipelines/observers.h"
 #include "pipelines/pipeline_internal.h"
-#include "pipelines/rtn_modifier.h"
 #include "quantization/quant_args.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::GptqModifier;
+using ::tracecut::modifiers::GptqModifierOptions;
+using ::tracecut::modifiers::ModuleRecord;
+using ::tracecut::modifiers::ModuleSelector;
+using ::tracecut::modifiers::ObservedTensor;
+using ::tracecut::modifiers::Observer;
+using ::tracecut::modifiers::ObserverKind;
+using ::tracecut::modifiers::ObserverOptions;
+using ::tracecut::modifiers::RtnModifier;
+using ::tracecut::modifiers::WeightQuantOptions;
+using ::tracecut::quantization::QuantScheme;
 namespace {
 
 using ::testing::AllOf;
@@ -192,8 +205,8 @@ TEST(PipelineTest, ThreePipelinesGiveIdenticalScalesWithoutPropagation) {
   EXPECT_EQ(basic.FindModule("lm_head")->weight_method, "");
 }
 
-// Note [Shared Hessians] in rtn_modifier.h: q/k/v (and gate/up) share one
-// accumulated Hessian (and, for compressed-tensors schemes, its factor);
+// Note [Shared Hessians] in weight_quant_modifier.h: q/k/v (and gate/up) share
+// one accumulated Hessian (and, for compressed-tensors schemes, its factor);
 // each gets the GPTQ result it gets alone, bit for bit.
 class SharedHessianTest : public ::testing::TestWithParam<bool> {};
 

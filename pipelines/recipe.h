@@ -5,9 +5,9 @@
 // protobuf text format; the format is documented in docs/recipes.md).
 //
 //   ASSIGN_OR_RETURN(recipe::Recipe r, LoadRecipe("recipe.textproto"));
-//   for (const recipe::Modifier& m : r.modifiers()) {
-//     if (m.has_gptq()) { GptqOptions o = ToGptqOptions(m.gptq()); ... }
-//   }
+//
+// Each modifier entry is checked by the modifier registered for its message
+// (modifiers/registry.h).
 //
 // Every error names the source and, for parse errors and for validation
 // errors on fields present in the text, the 1-based line and column:
@@ -15,16 +15,16 @@
 //   recipe.textproto:3:27: modifiers[0].gptq.scheme.bits: must be in [2, 8],
 //   got 9
 
+#include <google/protobuf/descriptor.h>
+
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "pipelines/gptq.h"
-#include "pipelines/quantize.h"
+#include "modifiers/registry.h"
 #include "pipelines/recipe.pb.h"
-#include "quantization/quant_args.h"
 
 namespace tracecut::pipelines {
 
@@ -40,34 +40,15 @@ absl::StatusOr<recipe::Recipe> LoadRecipe(const std::string& path);
 absl::Status ValidateRecipe(const recipe::Recipe& recipe,
                             absl::string_view source = "<recipe>");
 
-// Conversions for validated recipes.
-QuantScheme ToQuantScheme(const recipe::QuantizationScheme& scheme);
-GptqOptions ToGptqOptions(const recipe::GptqModifier& gptq);
+// The field of `m`'s oneof that is set (its entry), or null.
+const google::protobuf::FieldDescriptor* EntryField(const recipe::Modifier& m);
 
-// Whether `scheme` names a compressed-tensors scheme (preset or json)
-// rather than tracecut's integer fields.
-bool IsTypedScheme(const recipe::QuantizationScheme& scheme);
-// That scheme with the modifier's `targets`, resolved; InvalidArgument
-// naming the bad field (an unknown preset, a json field compressed-tensors
-// or tracecut refuses).
-absl::StatusOr<quantization::QuantizationScheme> ToTypedScheme(
-    const recipe::QuantizationScheme& scheme, std::vector<std::string> targets);
-// The activation order a GPTQ modifier runs a compressed-tensors scheme
-// with, as GPTQModifier.resolve_actorder: the modifier's actorder when set
-// (true is "weight", false none), else the scheme's own, else "static".
-quantization::ActOrder ResolveActOrder(const recipe::GptqModifier& gptq,
-                                       quantization::ActOrder from_scheme);
-// An error for a resolved compressed-tensors scheme tracecut cannot run:
-// output activations (Unimplemented), static input activations no observer
-// calibrates (InvalidArgument; per tensor and NVFP4's "local" global scale
-// are calibrated). Dynamic activations (W8A8, FP8_DYNAMIC, FP8_BLOCK,
-// MXFP4) are recorded, not calibrated.
-absl::Status CheckTypedSchemeRuns(const quantization::QuantizationScheme& s);
-// A modifier's kv_cache_scheme (QuantizationArgs JSON), resolved; an error
-// for one tracecut cannot calibrate (dynamic; neither per tensor nor per
-// head).
-absl::StatusOr<quantization::QuantizationArgs> ToKvCacheArgs(
-    absl::string_view json);
+// The entry field names, for "names no modifier (awq, gptq, ...)".
+std::string EntryNames();
+
+// The recipe's entries and settings as the registry's validate and build
+// functions see them (index 0, no collective, not whole groups).
+modifiers::RecipeContext ContextOf(const recipe::Recipe& r);
 
 }  // namespace tracecut::pipelines
 

@@ -5,9 +5,16 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "modifiers/gptq_modifier.h"
+#include "modifiers/recipe_config.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
+using ::tracecut::modifiers::ToGptqOptions;
+using ::tracecut::modifiers::ToQuantScheme;
+
+using ::tracecut::quantization::GptqOptions;
+using ::tracecut::quantization::QuantScheme;
 namespace {
 
 using ::testing::HasSubstr;

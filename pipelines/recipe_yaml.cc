@@ -25,6 +25,9 @@
 #include "util/status_macros.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::IsTypedScheme;
+using ::tracecut::modifiers::ToKvCacheArgs;
 namespace {
 
 using recipe_yaml_internal::ActOrder;

@@ -19,6 +19,7 @@
 #include "pipelines/recipe.h"
 #include "pipelines/recipe.pb.h"
 #include "pipelines/recipe_yaml_internal.h"
+#include "quantization/observers.h"
 #include "quantization/quant_args.h"
 #include "util/json.h"
 #include "util/status_macros.h"
@@ -128,7 +129,8 @@ absl::StatusOr<std::optional<Group>> TypedConfigGroup(const Reader& r,
                    "quantizes no weights (tracecut quantizes weights and "
                    "their input activations, not activations alone)");
   }
-  if (absl::Status runs = CheckTypedSchemeRuns(*typed); !runs.ok()) {
+  if (absl::Status runs = quantization::CheckTypedSchemeRuns(*typed);
+      !runs.ok()) {
     return r.Error(node, path, runs.message());
   }
   Group g;
@@ -312,7 +314,8 @@ absl::StatusOr<Group> PresetGroup(const Reader& r, const YAML::Node& at,
   Group g;
   g.targets = std::move(targets);
   if (preset->weights.has_value()) {
-    if (absl::Status runs = CheckTypedSchemeRuns(*preset); !runs.ok()) {
+    if (absl::Status runs = quantization::CheckTypedSchemeRuns(*preset);
+        !runs.ok()) {
       return r.Error(at, path,
                      absl::StrCat("scheme ", name, ": ", runs.message()));
     }

@@ -8,12 +8,19 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "modifiers/gptq_modifier.h"
+#include "modifiers/recipe_config.h"
 #include "pipelines/recipe.h"
 #include "quantization/quant_args.h"
 #include "util/json.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::IsTypedScheme;
+using ::tracecut::modifiers::ResolveActOrder;
+using ::tracecut::modifiers::ToKvCacheArgs;
+using ::tracecut::modifiers::ToTypedScheme;
 namespace {
 
 using ::testing::HasSubstr;

@@ -11,6 +11,11 @@
 #include "absl/strings/str_format.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::ActivationRange;
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::ShortType;
+using ::tracecut::modifiers::SubgraphTiming;
 namespace {
 
 using util::Json;
@@ -91,7 +96,7 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
       pipeline != nullptr ? pipeline->labels : std::vector<std::string>());
 
   Json modules = Json::array();
-  // Quantized modules no calibration token reached (rtn_modifier.h).
+  // Quantized modules no calibration token reached (weight_quant_modifier.h).
   Json uncalibrated = Json::array();
   int64_t quantized = 0, measured = 0, compared = 0;
   double sum_err = 0, max_err = 0, sum_compared = 0, sum_rtn = 0;

@@ -68,7 +68,7 @@
 #include <string>
 #include <vector>
 
-#include "pipelines/modifier.h"
+#include "modifiers/modifier.h"
 #include "pipelines/pipeline.h"
 #include "util/json.h"
 
@@ -96,7 +96,7 @@ struct ReportInfo {
 };
 
 util::Json BuildReport(const ReportInfo& info,
-                       const CalibrationResults& results,
+                       const modifiers::CalibrationResults& results,
                        const PipelineResult* pipeline);
 
 // Summary statistics of a tensor for the report: {"shape", "min", "max",

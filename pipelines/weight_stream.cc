@@ -15,6 +15,9 @@
 
 namespace tracecut::pipelines {
 
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::output::CompressedTensorsWriter;
+
 using tracer::exported::IsStandIn;
 using tracer::exported::StandIn;
 

@@ -45,7 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/safetensors.h"
-#include "pipelines/compressed_output.h"
+#include "output/compressed_output.h"
 #include "pipelines/pipeline.h"
 #include "runtime/graph_module.h"
 #include "tracer/export/pt2_archive.h"
@@ -61,36 +61,38 @@ class WeightStream : public SubgraphWeights {
   static absl::StatusOr<std::unique_ptr<WeightStream>> Create(
       runtime::GraphModule& model,
       std::map<std::string, tracer::exported::DeferredTensor> deferred,
-      const std::string& checkpoint_dir, CompressedTensorsWriter* writer);
+      const std::string& checkpoint_dir,
+      output::CompressedTensorsWriter* writer);
 
   absl::Status Plan(
       const std::vector<const partition::Subgraph*>& subgraphs) override;
   absl::Status Resume(int start) override;
   absl::Status Load(int i) override;
-  absl::Status Done(int i, const CalibrationResults& results) override;
+  absl::Status Done(int i,
+                    const modifiers::CalibrationResults& results) override;
   absl::Status LoadRest() override;
 
   // After the run: the tensors no subgraph read, as the last shard.
-  absl::Status WriteRest(const CalibrationResults& results);
+  absl::Status WriteRest(const modifiers::CalibrationResults& results);
 
   // Most bytes of deferred tensors loaded at once (for the report).
   int64_t peak_loaded_bytes() const { return peak_bytes_; }
 
  private:
   WeightStream(runtime::GraphModule& model, checkpoint::Checkpoint source,
-               CompressedTensorsWriter* writer)
+               output::CompressedTensorsWriter* writer)
       : model_(model), source_(std::move(source)), writer_(writer) {}
   absl::Status LoadTensor(const std::string& path);
   absl::Status Release(const std::string& path);
   absl::Status WriteAndRelease(int index, const std::vector<std::string>& paths,
-                               const CalibrationResults& results);
+                               const modifiers::CalibrationResults& results);
   bool IsLoaded(const std::string& path) const {
     return loaded_.contains(path);
   }
 
   runtime::GraphModule& model_;
   checkpoint::Checkpoint source_;
-  CompressedTensorsWriter* writer_;
+  output::CompressedTensorsWriter* writer_;
   std::map<std::string, tracer::exported::DeferredTensor> deferred_;
   std::set<std::string> buffers_;  // Deferred paths that are buffers.
   // Per subgraph, the deferred paths it reads first and last.

@@ -19,6 +19,10 @@
 #include "util/testing/temp_dir.h"
 
 namespace tracecut::pipelines {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::output::CompressedOutputOptions;
+using ::tracecut::output::CompressedTensorsWriter;
 namespace {
 
 using ::testing::HasSubstr;

@@ -377,4 +377,20 @@ absl::StatusOr<QParams> ActivationObserver::Finish(
   });
 }
 
+absl::Status CheckTypedSchemeRuns(const QuantizationScheme& s) {
+  if (s.output_activations.has_value()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "output_activations (", s.output_activations->ToString(),
+        ") are not supported yet; quantize weights and input activations"));
+  }
+  const auto& in = s.input_activations;
+  if (in.has_value() && in->dynamic != Dynamic::kDynamic) {
+    // Static ones are calibrated (modifiers/weight_quant_modifier.h Note
+    // [Static input activations]) where an observer can: per tensor, or NVFP4's
+    // global scale.
+    RETURN_IF_ERROR(ActivationObserver::Create(*in).status());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tracecut::quantization

@@ -133,6 +133,13 @@ class ActivationObserver {
   MinMax stats_;
 };
 
+// An error for a resolved compressed-tensors scheme tracecut cannot run:
+// output activations (Unimplemented), static input activations no observer
+// calibrates (InvalidArgument; per tensor and NVFP4's "local" global scale
+// are calibrated). Dynamic activations (W8A8, FP8_DYNAMIC, FP8_BLOCK,
+// MXFP4) are recorded, not calibrated.
+absl::Status CheckTypedSchemeRuns(const QuantizationScheme& s);
+
 }  // namespace tracecut::quantization
 
 #endif  // TRACECUT_QUANTIZATION_OBSERVERS_H_

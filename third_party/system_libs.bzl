@@ -129,7 +129,7 @@ cc_library(
     ],
 )
 
-# c10d's Gloo process group (pipelines/distributed): ProcessGroupGloo.hpp
+# c10d's Gloo process group (runtime/collective): ProcessGroupGloo.hpp
 # includes <gloo/...>, which the wheel does not ship; Debian's libgloo-dev
 # provides them under /usr/include. Only torch's own factories touch gloo
 # types, so the gloo compiled into libtorch_cpu is the one that runs.

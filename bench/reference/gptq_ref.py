@@ -14,12 +14,12 @@ JSON object: per layer the median solve time over --reps and the largest
 
 Two deliberate departures, both so that the comparison measures the solver
 and not a convention:
-* the quantization grid is tracecut's (pipelines/quantize.h, Note
+* the quantization grid is tracecut's (quantization/quantize.h, Note
   [Quantization convention]): symmetric = signed codes, scale = max|w| / qmax,
   zero point 0, clamp to [qmin, qmax]; the reference's Quantizer uses unsigned
   codes with scale = 2 max|w| / maxq and zero (maxq + 1) / 2, a different grid;
 * act_order sorts with stable=True (ties keep index order), as tracecut does
-  (pipelines/gptq.h Note [GPTQ in tracecut] 2); on real Hessians ties do not
+  (quantization/gptq.h Note [GPTQ in tracecut] 2); on real Hessians ties do not
   occur.
 Everything else (dead columns, damping, Cholesky / cholesky_inverse /
 Cholesky upper, blocks with lazy batch updates, group parameters found when a

@@ -13,33 +13,34 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "modifiers/modifier.h"
+#include "modifiers/weight_quant_modifier.h"
 #include "partition/partitioner.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/recipe.h"
-#include "pipelines/rtn_modifier.h"
 #include "runtime/lowering.h"
 #include "util/status_macros.h"
 
 namespace {
 
+namespace modifiers = tracecut::modifiers;
 namespace partition = tracecut::partition;
 namespace pipelines = tracecut::pipelines;
 namespace runtime = tracecut::runtime;
 
 // [START modifier]
 // Counts the calls of every Linear during calibration.
-class CountLinearCalls : public pipelines::Modifier {
+class CountLinearCalls : public modifiers::Modifier {
  public:
   std::string name() const override { return "count-linear-calls"; }
   bool WantsModule(absl::string_view path,
                    absl::string_view type) const override {
     return partition::ModulePatternMatches("Linear", path, type);
   }
-  absl::Status OnModuleCall(pipelines::RunContext& ctx,
-                            const pipelines::ModuleCall& call) override {
+  absl::Status OnModuleCall(modifiers::RunContext& ctx,
+                            const modifiers::ModuleCall& call) override {
     ++calls_[std::string(call.path)];
     return absl::OkStatus();
   }
@@ -65,18 +66,18 @@ absl::Status Example(const std::string& model_path,
                        tokens, pipelines::ModelInputNames(loaded.model),
                        /*batch_size=*/4, "synthetic"));
 
-  pipelines::WeightQuantOptions rtn_options;
+  modifiers::WeightQuantOptions rtn_options;
   rtn_options.modules.targets = {"Linear"};
   rtn_options.modules.ignore = {"lm_head"};
   rtn_options.scheme.bits = 4;
-  pipelines::RtnModifier rtn(rtn_options);
+  modifiers::RtnModifier rtn(rtn_options);
   CountLinearCalls count;
 
   pipelines::PipelineOptions options;
   options.kind = pipelines::PipelineKind::kSequential;
   options.partition.targets = loaded.default_targets;  // LlamaDecoderLayer
-  pipelines::CalibrationResults results;
-  std::vector<pipelines::Modifier*> modifiers = {&count, &rtn};
+  modifiers::CalibrationResults results;
+  std::vector<modifiers::Modifier*> modifiers = {&count, &rtn};
   ASSIGN_OR_RETURN(
       pipelines::PipelineResult run,
       pipelines::RunPipeline(loaded.model, data, modifiers, results, options));
@@ -86,7 +87,7 @@ absl::Status Example(const std::string& model_path,
               << " calls\n";
   }
   // Scales and zero points become buffers of the saved model.
-  RETURN_IF_ERROR(pipelines::ExportQuantParams(results, loaded.model));
+  RETURN_IF_ERROR(modifiers::ExportQuantParams(results, loaded.model));
   RETURN_IF_ERROR(
       runtime::SaveTorchScript(loaded.model, out_dir + "/rtn_w4.pt"));
   // [END pipeline]

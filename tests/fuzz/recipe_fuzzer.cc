@@ -22,6 +22,8 @@
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "modifiers/gptq_modifier.h"
+#include "modifiers/recipe_config.h"
 #include "pipelines/recipe.h"
 #include "pipelines/recipe.pb.h"
 
@@ -64,10 +66,10 @@ void CheckValid(const recipe::Recipe& r) {
     Fail("printed recipe parses to another recipe", text);
   }
   for (const recipe::Modifier& m : r.modifiers()) {
-    if (m.has_gptq()) (void)tracecut::pipelines::ToGptqOptions(m.gptq());
-    if (m.has_rtn()) (void)tracecut::pipelines::ToQuantScheme(m.rtn().scheme());
+    if (m.has_gptq()) (void)tracecut::modifiers::ToGptqOptions(m.gptq());
+    if (m.has_rtn()) (void)tracecut::modifiers::ToQuantScheme(m.rtn().scheme());
     if (m.has_observer()) {
-      (void)tracecut::pipelines::ToQuantScheme(m.observer().scheme());
+      (void)tracecut::modifiers::ToQuantScheme(m.observer().scheme());
     }
   }
 }

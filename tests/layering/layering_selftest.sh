@@ -11,7 +11,7 @@ cd "$tmp"
 
 good() {
   rm -rf ./*
-  for p in util ir runtime checkpoint tracer partition transforms quantization pipelines tools; do
+  for p in util ir runtime checkpoint tracer partition transforms quantization modifiers output pipelines tools; do
     mkdir -p "$p"
     printf '#include "util/status_macros.h"\n' >"$p/a.cc"
     printf 'cc_library(\n    name = "a",\n    deps = ["//util:status_macros"],\n)\n' >"$p/BUILD"

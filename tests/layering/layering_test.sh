@@ -26,8 +26,10 @@ declare -A allowed=(
   [partition]="util ir runtime"
   [quantization]="util ir runtime"
   [transforms]="util ir runtime partition"
-  [pipelines]="util ir runtime checkpoint tracer partition transforms quantization"
-  [tools]="util ir runtime checkpoint tracer partition transforms quantization pipelines python"
+  [modifiers]="util ir runtime checkpoint partition quantization"
+  [output]="util ir runtime checkpoint partition quantization modifiers"
+  [pipelines]="util ir runtime checkpoint tracer partition transforms quantization modifiers output"
+  [tools]="util ir runtime checkpoint tracer partition transforms quantization modifiers output pipelines python"
 )
 # The top: may use everything.
 top="tests bench docs examples"
@@ -37,7 +39,7 @@ declare -A exceptions=(
   # The demo ships the small generated Llama of tests/fixtures.
   ["tools/BUILD //tests/fixtures:llama.pt"]=1
 )
-packages="util ir runtime checkpoint tracer partition transforms quantization pipelines tools python tests bench docs examples third_party"
+packages="util ir runtime checkpoint tracer partition transforms quantization modifiers output pipelines tools python tests bench docs examples third_party"
 
 status=0
 fail() {
@@ -113,7 +115,7 @@ for f in "$@"; do
 done
 
 # The check is vacuous unless it saw every layered package.
-for p in util ir runtime checkpoint tracer partition transforms quantization pipelines tools; do
+for p in util ir runtime checkpoint tracer partition transforms quantization modifiers output pipelines tools; do
   [[ -n ${seen[$p]:-} ]] || fail "no files of package '$p' were given"
 done
 

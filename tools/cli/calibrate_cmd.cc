@@ -22,13 +22,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "pipelines/calibrate.h"
-#include "pipelines/distributed.h"
 #include "pipelines/interrupt.h"
-#include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "pipelines/recipe_yaml.h"
 #include "pipelines/report_html.h"
+#include "pipelines/run_dir.h"
 #include "quantization/quant_args.h"
+#include "runtime/collective.h"
 #include "runtime/device.h"
 #include "tools/cli/common.h"
 #include "tools/cli/launch.h"
@@ -37,6 +37,7 @@
 #include "util/json.h"
 #include "util/output_manifest.h"
 #include "util/path_guard.h"
+#include "util/progress.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -82,8 +83,7 @@ absl::Status CheckOutputsApart(const ParsedArgs& args,
     RETURN_IF_ERROR(util::CheckOutputApart({"--html", *html}, inputs));
   }
   return util::CheckOutputApart(
-      {"the run directory",
-       o.run_dir.empty() ? o.output_path + ".run" : o.run_dir},
+      {"the run directory", pipelines::RunDirFor(o.output_path, o.run_dir)},
       inputs);
 }
 
@@ -188,12 +188,14 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     const std::string output = args.Get("output").value_or("");
     return LaunchLocalRanks(
         static_cast<int>(nproc), {output, args.Get("report").value_or("")},
-        args.Get("run-dir").value_or(output.empty() ? "" : output + ".run"),
+        output.empty() && !args.Has("run-dir")
+            ? ""
+            : pipelines::RunDirFor(output, args.Get("run-dir").value_or("")),
         io);
   }
-  std::unique_ptr<pipelines::Collective> collective;
+  std::unique_ptr<runtime::Collective> collective;
   if (IsLaunchedRank()) {
-    ASSIGN_OR_RETURN(collective, pipelines::Collective::FromEnvironment(
+    ASSIGN_OR_RETURN(collective, runtime::Collective::FromEnvironment(
                                      absl::Seconds(dist_timeout)));
   }
   const bool quiet_rank = collective != nullptr && collective->rank() != 0;
@@ -324,7 +326,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   }
 
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
-  pipelines::Progress progress(&io.err, live);
+  util::Progress progress(&io.err, live);
   if (!quiet_rank) o.progress = &progress;
   pipelines::InstallInterruptHandlers();
   absl::StatusOr<CalibrateOutcome> calibrated = pipelines::Calibrate(o);
@@ -337,8 +339,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   CalibrateOutcome& out = *calibrated;
   if (quiet_rank) return absl::OkStatus();  // Rank 0 reports.
 
-  const std::string run_dir =
-      o.run_dir.empty() ? o.output_path + ".run" : o.run_dir;
+  const std::string run_dir = pipelines::RunDirFor(o.output_path, o.run_dir);
   if (out.stopped) {
     if (args.Has("json")) {
       Json j = Json::object();

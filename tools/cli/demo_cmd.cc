@@ -32,7 +32,6 @@
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
 #include "pipelines/pipeline.h"
-#include "pipelines/progress.h"
 #include "pipelines/recipe.h"
 #include "pipelines/report_html.h"
 #include "runtime/device.h"
@@ -40,6 +39,7 @@
 #include "tools/cli/common.h"
 #include "util/files.h"
 #include "util/json.h"
+#include "util/progress.h"
 #include "util/status_macros.h"
 
 namespace tracecut::cli {
@@ -143,7 +143,7 @@ absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
   // 3. Calibrate: GPTQ, then round-to-nearest for comparison.
   RETURN_IF_ERROR(util::MakeDirs(out_dir));
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
-  pipelines::Progress progress(&io.err, live);
+  util::Progress progress(&io.err, live);
   struct Run {
     const char* name;
     const char* recipe;
@@ -204,7 +204,7 @@ absl::Status RunTorchScriptDemo(const ParsedArgs& args, Io& io) {
   // Both columns on the same inputs: the GPTQ run's calibration inputs of
   // each layer, with its weights quantized by GPTQ and by round-to-nearest.
   // (The RTN run's own layer inputs differ: its earlier layers are RTN's.)
-  const pipelines::CalibrationResults& g = runs[0].outcome->results;
+  const modifiers::CalibrationResults& g = runs[0].outcome->results;
   text << "\n== per-layer relative output error on the calibration inputs "
           "(both on the GPTQ run's layer inputs)\n";
   text << absl::StrFormat("%-36s %8s %8s\n", "module", "GPTQ", "RTN");
@@ -372,7 +372,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   // 4. Calibrate: GPTQ, then round-to-nearest, each into a
   // compressed-tensors checkpoint, the weights streamed layer by layer.
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
-  pipelines::Progress progress(&io.err, live);
+  util::Progress progress(&io.err, live);
   struct Run {
     const char* name;
     const char* title;
@@ -437,7 +437,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
                                                     runs[0].report));
   RETURN_IF_ERROR(WriteOutput(html_path, html, io));
 
-  const pipelines::CalibrationResults& g = runs[0].outcome->results;
+  const modifiers::CalibrationResults& g = runs[0].outcome->results;
   text << "== per-module relative output error on the calibration inputs "
           "(both on the GPTQ run's layer inputs)\n";
   text << absl::StrFormat("%-36s %8s %8s\n", "module", "GPTQ", "RTN");

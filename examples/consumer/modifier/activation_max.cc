@@ -12,9 +12,9 @@
 
 namespace consumer {
 
-using tracecut::pipelines::ModuleCall;
-using tracecut::pipelines::RunContext;
-using tracecut::pipelines::SubgraphInfo;
+using tracecut::modifiers::ModuleCall;
+using tracecut::modifiers::RunContext;
+using tracecut::modifiers::SubgraphInfo;
 
 absl::Status ActivationMax::OnSubgraphStart(RunContext& ctx,
                                             const SubgraphInfo& subgraph) {
@@ -46,9 +46,9 @@ absl::Status ActivationMax::OnSubgraphEnd(RunContext& ctx,
   if (layers_.empty()) return absl::OkStatus();
   const Layer& layer = layers_.back();
   for (const auto& [path, max_abs] : layer.modules) {
-    tracecut::pipelines::ModuleRecord& record = ctx.results().Module(path);
+    tracecut::modifiers::ModuleRecord& record = ctx.results().Module(path);
     if (record.type.empty()) {
-      const tracecut::pipelines::LeafModule* leaf = ctx.FindLeaf(path);
+      const tracecut::modifiers::LeafModule* leaf = ctx.FindLeaf(path);
       if (leaf != nullptr) record.type = leaf->type;
       record.subgraph = subgraph.index;
     }
@@ -77,7 +77,7 @@ std::string ActivationMax::ToJson() const {
                       "\n  ]\n}\n");
 }
 
-std::unique_ptr<tracecut::pipelines::Modifier> MakeActivationMax() {
+std::unique_ptr<tracecut::modifiers::Modifier> MakeActivationMax() {
   return std::make_unique<ActivationMax>();
 }
 

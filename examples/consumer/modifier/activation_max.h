@@ -22,11 +22,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "pipelines/modifier.h"
+#include "modifiers/modifier.h"
 
 namespace consumer {
 
-class ActivationMax : public tracecut::pipelines::Modifier {
+class ActivationMax : public tracecut::modifiers::Modifier {
  public:
   struct Layer {
     int subgraph = 0;
@@ -44,14 +44,14 @@ class ActivationMax : public tracecut::pipelines::Modifier {
     return true;
   }
   absl::Status OnSubgraphStart(
-      tracecut::pipelines::RunContext& ctx,
-      const tracecut::pipelines::SubgraphInfo& subgraph) override;
+      tracecut::modifiers::RunContext& ctx,
+      const tracecut::modifiers::SubgraphInfo& subgraph) override;
   absl::Status OnModuleCall(
-      tracecut::pipelines::RunContext& ctx,
-      const tracecut::pipelines::ModuleCall& call) override;
+      tracecut::modifiers::RunContext& ctx,
+      const tracecut::modifiers::ModuleCall& call) override;
   absl::Status OnSubgraphEnd(
-      tracecut::pipelines::RunContext& ctx,
-      const tracecut::pipelines::SubgraphInfo& subgraph) override;
+      tracecut::modifiers::RunContext& ctx,
+      const tracecut::modifiers::SubgraphInfo& subgraph) override;
 
   // Subgraphs in execution order (those that called a leaf module).
   const std::vector<Layer>& layers() const { return layers_; }
@@ -66,7 +66,7 @@ class ActivationMax : public tracecut::pipelines::Modifier {
 
 // A new ActivationMax, for the calibrate binary of tracecut_modifier
 // (modifier/BUILD).
-std::unique_ptr<tracecut::pipelines::Modifier> MakeActivationMax();
+std::unique_ptr<tracecut::modifiers::Modifier> MakeActivationMax();
 
 }  // namespace consumer
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "modifiers/modifier.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 
 namespace consumer {
@@ -34,8 +34,8 @@ TEST(ActivationMaxTest, RecordsEveryDecoderLayer) {
   pl::PipelineOptions options;
   options.partition.targets = {"LlamaDecoderLayer"};
   ActivationMax act_max;
-  pl::CalibrationResults results;
-  std::vector<pl::Modifier*> modifiers = {&act_max};
+  tracecut::modifiers::CalibrationResults results;
+  std::vector<tracecut::modifiers::Modifier*> modifiers = {&act_max};
   absl::StatusOr<pl::PipelineResult> run =
       pl::RunPipeline(loaded->model, *data, modifiers, results, options);
   ASSERT_TRUE(run.ok()) << run.status();

@@ -16,9 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "modifier/activation_max.h"
+#include "modifiers/modifier.h"
 #include "pipelines/calibrate.h"
 #include "pipelines/calibration_data.h"
-#include "pipelines/modifier.h"
 #include "pipelines/pipeline.h"
 #include "util/status_macros.h"
 
@@ -48,8 +48,8 @@ absl::Status Run(const std::string& model_path, const std::string& out_path,
   options.kind = pl::PipelineKind::kSequential;
   options.partition.targets = loaded.default_targets;  // LlamaDecoderLayer
   consumer::ActivationMax act_max;
-  pl::CalibrationResults results;
-  std::vector<pl::Modifier*> modifiers = {&act_max};
+  tracecut::modifiers::CalibrationResults results;
+  std::vector<tracecut::modifiers::Modifier*> modifiers = {&act_max};
   ASSIGN_OR_RETURN(
       pl::PipelineResult run,
       pl::RunPipeline(loaded.model, data, modifiers, results, options));

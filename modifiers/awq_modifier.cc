@@ -1,0 +1,684 @@
+#include "modifiers/awq_modifier.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "ir/graph.h"
+#include "ir/module_pattern.h"
+#include "modifiers/output_drift.h"
+#include "quantization/fake_quant.h"
+#include "quantization/observers.h"
+#include "runtime/collective.h"
+#include "runtime/torch_status.h"
+#include "util/status_macros.h"
+
+namespace tracecut::modifiers {
+
+using ::tracecut::runtime::ReduceKind;
+namespace {
+
+using quantization::QuantizationArgs;
+using quantization::Strategy;
+
+absl::StatusOr<ir::ModulePattern> Pattern(const std::string& text) {
+  ir::ModulePattern p(text);
+  if (!p.valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("awq: mapping pattern '", text, "': ", p.error()));
+  }
+  return p;
+}
+
+// The longest common dotted prefix of `paths`.
+std::string CommonAncestor(const std::vector<std::string>& paths) {
+  std::vector<std::string> common = absl::StrSplit(paths.front(), '.');
+  for (const std::string& p : paths) {
+    std::vector<std::string> parts = absl::StrSplit(p, '.');
+    size_t n = 0;
+    while (n < common.size() && n < parts.size() && common[n] == parts[n]) ++n;
+    common.resize(n);
+  }
+  return absl::StrJoin(common, ".");
+}
+
+bool Within(absl::string_view path, absl::string_view scope) {
+  return scope.empty() || path == scope ||
+         (absl::StartsWith(path, scope) && path.size() > scope.size() &&
+          path[scope.size()] == '.');
+}
+
+// The first output tensor of a module call (a tuple's first element, as
+// llm-compressor takes a parent's output).
+absl::StatusOr<at::Tensor> OutputTensor(const ModuleCall& call) {
+  const c10::IValue* v = call.output;
+  if (v != nullptr && v->isTuple() && !v->toTupleRef().elements().empty()) {
+    v = &v->toTupleRef().elements()[0];
+  }
+  if (v == nullptr || !v->isTensor()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("awq: the output of ", call.path, " is not a tensor"));
+  }
+  return v->toTensor();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
+    absl::string_view architecture) {
+  static constexpr absl::string_view kMoe[] = {
+      "MixtralForCausalLM",    "Qwen2MoeForCausalLM",   "Qwen3MoeForCausalLM",
+      "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
+      "GptOssForCausalLM"};
+  for (absl::string_view moe : kMoe) {
+    if (architecture == moe) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "awq: no default mappings for ", architecture,
+          " (mixture of experts) yet; give mappings (smooth_layer and "
+          "balance_layers) in the recipe"));
+    }
+  }
+  if (architecture == "Phi3ForCausalLM" || architecture == "Phi3VForCausalLM") {
+    // Fused q/k/v and gate/up projections.
+    return std::vector<AwqMapping>{
+        {"re:.*input_layernorm$", {"re:.*qkv_proj$"}},
+        {"re:.*qkv_proj$", {"re:.*o_proj$"}},
+        {"re:.*post_attention_layernorm$", {"re:.*gate_up_proj$"}},
+        {"re:.*gate_up_proj$", {"re:.*down_proj$"}}};
+  }
+  // Post-norm layers (the norms apply to the attention's and MLP's
+  // outputs): only the Linear-to-Linear mappings. llm-compressor has these
+  // for Olmo, Olmo3 and Exaone4; Olmo2 is the same layout.
+  if (architecture == "OlmoForCausalLM" || architecture == "Olmo2ForCausalLM" ||
+      architecture == "Olmo3ForCausalLM" ||
+      architecture == "Exaone4ForCausalLM") {
+    return std::vector<AwqMapping>{{"re:.*v_proj$", {"re:.*o_proj$"}},
+                                   {"re:.*up_proj$", {"re:.*down_proj$"}}};
+  }
+  // Gemma 2 and 3: the MLP reads pre_feedforward_layernorm (whose
+  // x * (1 + weight) the smoothing handles); Gemma 3's input_layernorm is
+  // left out, as llm-compressor leaves it.
+  const bool gemma3 = architecture == "Gemma3ForCausalLM" ||
+                      architecture == "Gemma3ForConditionalGeneration";
+  if (architecture == "Gemma2ForCausalLM" || gemma3) {
+    std::vector<AwqMapping> m;
+    if (!gemma3) {
+      m.push_back({"re:.*input_layernorm$",
+                   {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}});
+    }
+    m.push_back({"re:.*v_proj$", {"re:.*o_proj$"}});
+    m.push_back({"re:.*pre_feedforward_layernorm$",
+                 {"re:.*gate_proj$", "re:.*up_proj$"}});
+    m.push_back({"re:.*up_proj$", {"re:.*down_proj$"}});
+    return m;
+  }
+  return std::vector<AwqMapping>{
+      {"re:.*input_layernorm$",
+       {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}},
+      {"re:.*v_proj$", {"re:.*o_proj$"}},
+      {"re:.*post_attention_layernorm$", {"re:.*gate_proj$", "re:.*up_proj$"}},
+      {"re:.*up_proj$", {"re:.*down_proj$"}}};
+}
+
+std::vector<std::pair<double, bool>> AwqGrid(AwqDuoScaling duo, int n_grid) {
+  std::vector<std::pair<double, bool>> grid;
+  switch (duo) {
+    case AwqDuoScaling::kBoth: {
+      const int n = n_grid / 2;
+      for (int i = 0; i < n; ++i) {
+        for (bool d : {false, true}) grid.emplace_back(double(i) / (n - 1), d);
+      }
+      break;
+    }
+    case AwqDuoScaling::kOff:
+      for (int i = 0; i < n_grid; ++i) {
+        grid.emplace_back(double(i) / (n_grid - 1), false);
+      }
+      break;
+    case AwqDuoScaling::kOn:
+      // The identity (x^0) first, so that no scaling is a candidate too.
+      grid.emplace_back(0.0, false);
+      for (int i = 0; i < n_grid - 1; ++i) {
+        grid.emplace_back(double(i) / (n_grid - 2), true);
+      }
+      break;
+  }
+  return grid;
+}
+
+absl::StatusOr<at::Tensor> AwqScales(const at::Tensor& x_mean,
+                                     const at::Tensor& w_mean, double ratio,
+                                     bool duo) {
+  return runtime::TorchCall("awq scales", [&] {
+    at::Tensor s = duo ? (x_mean.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4))
+                             .clamp_min(1e-4)
+                       : x_mean.pow(ratio).clamp_min(1e-4).view(-1);
+    s = s / (s.max() * s.min()).sqrt();
+    s.masked_fill_(s.isinf(), 1);
+    s.masked_fill_(s.isnan(), 1);
+    return s;
+  });
+}
+
+absl::StatusOr<at::Tensor> AwqWeightMeans(
+    const std::vector<at::Tensor>& weights, const QuantizationArgs& args) {
+  if (weights.empty()) {
+    return absl::InvalidArgumentError("awq: no balance weights to average");
+  }
+  const Strategy strategy = args.resolved_strategy();
+  if (strategy == Strategy::kBlock) {
+    return absl::UnimplementedError(
+        "awq: block-quantized weights (strategy block) are not supported yet");
+  }
+  return runtime::TorchCall("awq weight means", [&] {
+    at::Tensor sum;
+    int64_t rows = 0;
+    for (const at::Tensor& weight : weights) {
+      int64_t chunk = weight.size(1);  // channel
+      if (strategy == Strategy::kTensor) chunk = weight.numel();
+      if (strategy == Strategy::kGroup || strategy == Strategy::kTensorGroup) {
+        chunk = *args.group_size;
+      }
+      at::Tensor w = weight.clone().reshape({-1, chunk});
+      w.abs_();
+      w.div_(std::get<0>(w.max(/*dim=*/1, /*keepdim=*/true)) + 1e-6);
+      w = w.reshape(weight.sizes());
+      rows += w.size(0);
+      at::Tensor s = w.sum(0, /*keepdim=*/false, at::kDouble);
+      sum = sum.defined() ? sum + s : s;
+    }
+    return sum / rows;
+  });
+}
+
+AwqModifier::AwqModifier(AwqOptions options) : options_(std::move(options)) {
+  // The search observes each candidate weight once: min-max, whatever
+  // observer the quantizer uses (llm-compressor's memoryless_minmax).
+  options_.weights.observer.reset();
+}
+
+bool AwqModifier::Distributed() const {
+  return options_.collective != nullptr && options_.collective->distributed();
+}
+
+bool AwqModifier::WantsModule(absl::string_view path,
+                              absl::string_view type) const {
+  return first_balance_.contains(std::string(path));
+}
+
+absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
+  const int n = options_.n_grid;
+  const int least = options_.duo_scaling == AwqDuoScaling::kOn     ? 3
+                    : options_.duo_scaling == AwqDuoScaling::kBoth ? 4
+                                                                   : 2;
+  if (n < least) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("awq: n_grid must be at least ", least, " here, got ", n));
+  }
+  std::vector<AwqMapping> mappings = options_.mappings;
+  const bool defaults = mappings.empty();
+  if (defaults) {
+    ASSIGN_OR_RETURN(mappings,
+                     AwqDefaultMappings(ModelArchitecture(ctx.model())));
+  }
+  // Every module with its type, in module order (smooth layers need not be
+  // leaves: an RMSNorm is traced through).
+  std::vector<std::pair<std::string, std::string>> modules;
+  std::set<std::string> module_lists;
+  RETURN_IF_ERROR(runtime::TorchCall("awq", [&]() -> absl::Status {
+    for (const auto& m : ctx.model().module().named_modules()) {
+      if (m.name.empty()) continue;
+      std::string type =
+          ir::Scope::DemangleType(m.value.type()->name()->qualifiedName());
+      if (ShortType(type) == "ModuleList") module_lists.insert(m.name);
+      modules.emplace_back(m.name, std::move(type));
+    }
+    return absl::OkStatus();
+  }));
+
+  resolved_.clear();
+  first_balance_.clear();
+  stats_.clear();
+  int incompatible = 0;
+  int untargeted = 0;
+  std::vector<std::string> unmatched;
+  for (const AwqMapping& mapping : mappings) {
+    ASSIGN_OR_RETURN(ir::ModulePattern smooth_pattern,
+                     Pattern(mapping.smooth_layer));
+    std::vector<ir::ModulePattern> balance_patterns;
+    for (const std::string& b : mapping.balance_layers) {
+      ASSIGN_OR_RETURN(ir::ModulePattern p, Pattern(b));
+      balance_patterns.push_back(std::move(p));
+    }
+    bool matched = false;
+    for (const auto& [smooth, smooth_type] : modules) {
+      if (!smooth_pattern.Matches(smooth, smooth_type)) continue;
+      const std::string scope = ParentModulePath(smooth);
+      Resolved r;
+      r.smooth = smooth;
+      for (const LeafModule& leaf : ctx.leaf_modules()) {
+        if (leaf.path == smooth || !Within(leaf.path, scope)) continue;
+        for (const ir::ModulePattern& p : balance_patterns) {
+          if (p.Matches(leaf.path, leaf.type)) {
+            r.balance.push_back(leaf.path);
+            break;
+          }
+        }
+      }
+      if (r.balance.empty()) continue;
+      matched = true;
+      // Shapes: every balance Linear [out, C] reads the same C channels; a
+      // norm's weight is [C]; a Linear smooth layer's last C output rows are
+      // scaled (all of v_proj; the v part of a fused qkv_proj, the up part
+      // of a fused gate_up_proj, as llm-compressor does).
+      ASSIGN_OR_RETURN(at::Tensor sw,
+                       ctx.model().GetTensor(absl::StrCat(smooth, ".weight")));
+      bool compatible = sw.dim() == 1 || sw.dim() == 2;
+      bool targeted = false;
+      int64_t channels = -1;
+      for (const std::string& b : r.balance) {
+        const LeafModule* leaf = ctx.FindLeaf(b);
+        ASSIGN_OR_RETURN(at::Tensor bw,
+                         ctx.model().GetTensor(absl::StrCat(b, ".weight")));
+        if (ShortType(leaf->type) != "Linear" || bw.dim() != 2 ||
+            !bw.is_floating_point()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("awq: balance layer ", b, " of ", smooth, " is a ",
+                           ShortType(leaf->type), ", not a Linear"));
+        }
+        if (channels < 0) channels = bw.size(1);
+        compatible = compatible && bw.size(1) == channels;
+        // llm-compressor's rule: v_proj -> o_proj only when v_proj gives
+        // every channel o_proj reads (not under grouped-query attention),
+        // qkv_proj -> o_proj only when it is 3 x those channels.
+        if (absl::EndsWith(b, ".o_proj") && sw.dim() == 2) {
+          if (absl::EndsWith(smooth, ".v_proj")) {
+            compatible = compatible && sw.size(0) == bw.size(1);
+          }
+          if (absl::EndsWith(smooth, ".qkv_proj")) {
+            compatible = compatible && sw.size(0) == 3 * bw.size(1);
+          }
+        }
+        targeted = targeted || options_.quantized.Matches(b, leaf->type);
+      }
+      compatible = compatible && (sw.dim() == 1 ? sw.size(0) == channels
+                                                : sw.size(0) >= channels);
+      if (!compatible) {
+        ++incompatible;
+        continue;
+      }
+      if (!targeted) {
+        ++untargeted;
+        continue;
+      }
+      std::string parent = CommonAncestor(r.balance);
+      while (module_lists.contains(parent)) parent = ParentModulePath(parent);
+      r.parent = parent;
+      for (const LeafModule& leaf : ctx.leaf_modules()) {
+        if (Within(leaf.path, parent)) r.loss_leaf = leaf.path;
+      }
+      auto [it, inserted] =
+          first_balance_.emplace(r.balance.front(), resolved_.size());
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("awq: ", r.balance.front(),
+                         " is the first balance layer of two "
+                         "mappings (",
+                         resolved_[it->second].smooth, " and ", smooth, ")"));
+      }
+      resolved_.push_back(std::move(r));
+    }
+    if (!matched) unmatched.push_back(mapping.smooth_layer);
+  }
+  if (resolved_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "awq: no mapping matched the model's quantized Linears (smooth layers ",
+        absl::StrJoin(unmatched, ", "), defaults ? ", the defaults" : "",
+        incompatible > 0 ? absl::StrCat("; ", incompatible, " incompatible")
+                         : "",
+        untargeted > 0
+            ? absl::StrCat("; ", untargeted, " with no quantized layer")
+            : "",
+        "); give mappings (smooth_layer, balance_layers) for it"));
+  }
+  if (incompatible > 0) {
+    ctx.Warn(absl::StrCat(
+        "awq: ", incompatible,
+        " mapping(s) skipped: the smooth layer's channels differ from what "
+        "its balance layers read (v_proj -> o_proj under grouped-query "
+        "attention)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AwqModifier::OnModuleCall(RunContext& ctx,
+                                       const ModuleCall& call) {
+  const size_t index = first_balance_.at(std::string(call.path));
+  if (done_.contains(resolved_[index].smooth)) return absl::OkStatus();
+  if (call.inputs.empty() || !call.inputs[0].isTensor()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "awq: the input of ", call.path, " (Linear) is not a tensor"));
+  }
+  const at::Tensor& x = call.inputs[0].toTensor();
+  return runtime::TorchCall("awq", [&]() -> absl::Status {
+    if (x.dim() == 0) return absl::OkStatus();
+    at::Tensor flat = x.detach().abs().flatten(0, -2);
+    at::Tensor sum = flat.to(at::kFloat).sum(0);
+    Stats& s = stats_[index];
+    s.sum = s.sum.defined() ? s.sum + sum : sum;
+    s.count += flat.size(0);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status AwqModifier::OnSubgraphEnd(RunContext& ctx,
+                                        const SubgraphInfo& subgraph) {
+  // The mappings whose first balance layer this subgraph calls, in mapping
+  // order (the same on every rank).
+  std::set<std::string> leaves(subgraph.leaf_modules.begin(),
+                               subgraph.leaf_modules.end());
+  for (const Resolved& r : resolved_) {
+    if (!leaves.contains(r.balance.front()) || done_.contains(r.smooth)) {
+      continue;
+    }
+    RETURN_IF_ERROR(Smooth(ctx, r));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
+  const std::string where = absl::StrCat("awq: ", mapping.smooth);
+  const size_t index = first_balance_.at(mapping.balance.front());
+  Stats stats;
+  if (auto it = stats_.find(index); it != stats_.end()) {
+    stats = std::move(it->second);
+    stats_.erase(it);
+  }
+  done_.insert(mapping.smooth);
+  ASSIGN_OR_RETURN(at::Tensor sw, ctx.model().GetTensor(
+                                      absl::StrCat(mapping.smooth, ".weight")));
+  ASSIGN_OR_RETURN(at::Tensor first, ctx.model().GetTensor(absl::StrCat(
+                                         mapping.balance.front(), ".weight")));
+  const int64_t channels = first.size(1);
+  if (Distributed()) {
+    ASSIGN_OR_RETURN(at::Tensor count, runtime::TorchCall(where, [&] {
+                       if (!stats.sum.defined()) {
+                         stats.sum = at::zeros({channels}, at::kFloat);
+                       }
+                       return at::full({1}, double(stats.count), at::kDouble);
+                     }));
+    RETURN_IF_ERROR(options_.collective->AllReduce(
+        stats.sum, ReduceKind::kSum,
+        absl::StrCat("the AWQ activation sums of ", mapping.smooth)));
+    RETURN_IF_ERROR(options_.collective->AllReduce(
+        count, ReduceKind::kSum,
+        absl::StrCat("the AWQ token count of ", mapping.smooth)));
+    stats.count = static_cast<int64_t>(count.item<double>());
+  }
+  if (stats.count == 0) {
+    ctx.Warn(absl::StrCat(where, ": no calibration token reached ",
+                          mapping.balance.front(), "; not smoothed"));
+    return absl::OkStatus();
+  }
+
+  // The parent's output with the weights as they are: what each candidate
+  // is measured against.
+  std::vector<at::Tensor> reference;
+  auto capture = [&](std::vector<at::Tensor>& into) {
+    return ctx.ReplaySubgraph(
+        [&](const ModuleCall& call) -> absl::StatusOr<bool> {
+          if (call.path != mapping.loss_leaf) return true;
+          ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+          into.push_back(out);
+          return false;  // The rest of the subgraph is not needed.
+        });
+  };
+  RETURN_IF_ERROR(capture(reference));
+  ASSIGN_OR_RETURN(bool finite, runtime::TorchCall(where, [&] {
+                     bool ok = true;
+                     for (const at::Tensor& t : reference) {
+                       ok = ok && t.isfinite().all().item<bool>();
+                     }
+                     return ok;
+                   }));
+  if (reference.empty() || !finite) {
+    ctx.Warn(absl::StrCat(
+        where, ": the output of ", mapping.parent,
+        reference.empty() ? " was never computed" : " is not finite",
+        "; not smoothed"));
+    return absl::OkStatus();
+  }
+
+  // The balance layers the quantizer quantizes: only they are quantized in
+  // the search.
+  std::vector<bool> quantized;        // Per balance layer.
+  std::vector<at::Tensor> originals;  // Of every balance layer.
+  std::vector<at::Tensor> quantized_weights;
+  for (const std::string& b : mapping.balance) {
+    ASSIGN_OR_RETURN(at::Tensor w,
+                     ctx.model().GetTensor(absl::StrCat(b, ".weight")));
+    ASSIGN_OR_RETURN(at::Tensor copy,
+                     runtime::TorchCall(where, [&] { return w.clone(); }));
+    originals.push_back(copy);
+    quantized.push_back(options_.quantized.Matches(b, ctx.FindLeaf(b)->type));
+    if (quantized.back()) quantized_weights.push_back(copy);
+  }
+  at::Tensor x_mean;
+  at::Tensor w_mean;
+  RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+    x_mean = stats.sum / at::full({}, stats.count, at::kLong);
+    return absl::OkStatus();
+  }));
+  if (options_.duo_scaling != AwqDuoScaling::kOff) {
+    ASSIGN_OR_RETURN(w_mean,
+                     AwqWeightMeans(quantized_weights, options_.weights));
+  }
+
+  // Puts back the original weights, whatever happens in the search.
+  auto restore = [&]() -> absl::Status {
+    for (size_t k = 0; k < mapping.balance.size(); ++k) {
+      ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(absl::StrCat(
+                                         mapping.balance[k], ".weight")));
+      RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+        at::NoGradGuard no_grad;
+        w.copy_(originals[k]);
+        return absl::OkStatus();
+      }));
+    }
+    return absl::OkStatus();
+  };
+  absl::Cleanup restore_on_error = [&] { restore().IgnoreError(); };
+
+  double best_error = std::numeric_limits<double>::infinity();
+  double initial_error = std::numeric_limits<double>::quiet_NaN();
+  double best_ratio = -1;
+  bool best_duo = false;
+  at::Tensor best_scales;
+  for (const auto& [ratio, duo] :
+       AwqGrid(options_.duo_scaling, options_.n_grid)) {
+    ASSIGN_OR_RETURN(at::Tensor scales, AwqScales(x_mean, w_mean, ratio, duo));
+    // Q(W s) / s on each quantized balance layer, in place.
+    for (size_t k = 0; k < mapping.balance.size(); ++k) {
+      if (!quantized[k]) continue;
+      const std::string& b = mapping.balance[k];
+      ASSIGN_OR_RETURN(at::Tensor w,
+                       ctx.model().GetTensor(absl::StrCat(b, ".weight")));
+      ASSIGN_OR_RETURN(
+          at::Tensor scaled, runtime::TorchCall(where, [&] {
+            return (originals[k] * scales.view({1, -1})).to(w.scalar_type());
+          }));
+      ASSIGN_OR_RETURN(quantization::QParams q,
+                       quantization::WeightQParams(scaled, options_.weights));
+      ASSIGN_OR_RETURN(at::Tensor fq,
+                       quantization::FakeQuantize(scaled, q, options_.weights));
+      RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+        at::NoGradGuard no_grad;
+        w.copy_((fq / scales.view({1, -1})).to(w.scalar_type()));
+        return absl::OkStatus();
+      }));
+    }
+    // The mean squared error of the parent's output over all batches.
+    at::Tensor loss;
+    int64_t elements = 0;
+    size_t batch = 0;
+    absl::Status replayed =
+        ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
+          if (call.path != mapping.loss_leaf) return true;
+          ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+          if (batch >= reference.size()) {
+            return absl::InternalError(
+                absl::StrCat(where, ": more batches replayed than captured"));
+          }
+          const at::Tensor& want = reference[batch++];
+          RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+            at::Tensor l =
+                at::mse_loss(want, out.to(want.device()), at::Reduction::Sum);
+            loss = loss.defined() ? loss + l : l.to(at::kFloat);
+            elements += want.numel();
+            return absl::OkStatus();
+          }));
+          return false;
+        });
+    RETURN_IF_ERROR(replayed);
+    ASSIGN_OR_RETURN(at::Tensor total, runtime::TorchCall(where, [&] {
+                       return loss.defined() ? loss.reshape({1}).to(at::kFloat)
+                                             : at::zeros({1}, at::kFloat);
+                     }));
+    at::Tensor count =
+        at::full({1}, elements, total.options().dtype(at::kLong));
+    if (Distributed()) {
+      at::Tensor count_f = count.to(at::kDouble);
+      RETURN_IF_ERROR(options_.collective->AllReduce(
+          total, ReduceKind::kSum,
+          absl::StrCat("the AWQ error of ", mapping.smooth)));
+      RETURN_IF_ERROR(options_.collective->AllReduce(
+          count_f, ReduceKind::kSum,
+          absl::StrCat("the AWQ element count of ", mapping.smooth)));
+      count = count_f.to(at::kLong);
+    }
+    ASSIGN_OR_RETURN(double error, runtime::TorchCall(where, [&] {
+                       return (total / count).item<float>();
+                     }));
+    if (std::isnan(initial_error)) initial_error = error;
+    if (error < best_error) {
+      best_error = error;
+      best_ratio = ratio;
+      best_duo = duo;
+      best_scales = scales;
+    }
+  }
+  std::move(restore_on_error).Cancel();
+  RETURN_IF_ERROR(restore());
+  if (best_ratio < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": no grid point gave a finite error on ",
+                     mapping.parent, "'s output (NaN in its forward pass?)"));
+  }
+
+  // W s on the balance layers, / s on the smooth layer (and its bias).
+  for (size_t k = 0; k < mapping.balance.size(); ++k) {
+    ASSIGN_OR_RETURN(at::Tensor w, runtime::TorchCall(where, [&] {
+                       return (originals[k] * best_scales.view({1, -1}))
+                           .to(originals[k].scalar_type());
+                     }));
+    RETURN_IF_ERROR(
+        ctx.UpdateTensor(absl::StrCat(mapping.balance[k], ".weight"), w));
+  }
+  // A norm's weight, or a Linear's last C output rows (and bias entries).
+  auto divided = [&](const at::Tensor& t) {
+    return runtime::TorchCall(where, [&] {
+      const int64_t c = best_scales.size(0);
+      at::Tensor s = t.dim() == 1 ? best_scales : best_scales.view({-1, 1});
+      at::Tensor out = t.clone();
+      out.narrow(0, t.size(0) - c, c)
+          .copy_(at::div(t.narrow(0, t.size(0) - c, c), s));
+      return out;
+    });
+  };
+  ASSIGN_OR_RETURN(torch::jit::Module m,
+                   ctx.model().GetSubmodule(mapping.smooth));
+  const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
+  if (has_bias) {
+    const std::string bias_path = absl::StrCat(mapping.smooth, ".bias");
+    ASSIGN_OR_RETURN(at::Tensor bias, ctx.model().GetTensor(bias_path));
+    ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
+    RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
+  }
+  const std::string weight_path = absl::StrCat(mapping.smooth, ".weight");
+  auto set_weight = [&](const at::Tensor& w) {
+    return ctx.UpdateTensor(weight_path, w);
+  };
+  // The smoothed model must compute what it did (output_drift.h).
+  auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {
+    OutputDrift drift;
+    size_t checked = 0;
+    RETURN_IF_ERROR(
+        ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
+          if (call.path != mapping.loss_leaf) return true;
+          ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+          if (checked < reference.size()) {
+            RETURN_IF_ERROR(drift.Add(reference[checked++], out));
+          }
+          return false;
+        }));
+    return drift;
+  };
+  OutputDrift drift;
+  std::string norm_kind;
+  if (sw.dim() == 1 && !has_bias) {
+    ASSIGN_OR_RETURN(NormSmoothing n,
+                     SmoothNormWeight(sw, best_scales, set_weight, drift_of));
+    drift = n.drift;
+    if (n.offset) norm_kind = " ((1 + weight) norm)";
+  } else {
+    ASSIGN_OR_RETURN(at::Tensor new_sw, divided(sw));
+    RETURN_IF_ERROR(set_weight(new_sw));
+    ASSIGN_OR_RETURN(drift, drift_of());
+  }
+  RETURN_IF_ERROR(drift.Check(sw.scalar_type(), where, mapping.parent));
+  ctx.results()
+      .Module(mapping.smooth)
+      .notes.push_back(absl::StrFormat(
+          "awq: scales for %s from ratio %.4g%s; %s output error %.4g -> "
+          "%.4g%s",
+          absl::StrJoin(mapping.balance, ", "), best_ratio,
+          best_duo ? " (duo scaling)" : "", mapping.parent, initial_error,
+          best_error, norm_kind));
+  return absl::OkStatus();
+}
+
+absl::Status AwqModifier::OnRunEnd(RunContext& ctx) {
+  std::vector<std::string> left;
+  for (const Resolved& r : resolved_) {
+    if (!done_.contains(r.smooth)) left.push_back(r.smooth);
+  }
+  if (!left.empty()) {
+    ctx.Warn(absl::StrCat(
+        "awq: not smoothed (their balance layers ran in no subgraph): ",
+        absl::StrJoin(left, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<c10::IValue> AwqModifier::SaveState() const {
+  return NamesToState(done_);
+}
+
+absl::Status AwqModifier::RestoreState(const c10::IValue& state) {
+  ASSIGN_OR_RETURN(done_, NamesFromState(state, "awq"));
+  return absl::OkStatus();
+}
+
+}  // namespace tracecut::modifiers

@@ -1,0 +1,155 @@
+#ifndef TRACECUT_MODIFIERS_AWQ_MODIFIER_H_
+#define TRACECUT_MODIFIERS_AWQ_MODIFIER_H_
+
+// AWQ, activation-aware weight quantization (https://arxiv.org/abs/2306.00978),
+// as a transform before the recipe's weight quantizer, computed as
+// llm-compressor 0.14's AWQModifier computes it
+// (llmcompressor/modifiers/transform/awq/base.py):
+//
+//   for a smooth layer (a norm, or a Linear such as v_proj) and the Linears
+//   that read its output (its balance layers), per input channel j
+//     x_j = mean |X[:, j]| over every calibration token of the balance
+//           layers' input
+//     w_j = mean over the balance layers' rows of |W[i, j]| / max |W| of
+//           the quantization group (or channel) holding W[i, j]
+//   on a grid of ratios r in [0, 1], candidate scales
+//     s = x^r / (w^(1 - r) + 1e-4)     ("duo scaling"), or s = x^r,
+//     clamped to >= 1e-4 and divided by sqrt(max(s) min(s));
+//   each candidate quantizes the balance weights as Q(W s) / s (the
+//   quantizer's scheme, compressed-tensors' grid: quantization/) and
+//   measures the mean squared error of the balance layers' parent module's
+//   output (their lowest common ancestor: self_attn for q/k/v, mlp for
+//   gate/up, o_proj itself for v_proj -> o_proj) against the unquantized
+//   one, over all calibration batches; the best s is applied:
+//   W[:, j] *= s_j on the balance layers and / s_j on the smooth layer's
+//   weight (its output rows for a Linear) and bias. The model computes the
+//   same, up to float rounding; the quantizer that follows sees weights
+//   whose important channels quantize better.
+//
+// In a run: the activation means are summed during each subgraph's
+// transform pass (from the first balance layer's input); at the subgraph's
+// end each mapping in turn replays the subgraph (RunContext::
+// ReplaySubgraph) once per grid point with the candidate weights, up to the
+// parent module's last leaf call, whose output is the parent's output (a
+// Linear ends self_attn and mlp in the architectures the defaults are for).
+// Data-parallel runs all-reduce the activation sums and each candidate's
+// error, so every rank picks the same scales.
+//
+//   AwqOptions options;
+//   options.weights = ...;  // the quantizer's weight args
+//   options.quantized = ModuleSelector{{"Linear"}, {"lm_head"}};
+//   modifiers.push_back(std::make_unique<AwqModifier>(std::move(options)));
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "modifiers/modifier.h"
+#include "quantization/quant_args.h"
+#include "runtime/collective.h"
+
+namespace tracecut::modifiers {
+
+struct AwqMapping {
+  std::string smooth_layer;                 // Pattern.
+  std::vector<std::string> balance_layers;  // Patterns.
+};
+
+enum class AwqDuoScaling {
+  kOn,    // s = x^r / w^(1-r), plus the identity (r = 0, x^0).
+  kOff,   // s = x^r.
+  kBoth,  // Half the grid each way.
+};
+
+struct AwqOptions {
+  // Empty: the architecture's (AwqDefaultMappings).
+  std::vector<AwqMapping> mappings;
+  AwqDuoScaling duo_scaling = AwqDuoScaling::kOn;
+  int n_grid = 20;
+  // The weight quantizer's args (resolved), and the modules it quantizes:
+  // only those balance layers are quantized in the search, and a mapping
+  // none of whose layers it quantizes is skipped.
+  quantization::QuantizationArgs weights;
+  ModuleSelector quantized;
+  runtime::Collective* collective =
+      nullptr;  // Not owned; null: this process alone.
+};
+
+// llm-compressor's default mappings: Phi-3's for its fused projections
+// (qkv_proj <- input_layernorm, o_proj <- qkv_proj, gate_up_proj <-
+// post_attention_layernorm, down_proj <- gate_up_proj); Llama's (q/k/v <-
+// input_layernorm, o_proj <- v_proj, gate/up <- post_attention_layernorm,
+// down_proj <- up_proj) for every other dense architecture, as there;
+// Gemma 2 / 3's (gate/up <- pre_feedforward_layernorm; Gemma 3 without
+// input_layernorm); post-norm models' (Olmo, Olmo 2, Olmo 3, Exaone 4: only
+// o_proj <- v_proj and down_proj <- up_proj). MoE architectures have none
+// here: InvalidArgument asking for mappings.
+absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
+    absl::string_view architecture);
+
+// The (ratio, duo scaling) grid points, in llm-compressor's order.
+std::vector<std::pair<double, bool>> AwqGrid(AwqDuoScaling duo, int n_grid);
+
+// The candidate scales for grid point (ratio, duo) from the activation means
+// x (fp32 [C]) and the weight means w (fp64 [C]; unused without duo), in
+// llm-compressor's dtypes (fp64 with duo scaling, fp32 without).
+absl::StatusOr<at::Tensor> AwqScales(const at::Tensor& x_mean,
+                                     const at::Tensor& w_mean, double ratio,
+                                     bool duo);
+
+// The mean over `weights`' rows of each column's magnitude relative to its
+// quantization group's (fp64 [C]).
+absl::StatusOr<at::Tensor> AwqWeightMeans(
+    const std::vector<at::Tensor>& weights,
+    const quantization::QuantizationArgs& args);
+
+class AwqModifier : public Modifier {
+ public:
+  explicit AwqModifier(AwqOptions options);
+
+  std::string name() const override { return "awq"; }
+  bool IsTransform() const override { return true; }
+  bool WantsModule(absl::string_view path,
+                   absl::string_view type) const override;
+  absl::Status OnRunStart(RunContext& ctx) override;
+  absl::Status OnModuleCall(RunContext& ctx, const ModuleCall& call) override;
+  absl::Status OnSubgraphEnd(RunContext& ctx,
+                             const SubgraphInfo& subgraph) override;
+  absl::Status OnRunEnd(RunContext& ctx) override;
+  // The mappings done (their smooth layers' paths).
+  absl::StatusOr<c10::IValue> SaveState() const override;
+  absl::Status RestoreState(const c10::IValue& state) override;
+
+  struct Resolved {
+    std::string smooth;                // Path.
+    std::vector<std::string> balance;  // Paths, module order.
+    std::string parent;                // Lowest common ancestor.
+    std::string loss_leaf;             // The parent's last leaf call.
+  };
+  // Filled by OnRunStart, in mapping order.
+  const std::vector<Resolved>& resolved() const { return resolved_; }
+
+ private:
+  struct Stats {
+    at::Tensor sum;     // fp32 [C]: sum of |x| over tokens.
+    int64_t count = 0;  // Tokens.
+  };
+  absl::Status Smooth(RunContext& ctx, const Resolved& mapping);
+  bool Distributed() const;
+
+  AwqOptions options_;
+  std::vector<Resolved> resolved_;
+  std::map<std::string, size_t> first_balance_;  // Path -> mapping index.
+  std::map<size_t, Stats> stats_;                // By mapping index.
+  std::set<std::string> done_;                   // Smooth paths.
+};
+
+}  // namespace tracecut::modifiers
+
+#endif  // TRACECUT_MODIFIERS_AWQ_MODIFIER_H_

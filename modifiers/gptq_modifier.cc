@@ -1,0 +1,121 @@
+#include "modifiers/gptq_modifier.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "quantization/gptq_typed.h"
+#include "util/status.h"
+#include "util/status_macros.h"
+
+namespace tracecut::modifiers {
+
+using ::tracecut::quantization::GptqQuantize;
+using ::tracecut::quantization::GptqResult;
+using ::tracecut::quantization::QuantizeRtn;
+using ::tracecut::quantization::RtnResult;
+
+GptqModifier::GptqModifier(GptqModifierOptions options)
+    : WeightQuantModifier(options.weights) {
+  gptq_.scheme = options.weights.scheme;
+  gptq_.dampening_frac = options.dampening_frac;
+  gptq_.block_size = options.block_size;
+  gptq_.act_order = options.act_order;
+  gptq_.static_groups = options.static_groups;
+}
+
+absl::Status GptqModifier::OnRunStart(RunContext& ctx) {
+  if (!(gptq_.dampening_frac >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gptq: dampening_frac must be >= 0, got ", gptq_.dampening_frac));
+  }
+  if (gptq_.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gptq: block_size must be > 0, got ", gptq_.block_size));
+  }
+  factors_.clear();
+  return WeightQuantModifier::OnRunStart(ctx);
+}
+
+absl::Status GptqModifier::OnSubgraphEnd(RunContext& ctx,
+                                         const SubgraphInfo& subgraph) {
+  absl::Status s = WeightQuantModifier::OnSubgraphEnd(ctx, subgraph);
+  factors_.clear();
+  return s;
+}
+
+absl::Status GptqModifier::OnRunEnd(RunContext& ctx) {
+  absl::Status s = WeightQuantModifier::OnRunEnd(ctx);
+  factors_.clear();
+  return s;
+}
+
+absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  if (!hessian.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gptq: ", path, ": no calibration inputs"));
+  }
+  if (options().typed.has_value()) {
+    return QuantizeTypedGptq(path, weight, hessian);
+  }
+  absl::StatusOr<GptqResult> r = GptqQuantize(weight, hessian, gptq_);
+  if (!r.ok()) {
+    return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
+  }
+  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, gptq_.scheme);
+  if (!rtn.ok()) {
+    return util::Annotate(rtn.status(),
+                          absl::StrCat("gptq: ", path, " (RTN baseline)"));
+  }
+  WeightQuantOutcome out;
+  out.weight = std::move(r->weight);
+  out.scale = std::move(r->scale);
+  out.zero_point = std::move(r->zero_point);
+  out.g_idx = std::move(r->g_idx);
+  out.loss = r->loss;
+  out.baseline_weight = std::move(rtn->weight);
+  out.warning = std::move(r->warning);
+  return out;
+}
+
+absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
+    absl::string_view path, const at::Tensor& weight,
+    const at::Tensor& hessian) {
+  const quantization::QuantizationArgs& args = *options().typed->weights;
+  ASSIGN_OR_RETURN(WeightQuantOutcome rtn, QuantizeTyped(path, weight));
+  const quantization::QParams q{rtn.scale, rtn.zero_point, rtn.global_scale};
+  quantization::TypedGptqOptions o;
+  o.dampening_frac = gptq_.dampening_frac;
+  o.block_size = gptq_.block_size;
+  // The factor depends on the Hessian alone: made once for the Linears
+  // sharing it, kept until the last of them.
+  auto it = factors_.find(hessian.unsafeGetTensorImpl());
+  if (it == factors_.end()) {
+    absl::StatusOr<quantization::HessianFactor> f =
+        quantization::FactorizeHessian(hessian, args.actorder,
+                                       o.dampening_frac);
+    if (!f.ok()) {
+      return util::Annotate(f.status(), absl::StrCat("gptq: ", path));
+    }
+    it = factors_
+             .insert_or_assign(hessian.unsafeGetTensorImpl(),
+                               SharedFactor{hessian, *std::move(f)})
+             .first;
+  }
+  absl::StatusOr<quantization::TypedGptqResult> r = quantization::TypedGptq(
+      TypedWeight(weight), it->second.factor, q, args, o);
+  if (hessian_readers_left() == 0) factors_.erase(it);
+  if (!r.ok()) {
+    return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
+  }
+  WeightQuantOutcome out = rtn;
+  out.baseline_weight = rtn.weight;
+  out.weight = r->weight.to(weight.scalar_type());
+  out.loss = r->loss;
+  out.warning = r->warning;
+  return out;
+}
+
+}  // namespace tracecut::modifiers
