@@ -38,7 +38,7 @@
 #include "runtime/torch_status.h"
 #include "tracer/load.h"
 #include "tracer/tracer.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/registry.h"
 
 namespace tracecut::bench {
@@ -96,8 +96,8 @@ int Main(int argc, char** argv) {
       tracer::ResolveExampleInputs(model.module, options), kTool, "inputs");
   runtime::GraphModule gm =
       OrDie(tracer::Trace(model.module, options), kTool, "trace");
-  std::unique_ptr<transforms::Pipeline> pipeline =
-      OrDie(transforms::MakePipeline(passes), kTool, "passes");
+  std::unique_ptr<transforms::PassPipeline> pipeline =
+      OrDie(transforms::MakePassPipeline(passes), kTool, "passes");
   Clock::time_point s = Clock::now();
   runtime::GraphModule transformed =
       OrDie(pipeline->Apply(gm), kTool, "transform");

@@ -79,7 +79,7 @@ Comparison Compare(const std::vector<c10::IValue>& actual,
 
 // DebugPipeline with `inputs` and gm's tensors on options.compare.device.
 absl::StatusOr<DebugReport> DebugOnDevice(
-    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const runtime::GraphModule& gm, PassPipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options) {
   const c10::Device device = options.compare.device;
   RETURN_IF_ERROR(runtime::ValidateCompareOptions(options.compare));
@@ -177,7 +177,7 @@ absl::StatusOr<DebugReport> DebugOnDevice(
 }  // namespace
 
 absl::StatusOr<DebugReport> DebugPipeline(
-    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const runtime::GraphModule& gm, PassPipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options) {
   const c10::Device device = options.compare.device;
   if (device.is_cpu()) return DebugOnDevice(gm, pipeline, inputs, options);

@@ -39,7 +39,7 @@
 #include "partition/partitioner.h"
 #include "runtime/compare.h"
 #include "runtime/graph_module.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 
 namespace tracecut::transforms {
 
@@ -106,7 +106,7 @@ struct DebugReport {
 // `inputs`: one per model input, in placeholder order. Bad tolerances are
 // InvalidArgument.
 absl::StatusOr<DebugReport> DebugPipeline(
-    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const runtime::GraphModule& gm, PassPipeline& pipeline,
     const std::vector<c10::IValue>& inputs, const DebugOptions& options);
 
 }  // namespace tracecut::transforms

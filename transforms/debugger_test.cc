@@ -59,7 +59,7 @@ runtime::GraphModule MakeModel() {
 
 TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
   runtime::GraphModule gm = MakeModel();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<GeluTanhApprox>();
@@ -169,7 +169,7 @@ TEST(DebuggerTest, FlagsTheFirstLayerAndPassThatBreakTolerance) {
 }
 
 TEST(DebuggerTest, NothingExceedsForPreservingPasses) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   DebugOptions options;
   options.partition.targets = {"Block"};
@@ -186,7 +186,7 @@ TEST(DebuggerTest, NothingExceedsForPreservingPasses) {
 // Loose tolerances let even the GELU approximation pass; bad ones are
 // errors.
 TEST(DebuggerTest, TolerancesDecideWhatIsFlagged) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<GeluTanhApprox>();
   DebugOptions options;
   options.partition.targets = {"Block"};
@@ -239,7 +239,7 @@ TEST(DebuggerTest, ReportWritesNonFiniteErrorsAsNull) {
 }
 
 TEST(DebuggerTest, RejectsWrongInputCount) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   DebugOptions options;
   options.partition.targets = {"Block"};
   EXPECT_FALSE(DebugPipeline(MakeModel(), pipeline, {}, options).ok());

@@ -4,7 +4,7 @@
 // deep-copy: replaces the GraphModule with a deep copy of itself
 // (GraphModule::Clone: graph, module objects, types and tensors), so later
 // passes cannot affect anything the input shared (Optimum's DeepCopy).
-// Pipeline::Apply already runs on a clone; this pass is for pipelines run
+// PassPipeline::Apply already runs on a clone; this pass is for pipelines run
 // in place with Run. Reverse copies again. Reports "unchanged": the copy
 // computes the same thing and has the same graph.
 

@@ -30,8 +30,8 @@
 #include "transforms/gelu_tanh_approx.h"
 #include "transforms/lint_and_recompile.h"
 #include "transforms/merge_linears.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/per_subgraph.h"
-#include "transforms/pipeline.h"
 #include "transforms/test_util.h"
 #include "util/testing/runfiles.h"
 #include "util/testing/status_matchers.h"
@@ -151,7 +151,7 @@ class CnnTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(CnnTest, FoldsAllThreeConvBnPairsWithin1e5) {
   Fixture f = Load(GetParam());
   ASSERT_LT(ErrorAgainstOriginal(f, f.gm), 1e-6);  // Tracing is faithful.
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   pipeline.AddPass<LintAndRecompile>();
   auto out = pipeline.Apply(f.gm);
@@ -182,7 +182,7 @@ int64_t FileSize(const std::string& path) {
 // all, so reversing is still exact.
 TEST_P(CnnTest, LeanExportDropsBatchNormAndReversesExactly) {
   Fixture f = Load(GetParam());
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   auto out = pipeline.Apply(f.gm);
   ASSERT_OK(out);
@@ -244,7 +244,7 @@ INSTANTIATE_TEST_SUITE_P(TracedAndScripted, CnnTest,
 
 TEST(CnnTest, BFloat16StaysBFloat16) {
   Fixture f = Load("cnn_bf16");
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   auto fused = pipeline.Apply(f.gm);
   ASSERT_OK(fused);
@@ -272,7 +272,7 @@ class MlpBnTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MlpBnTest, FoldsTwoDPairsOnlyWithin1e5) {
   Fixture f = Load(GetParam());
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm1dInLinear>();
   auto out = pipeline.Apply(f.gm);
   ASSERT_OK(out);
@@ -303,7 +303,7 @@ class MergeLinearsFixtureTest : public ::testing::TestWithParam<MergeCase> {};
 TEST_P(MergeLinearsFixtureTest, MergesWithin1e5AndReversesBitForBit) {
   const MergeCase& c = GetParam();
   Fixture f = Load(c.stem);
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto out = pipeline.Apply(f.gm);
   ASSERT_OK(out);
@@ -350,7 +350,7 @@ TEST(PerSubgraphFixtureTest, LlamaLayerByLayer) {
   partition::PartitionOptions options;
   options.targets = SequentialTargets(f.gm.graph());
   ASSERT_EQ(options.targets, std::vector<std::string>{"LlamaDecoderLayer"});
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<MergeLinears>();
   auto result = RunPerSubgraph(f.gm, pipeline, options);
@@ -379,7 +379,7 @@ TEST(DebuggerFixtureTest, BertGeluApproximationIsFlaggedInTheFirstLayer) {
   // Under the default tolerances it passes: flag it with a tight rtol and
   // no atol.
   options.compare = {1e-7, 0.0};
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<GeluTanhApprox>();

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "ir/text.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/test_util.h"
 #include "util/testing/status_matchers.h"
 
@@ -71,7 +71,7 @@ std::vector<c10::IValue> Inputs(uint64_t seed) {
 
 TEST(FuseBatchNorm1dInLinearTest, FusesBothOrdersOnTwoDInputsOnly) {
   runtime::GraphModule original = MakeMlpBn();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm1dInLinear>();
   auto fused = pipeline.Apply(original);
   ASSERT_OK(fused);

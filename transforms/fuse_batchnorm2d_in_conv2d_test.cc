@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ir/text.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/test_util.h"
 #include "util/testing/status_matchers.h"
 
@@ -45,7 +45,7 @@ class FuseConvBnTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
 TEST_P(FuseConvBnTest, FoldsAndMatchesWithin1e5) {
   const auto [conv_bias, affine] = GetParam();
   runtime::GraphModule original = MakeConvBn(conv_bias, affine);
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   auto fused = pipeline.Apply(original);
   ASSERT_OK(fused);

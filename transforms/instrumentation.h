@@ -1,13 +1,13 @@
 #ifndef TRACECUT_TRANSFORMS_INSTRUMENTATION_H_
 #define TRACECUT_TRANSFORMS_INSTRUMENTATION_H_
 
-// Pass instrumentation (MLIR's PassInstrumentation): observers a Pipeline
+// Pass instrumentation (MLIR's PassInstrumentation): observers a PassPipeline
 // calls around every pass it runs. The pipeline's own checks and dumps are
 // instrumentations too (VerifierInstrumentation, IrDumpInstrumentation), and
 // so are the per-pass observers of the per-subgraph runner, the
 // layer-by-layer debugger and the `tracecut transform` / `debug` commands.
 //
-//   Pipeline pipeline;
+//   PassPipeline pipeline;
 //   pipeline.AddPass<MergeLinears>();
 //   pipeline.AddInstrumentation(
 //       std::make_unique<ReproducerInstrumentation>("/tmp/repro"));

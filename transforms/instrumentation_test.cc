@@ -11,7 +11,7 @@
 #include "ir/text.h"
 #include "transforms/change_truediv_to_mul_by_inverse.h"
 #include "transforms/merge_linears.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/test_util.h"
 #include "util/files.h"
 #include "util/testing/status_matchers.h"
@@ -116,7 +116,7 @@ class Log : public Instrumentation {
 
 TEST(InstrumentationTest, HooksRunInOrderAroundEveryPass) {
   std::vector<std::string> log;
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddInstrumentation<Log>("a", log);
@@ -142,7 +142,7 @@ TEST(InstrumentationTest, HooksRunInOrderAroundEveryPass) {
 
 TEST(InstrumentationTest, FailuresGoThroughEveryInstrumentation) {
   std::vector<std::string> log;
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FailsOnDivByZero>();
   pipeline.AddInstrumentation<Log>("a", log);
   pipeline.AddInstrumentation<Log>("b", log);
@@ -159,7 +159,7 @@ TEST(InstrumentationTest, FailuresGoThroughEveryInstrumentation) {
 
 TEST(InstrumentationTest, AnAfterPassErrorStopsTheRestAndFailsThePass) {
   std::vector<std::string> log;
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddInstrumentation<Log>("a", log, /*fail_after=*/true);
   pipeline.AddInstrumentation<Log>("b", log);
@@ -178,7 +178,7 @@ TEST(InstrumentationTest, AnAfterPassErrorStopsTheRestAndFailsThePass) {
 
 TEST(InstrumentationTest, ReverseIsInstrumentedToo) {
   std::vector<std::string> log;
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   ASSERT_OK_AND_ASSIGN(runtime::GraphModule out,
                        pipeline.Apply(MakeGraphModule(Root(), kGraph)));
@@ -189,7 +189,7 @@ TEST(InstrumentationTest, ReverseIsInstrumentedToo) {
 }
 
 TEST(InstrumentationTest, ScopedInstrumentationIsRemovedAtScopeEnd) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   PassChangeRecorder recorder;
   {
@@ -239,9 +239,9 @@ TEST(InstrumentationTest, IrDumpFollowsThePattern) {
 // it fails the same way.
 TEST(ReproducerTest, FailingPassLeavesAReproducerThatFailsAgain) {
   const std::string dir = TempDir("repro");
-  PipelineOptions options;
+  PassPipelineOptions options;
   options.reproducer_dir = dir;
-  Pipeline pipeline("optimize", options);
+  PassPipeline pipeline("optimize", options);
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<FailsOnDivByZero>();
@@ -270,7 +270,7 @@ TEST(ReproducerTest, FailingPassLeavesAReproducerThatFailsAgain) {
   // (merge-linears added q_k_merged), fails again.
   ASSERT_OK_AND_ASSIGN(runtime::GraphModule model,
                        MakeGraphModule(Root(), kGraph).Clone());
-  Pipeline before("before");
+  PassPipeline before("before");
   before.AddPass<MergeLinears>();
   before.AddPass<ChangeTrueDivToMulByInverse>();
   ASSERT_THAT(before.Run(model), IsOkAndHolds(true));
@@ -291,7 +291,7 @@ TEST(ReproducerTest, FailingPassLeavesAReproducerThatFailsAgain) {
 TEST(ReproducerTest, ChecksAfterAPassGetAReproducerToo) {
   const std::string dir = TempDir("repro_verify");
   ReproducerInstrumentation* repro = nullptr;
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<BreaksDiv>();
   repro = &pipeline.AddInstrumentation<ReproducerInstrumentation>(dir);
   runtime::GraphModule gm = MakeGraphModule(Root(), kGraph);
@@ -314,9 +314,9 @@ TEST(ReproducerTest, ChecksAfterAPassGetAReproducerToo) {
 TEST(ReproducerTest, UnwritableDirectoryIsReportedNotFatal) {
   const std::string file = TempDir("repro_file") + "/not_a_dir";
   ASSERT_OK(util::WriteFileAtomically(file, "not a directory"));
-  PipelineOptions options;
+  PassPipelineOptions options;
   options.reproducer_dir = file;
-  Pipeline pipeline("p", options);
+  PassPipeline pipeline("p", options);
   pipeline.AddPass<FailsOnDivByZero>();
   EXPECT_THAT(
       pipeline.Apply(MakeGraphModule(Root(), kGraph)),

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "runtime/lowering.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "util/status_macros.h"
 
 namespace tracecut::transforms {

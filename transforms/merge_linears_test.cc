@@ -7,7 +7,7 @@
 #include "ir/text.h"
 #include "transforms/fusion_math.h"
 #include "transforms/module_util.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/test_util.h"
 #include "util/testing/status_matchers.h"
 
@@ -51,7 +51,7 @@ runtime::GraphModule MakeQkv(at::ScalarType dtype = at::kFloat) {
 
 TEST(MergeLinearsTest, MergesParallelLinearsOfAnySize) {
   runtime::GraphModule original = MakeQkv();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto merged = pipeline.Apply(original);
   ASSERT_OK(merged);
@@ -111,7 +111,7 @@ TEST(MergeLinearsTest, SameNumbersOnRandomInputs) {
 
 TEST(MergeLinearsTest, ReverseRestoresBitForBit) {
   runtime::GraphModule original = MakeQkv();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   auto merged = pipeline.Apply(original);
   ASSERT_OK(merged);

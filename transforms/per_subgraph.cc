@@ -15,7 +15,7 @@ namespace tracecut::transforms {
 
 absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
     const runtime::GraphModule& gm, const partition::Partition& partition,
-    Pipeline& pipeline) {
+    PassPipeline& pipeline) {
   ASSIGN_OR_RETURN(runtime::GraphModule work, gm.Clone());
   partition::Partition parts = internal::ClonePartition(partition);
   const int64_t base = NextApplicationId(gm.graph());
@@ -55,7 +55,7 @@ absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
 }
 
 absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
-    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const runtime::GraphModule& gm, PassPipeline& pipeline,
     const partition::PartitionOptions& options) {
   ASSIGN_OR_RETURN(partition::Partition p,
                    partition::PartitionGraph(gm.graph(), options));

@@ -7,7 +7,7 @@
 //
 //   partition::PartitionOptions options;
 //   options.targets = {"LlamaDecoderLayer"};
-//   Pipeline pipeline;
+//   PassPipeline pipeline;
 //   pipeline.AddPass<MergeLinears>();
 //   ASSIGN_OR_RETURN(PerSubgraphResult r,
 //                    RunPerSubgraph(gm, pipeline, options));
@@ -35,7 +35,7 @@
 #include "partition/partitioner.h"
 #include "partition/subgraph.h"
 #include "runtime/graph_module.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 
 namespace tracecut::transforms {
 
@@ -68,13 +68,13 @@ struct PerSubgraphResult {
 // a clone of `gm` and reassembles. Errors name the subgraph:
 // "subgraph 3 (model.layers.2): failed after merge-linears: ...".
 absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
-    const runtime::GraphModule& gm, Pipeline& pipeline,
+    const runtime::GraphModule& gm, PassPipeline& pipeline,
     const partition::PartitionOptions& options);
 
 // The same on an existing partition of gm.graph() (left unchanged).
 absl::StatusOr<PerSubgraphResult> RunPerSubgraph(
     const runtime::GraphModule& gm, const partition::Partition& partition,
-    Pipeline& pipeline);
+    PassPipeline& pipeline);
 
 // {"changed": bool, "subgraphs": [{"index", "module_paths", "node_count",
 //  "changed", "passes": [{"pass", "changed", "time_ms", "touched_nodes"}]}]}

@@ -42,7 +42,7 @@ std::string SubgraphLabel(const partition::Subgraph& s) {
   return label;
 }
 
-absl::StatusOr<bool> RunOnSubgraph(Pipeline& pipeline,
+absl::StatusOr<bool> RunOnSubgraph(PassPipeline& pipeline,
                                    const runtime::GraphModule& owner,
                                    partition::Subgraph& s, int64_t base) {
   runtime::GraphModule sub(owner.module(), std::move(s.graph));

@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "partition/subgraph.h"
 #include "runtime/graph_module.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 
 namespace tracecut::transforms::internal {
 
@@ -23,7 +23,7 @@ std::string SubgraphLabel(const partition::Subgraph& s);
 // Runs `pipeline` on subgraph `s` as a GraphModule over owner.module(),
 // with application ids starting at `base`; `s.graph` is replaced by the
 // result (also on error). Errors are prefixed with SubgraphLabel(s).
-absl::StatusOr<bool> RunOnSubgraph(Pipeline& pipeline,
+absl::StatusOr<bool> RunOnSubgraph(PassPipeline& pipeline,
                                    const runtime::GraphModule& owner,
                                    partition::Subgraph& s, int64_t base);
 

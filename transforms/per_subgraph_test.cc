@@ -77,7 +77,7 @@ partition::PartitionOptions Blocks() {
 
 TEST(PerSubgraphTest, TransformsEachSubgraphAndReassembles) {
   runtime::GraphModule original = MakeTwoLayers();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<MergeLinears>();
   auto result = RunPerSubgraph(original, pipeline, Blocks());
@@ -168,7 +168,7 @@ class BreaksLayerOne : public Transformation {
 };
 
 TEST(PerSubgraphTest, ErrorsNameTheSubgraphAndPass) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<BreaksLayerOne>();
   auto result = RunPerSubgraph(MakeTwoLayers(), pipeline, Blocks());
   ASSERT_FALSE(result.ok());
@@ -179,7 +179,7 @@ TEST(PerSubgraphTest, ErrorsNameTheSubgraphAndPass) {
 }
 
 TEST(PerSubgraphTest, NothingToDo) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   runtime::GraphModule gm = MakeGraphModule(MakeRoot(), R"(graph {
   %x = placeholder[x]()

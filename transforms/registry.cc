@@ -69,9 +69,10 @@ absl::StatusOr<std::unique_ptr<Transformation>> MakePass(
   return it->second();
 }
 
-absl::StatusOr<std::unique_ptr<Pipeline>> MakePipeline(
-    absl::string_view names, PipelineOptions options) {
-  auto pipeline = std::make_unique<Pipeline>("pipeline", std::move(options));
+absl::StatusOr<std::unique_ptr<PassPipeline>> MakePassPipeline(
+    absl::string_view names, PassPipelineOptions options) {
+  auto pipeline =
+      std::make_unique<PassPipeline>("pipeline", std::move(options));
   for (absl::string_view raw : absl::StrSplit(names, ',')) {
     absl::string_view name = absl::StripAsciiWhitespace(raw);
     if (name.empty()) {

@@ -4,8 +4,8 @@
 // Passes by name, for command lines and recipes
 // (`tracecut transform --passes=merge-linears,fuse-batchnorm2d-in-conv2d`).
 //
-//   ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> p,
-//                    MakePipeline("change-truediv-to-mul-by-inverse,"
+//   ASSIGN_OR_RETURN(std::unique_ptr<PassPipeline> p,
+//                    MakePassPipeline("change-truediv-to-mul-by-inverse,"
 //                                 "merge-linears"));
 //
 // Every pass of transforms/ is here with its default options, plus
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/transformation.h"
 
 namespace tracecut::transforms {
@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<Transformation>> MakePass(
 
 // A pipeline of the comma-separated passes in `names` (spaces ignored, empty
 // entries rejected).
-absl::StatusOr<std::unique_ptr<Pipeline>> MakePipeline(
-    absl::string_view names, PipelineOptions options = {});
+absl::StatusOr<std::unique_ptr<PassPipeline>> MakePassPipeline(
+    absl::string_view names, PassPipelineOptions options = {});
 
 }  // namespace tracecut::transforms
 

@@ -23,16 +23,16 @@ TEST(RegistryTest, EveryNameMakesItsPass) {
 }
 
 TEST(RegistryTest, Pipelines) {
-  auto p = MakePipeline("merge-linears, fuse-batchnorm2d-in-conv2d");
+  auto p = MakePassPipeline("merge-linears, fuse-batchnorm2d-in-conv2d");
   ASSERT_OK(p);
   ASSERT_EQ((*p)->passes().size(), 2u);
   EXPECT_EQ((*p)->passes()[1]->name(), "fuse-batchnorm2d-in-conv2d");
   EXPECT_TRUE((*p)->is_reversible());
-  auto bad = MakePipeline("merge-linears,nope");
+  auto bad = MakePassPipeline("merge-linears,nope");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "merge-linears"));
-  EXPECT_FALSE(MakePipeline("merge-linears,,").ok());
+  EXPECT_FALSE(MakePassPipeline("merge-linears,,").ok());
 }
 
 }  // namespace

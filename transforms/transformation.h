@@ -4,7 +4,7 @@
 // The pass API (Optimum's Transformation / ReversibleTransformation, XLA's
 // HloPassInterface): a pass rewrites a GraphModule in place and says whether
 // it changed anything. Passes never run on a user's module directly: a
-// Pipeline (pipeline.h) runs them on a GraphModule::Clone().
+// PassPipeline (pipeline.h) runs them on a GraphModule::Clone().
 //
 //   class MyPass : public Transformation {
 //    public:

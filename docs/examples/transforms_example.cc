@@ -18,7 +18,7 @@
 #include "tracer/tracer.h"
 #include "transforms/change_truediv_to_mul_by_inverse.h"
 #include "transforms/merge_linears.h"
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 #include "util/status_macros.h"
 
 namespace {
@@ -39,7 +39,7 @@ absl::Status Example(const std::string& model_path,
                    tracer::ResolveExampleInputs(model.module, options));
 
   // [START transforms]
-  transforms::Pipeline pipeline("fuse");
+  transforms::PassPipeline pipeline("fuse");
   pipeline.AddPass<transforms::ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<transforms::MergeLinears>();  // q/k/v, gate/up.
   // Runs on a copy, with the verifier after every pass that changed it.

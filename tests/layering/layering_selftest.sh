@@ -51,8 +51,8 @@ printf '#include "tracer/load.h"\n' >partition/a.cc
 expect_failure "test-only allowance used by library code" "partition/a.cc:1: includes tracer/load.h"
 
 good
-printf 'cc_library(\n    name = "b",\n    deps = ["//transforms:pipeline"],\n)\n' >>partition/BUILD
-expect_failure "BUILD dependency on a package above" "partition/BUILD:7: cc_library rule uses //transforms:pipeline"
+printf 'cc_library(\n    name = "b",\n    deps = ["//transforms:pass_pipeline"],\n)\n' >>partition/BUILD
+expect_failure "BUILD dependency on a package above" "partition/BUILD:7: cc_library rule uses //transforms:pass_pipeline"
 
 good
 printf '#include "transforms/per_subgraph_internal.h"\n' >tools/b.cc

@@ -34,8 +34,8 @@
 #include "tracer/tracer.h"
 #include "transforms/debugger.h"
 #include "transforms/instrumentation.h"
+#include "transforms/pass_pipeline.h"
 #include "transforms/per_subgraph.h"
-#include "transforms/pipeline.h"
 #include "transforms/registry.h"
 #include "util/json.h"
 #include "util/status_macros.h"
@@ -62,7 +62,7 @@ std::string FormatError(double e) { return absl::StrFormat("%.3e", e); }
 
 // The pipeline of --passes; unknown names are usage errors listing the
 // known passes.
-absl::StatusOr<std::unique_ptr<transforms::Pipeline>> PipelineFromFlag(
+absl::StatusOr<std::unique_ptr<transforms::PassPipeline>> PipelineFromFlag(
     const ParsedArgs& args) {
   std::vector<std::string> names = SplitAll(args.GetAll("passes"));
   if (names.empty()) {
@@ -70,11 +70,11 @@ absl::StatusOr<std::unique_ptr<transforms::Pipeline>> PipelineFromFlag(
         absl::StrCat("--passes=NAME,... is required; known passes: ",
                      absl::StrJoin(transforms::RegisteredPassNames(), ", ")));
   }
-  transforms::PipelineOptions options;
+  transforms::PassPipelineOptions options;
   // A failing pass leaves its input IR there (Note [Reproducers]).
   options.reproducer_dir = args.Get("reproducer-dir").value_or("");
-  auto pipeline =
-      std::make_unique<transforms::Pipeline>("transform", std::move(options));
+  auto pipeline = std::make_unique<transforms::PassPipeline>(
+      "transform", std::move(options));
   for (const std::string& name : names) {
     absl::StatusOr<std::unique_ptr<transforms::Transformation>> pass =
         transforms::MakePass(name);
@@ -124,7 +124,7 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   const bool json = args.Has("json");
   const bool check = args.Has("check");
   std::optional<std::string> output = args.Get("output");
-  ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
+  ASSIGN_OR_RETURN(std::unique_ptr<transforms::PassPipeline> pipeline,
                    PipelineFromFlag(args));
   ASSIGN_OR_RETURN(runtime::CompareOptions tolerances,
                    CheckOptionsFromFlags(args));
@@ -274,7 +274,7 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
 
 absl::Status RunDebug(const ParsedArgs& args, Io& io) {
   const bool json = args.Has("json");
-  ASSIGN_OR_RETURN(std::unique_ptr<transforms::Pipeline> pipeline,
+  ASSIGN_OR_RETURN(std::unique_ptr<transforms::PassPipeline> pipeline,
                    PipelineFromFlag(args));
   if (std::optional<std::string> html_path = args.Get("html")) {
     RETURN_IF_ERROR(CheckOutputPath(*html_path));

@@ -1,4 +1,4 @@
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,14 +11,14 @@
 
 namespace tracecut::transforms {
 
-Pipeline::Pipeline(std::string name, PipelineOptions options)
+PassPipeline::PassPipeline(std::string name, PassPipelineOptions options)
     : name_(std::move(name)), options_(std::move(options)) {
   if (options_.checkers.empty()) {
     options_.checkers = {VerifyGraph, CheckModuleReferences};
   }
 }
 
-ScopedInstrumentation::ScopedInstrumentation(Pipeline& pipeline,
+ScopedInstrumentation::ScopedInstrumentation(PassPipeline& pipeline,
                                              Instrumentation& instrumentation)
     : pipeline_(pipeline), instrumentation_(&instrumentation) {
   pipeline_.instrumentations_.push_back(instrumentation_);
@@ -29,39 +29,39 @@ ScopedInstrumentation::~ScopedInstrumentation() {
   list.erase(std::find(list.begin(), list.end(), instrumentation_));
 }
 
-bool Pipeline::preserves_computation() const {
+bool PassPipeline::preserves_computation() const {
   for (const auto& p : passes_) {
     if (!p->preserves_computation()) return false;
   }
   return true;
 }
 
-bool Pipeline::is_reversible() const {
+bool PassPipeline::is_reversible() const {
   for (const auto& p : passes_) {
     if (!p->is_reversible()) return false;
   }
   return true;
 }
 
-int Pipeline::application_count() const {
+int PassPipeline::application_count() const {
   int n = 0;
   for (const auto& p : passes_) n += p->application_count();
   return n;
 }
 
-Transformation& Pipeline::AddPass(std::unique_ptr<Transformation> pass) {
+Transformation& PassPipeline::AddPass(std::unique_ptr<Transformation> pass) {
   passes_.push_back(std::move(pass));
   return *passes_.back();
 }
 
-Instrumentation& Pipeline::AddInstrumentation(
+Instrumentation& PassPipeline::AddInstrumentation(
     std::unique_ptr<Instrumentation> instrumentation) {
   instrumentations_.push_back(instrumentation.get());
   owned_instrumentations_.push_back(std::move(instrumentation));
   return *owned_instrumentations_.back();
 }
 
-Pipeline::Active Pipeline::Instrument() const {
+PassPipeline::Active PassPipeline::Instrument() const {
   Active active;
   if (options_.verify) {
     active.builtin.push_back(
@@ -82,7 +82,7 @@ Pipeline::Active Pipeline::Instrument() const {
   return active;
 }
 
-absl::StatusOr<bool> Pipeline::RunPass(
+absl::StatusOr<bool> PassPipeline::RunPass(
     const Active& active, const PassRun& run, runtime::GraphModule& gm,
     absl::FunctionRef<absl::StatusOr<bool>()> body) {
   for (Instrumentation* i : active.all) {
@@ -109,7 +109,7 @@ absl::StatusOr<bool> Pipeline::RunPass(
   return error;
 }
 
-absl::StatusOr<bool> Pipeline::Run(runtime::GraphModule& gm) {
+absl::StatusOr<bool> PassPipeline::Run(runtime::GraphModule& gm) {
   records_.clear();
   const Active active = Instrument();
   for (Instrumentation* i : active.all) {
@@ -142,14 +142,14 @@ absl::StatusOr<bool> Pipeline::Run(runtime::GraphModule& gm) {
   return any;
 }
 
-absl::StatusOr<runtime::GraphModule> Pipeline::Apply(
+absl::StatusOr<runtime::GraphModule> PassPipeline::Apply(
     const runtime::GraphModule& gm) {
   ASSIGN_OR_RETURN(runtime::GraphModule copy, gm.Clone());
   RETURN_IF_ERROR(Run(copy).status());
   return copy;
 }
 
-absl::StatusOr<bool> Pipeline::Reverse(runtime::GraphModule& gm) {
+absl::StatusOr<bool> PassPipeline::Reverse(runtime::GraphModule& gm) {
   for (const auto& pass : passes_) {
     if (!pass->is_reversible()) {
       return absl::FailedPreconditionError(
@@ -180,7 +180,7 @@ absl::StatusOr<bool> Pipeline::Reverse(runtime::GraphModule& gm) {
   return any;
 }
 
-std::string Pipeline::TimingReport() const {
+std::string PassPipeline::TimingReport() const {
   std::string out;
   for (const PassRecord& r : records_) {
     char ms[32];

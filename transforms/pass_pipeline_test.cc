@@ -1,4 +1,4 @@
-#include "transforms/pipeline.h"
+#include "transforms/pass_pipeline.h"
 
 #include <string>
 #include <vector>
@@ -81,7 +81,7 @@ class Fails : public Transformation {
 
 TEST(PipelineTest, VerifierNamesTheBrokenPass) {
   runtime::GraphModule gm = MakeModel();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<BreaksTarget>();
   pipeline.AddPass<EliminateDeadCode>();
@@ -99,7 +99,7 @@ TEST(PipelineTest, VerifierNamesTheBrokenPass) {
 }
 
 TEST(PipelineTest, ModuleReferencesAreCheckedToo) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<DanglingModule>();
   auto result = pipeline.Apply(MakeModel());
   ASSERT_FALSE(result.ok());
@@ -110,13 +110,13 @@ TEST(PipelineTest, ModuleReferencesAreCheckedToo) {
 }
 
 TEST(PipelineTest, ChecksOnlyAfterChangesAndBeforeTheFirstPass) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<QuietBreak>();
   EXPECT_TRUE(pipeline.Apply(MakeModel()).ok());  // Claimed no change.
   // Now the input is broken: reported before any pass runs.
   runtime::GraphModule broken = MakeModel();
   broken.graph().FindNode("k")->set_target("no.such.module");
-  Pipeline other;
+  PassPipeline other;
   other.AddPass<MergeLinears>();
   auto result = other.Apply(broken);
   ASSERT_FALSE(result.ok());
@@ -125,7 +125,7 @@ TEST(PipelineTest, ChecksOnlyAfterChangesAndBeforeTheFirstPass) {
 }
 
 TEST(PipelineTest, PassErrorsNameThePass) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<Fails>();
   auto result = pipeline.Apply(MakeModel());
   ASSERT_FALSE(result.ok());
@@ -134,14 +134,14 @@ TEST(PipelineTest, PassErrorsNameThePass) {
 }
 
 TEST(PipelineTest, DumpsAfterMatchingPassesAndTimesEach) {
-  PipelineOptions options;
+  PassPipelineOptions options;
   std::vector<std::string> dumped;
   options.dump_after = "merge-*";
   options.dump_sink = [&](absl::string_view pass, absl::string_view text) {
     dumped.push_back(std::string(pass));
     EXPECT_TRUE(absl::StrContains(text, "aten::split_with_sizes")) << text;
   };
-  Pipeline pipeline("optimize", options);
+  PassPipeline pipeline("optimize", options);
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();  // Nothing to do here.
@@ -171,7 +171,7 @@ TEST(PipelineTest, PassNamePatterns) {
 
 TEST(PipelineTest, ReverseUndoesInReverseOrderBitForBit) {
   runtime::GraphModule original = MakeModel();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   pipeline.AddPass<MergeLinears>();
   // Rewrites the merged linear (it has a bias): must be undone first.
@@ -206,7 +206,7 @@ TEST(PipelineTest, ReverseUndoesInReverseOrderBitForBit) {
 
 TEST(PipelineTest, SamePassTwiceUndoesTheLatestApplicationFirst) {
   runtime::GraphModule original = MakeModel();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<FuseBiasInLinear>();
   pipeline.AddPass<MergeLinears>();      // Nothing left to merge.
@@ -227,7 +227,7 @@ TEST(PipelineTest, MarksSurviveTheTextFormForReverse) {
   %bn = call_module[bn](%conv)
   %output = output[output](%bn)
 })");
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<FuseBatchNorm2dInConv2d>();
   pipeline.AddPass<MergeLinears>();
   auto out = pipeline.Apply(original);
@@ -247,7 +247,7 @@ TEST(PipelineTest, MarksSurviveTheTextFormForReverse) {
 
 TEST(PipelineTest, MarksSurviveTheProtobufFormForReverse) {
   runtime::GraphModule original = MakeModel();
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
   auto out = pipeline.Apply(original);
@@ -262,7 +262,7 @@ TEST(PipelineTest, MarksSurviveTheProtobufFormForReverse) {
 }
 
 TEST(PipelineTest, ReverseRefusesNonReversiblePasses) {
-  Pipeline pipeline;
+  PassPipeline pipeline;
   pipeline.AddPass<MergeLinears>();
   pipeline.AddPass<EliminateDeadCode>();
   EXPECT_FALSE(pipeline.is_reversible());
@@ -277,9 +277,9 @@ TEST(PipelineTest, ReverseRefusesNonReversiblePasses) {
 
 TEST(PipelineTest, PipelinesNest) {
   runtime::GraphModule original = MakeModel();
-  auto inner = std::make_unique<Pipeline>("inner");
+  auto inner = std::make_unique<PassPipeline>("inner");
   inner->AddPass<MergeLinears>();
-  Pipeline outer("outer");
+  PassPipeline outer("outer");
   outer.AddPass(std::move(inner));
   outer.AddPass<ChangeTrueDivToMulByInverse>();
   auto out = outer.Apply(original);

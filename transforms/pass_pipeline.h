@@ -1,5 +1,5 @@
-#ifndef TRACECUT_TRANSFORMS_PIPELINE_H_
-#define TRACECUT_TRANSFORMS_PIPELINE_H_
+#ifndef TRACECUT_TRANSFORMS_PASS_PIPELINE_H_
+#define TRACECUT_TRANSFORMS_PASS_PIPELINE_H_
 
 // A pipeline of passes (Optimum's compose, XLA's HloPassPipeline, MLIR's
 // PassManager): runs passes in order with invariant checks, optional IR
@@ -7,7 +7,7 @@
 // instrumentations (instrumentation.h) around every pass, and undoes
 // reversible pipelines.
 //
-//   Pipeline pipeline("optimize");
+//   PassPipeline pipeline("optimize");
 //   pipeline.AddPass<ChangeTrueDivToMulByInverse>();
 //   pipeline.AddPass<MergeLinears>();
 //   ASSIGN_OR_RETURN(runtime::GraphModule out, pipeline.Apply(user_module));
@@ -22,12 +22,12 @@
 //   "failed after <pass>: <what the checker said>"
 // (and "invalid input: ..." before the first pass), so a broken pass is named.
 // A failing pass's own error is reported as "<pass> failed: <error>".
-// The checks, dumps (PipelineOptions::dump_after) and reproducers
+// The checks, dumps (PassPipelineOptions::dump_after) and reproducers
 // (reproducer_dir) are instrumentations the pipeline builds from its options
 // at each Run/Reverse; they run before the ones added with
 // AddInstrumentation, in that order.
 //
-// A Pipeline is itself a ReversibleTransformation, so pipelines nest.
+// A PassPipeline is itself a ReversibleTransformation, so pipelines nest.
 
 #include <functional>
 #include <memory>
@@ -56,7 +56,7 @@ struct PassRecord {
   bool preserves_computation = true;
 };
 
-struct PipelineOptions {
+struct PassPipelineOptions {
   // Run the checkers at the start and after every pass that changed the
   // module. Turning this off is for benchmarks only.
   bool verify = true;
@@ -76,10 +76,10 @@ struct PipelineOptions {
   std::string reproducer_dir;
 };
 
-class Pipeline : public ReversibleTransformation {
+class PassPipeline : public ReversibleTransformation {
  public:
-  explicit Pipeline(std::string name = "pipeline",
-                    PipelineOptions options = {});
+  explicit PassPipeline(std::string name = "pipeline",
+                        PassPipelineOptions options = {});
 
   absl::string_view name() const override { return name_; }
   // All passes preserve computation.
@@ -137,8 +137,8 @@ class Pipeline : public ReversibleTransformation {
   // reversible.
   absl::StatusOr<bool> Reverse(runtime::GraphModule& gm) override;
 
-  const PipelineOptions& options() const { return options_; }
-  PipelineOptions& mutable_options() { return options_; }
+  const PassPipelineOptions& options() const { return options_; }
+  PassPipelineOptions& mutable_options() { return options_; }
 
   // Per-pass records of the last Run or Reverse, in execution order (up to
   // and including a pass whose checks failed).
@@ -163,7 +163,7 @@ class Pipeline : public ReversibleTransformation {
                                absl::FunctionRef<absl::StatusOr<bool>()> body);
 
   std::string name_;
-  PipelineOptions options_;
+  PassPipelineOptions options_;
   std::vector<std::unique_ptr<Transformation>> passes_;
   std::vector<std::unique_ptr<Instrumentation>> owned_instrumentations_;
   std::vector<Instrumentation*> instrumentations_;
@@ -181,16 +181,17 @@ class Pipeline : public ReversibleTransformation {
 //   }
 class ScopedInstrumentation {
  public:
-  ScopedInstrumentation(Pipeline& pipeline, Instrumentation& instrumentation);
+  ScopedInstrumentation(PassPipeline& pipeline,
+                        Instrumentation& instrumentation);
   ~ScopedInstrumentation();
   ScopedInstrumentation(const ScopedInstrumentation&) = delete;
   ScopedInstrumentation& operator=(const ScopedInstrumentation&) = delete;
 
  private:
-  Pipeline& pipeline_;
+  PassPipeline& pipeline_;
   Instrumentation* instrumentation_;
 };
 
 }  // namespace tracecut::transforms
 
-#endif  // TRACECUT_TRANSFORMS_PIPELINE_H_
+#endif  // TRACECUT_TRANSFORMS_PASS_PIPELINE_H_
