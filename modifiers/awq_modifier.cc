@@ -30,9 +30,6 @@ namespace tracecut::modifiers {
 using ::tracecut::runtime::ReduceKind;
 namespace {
 
-using quantization::QuantizationArgs;
-using quantization::Strategy;
-
 absl::StatusOr<ir::ModulePattern> Pattern(const std::string& text) {
   ir::ModulePattern p(text);
   if (!p.valid()) {
@@ -75,133 +72,6 @@ absl::StatusOr<at::Tensor> OutputTensor(const ModuleCall& call) {
 }
 
 }  // namespace
-
-absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
-    absl::string_view architecture) {
-  static constexpr absl::string_view kMoe[] = {
-      "MixtralForCausalLM",    "Qwen2MoeForCausalLM",   "Qwen3MoeForCausalLM",
-      "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
-      "GptOssForCausalLM"};
-  for (absl::string_view moe : kMoe) {
-    if (architecture == moe) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "awq: no default mappings for ", architecture,
-          " (mixture of experts) yet; give mappings (smooth_layer and "
-          "balance_layers) in the recipe"));
-    }
-  }
-  if (architecture == "Phi3ForCausalLM" || architecture == "Phi3VForCausalLM") {
-    // Fused q/k/v and gate/up projections.
-    return std::vector<AwqMapping>{
-        {"re:.*input_layernorm$", {"re:.*qkv_proj$"}},
-        {"re:.*qkv_proj$", {"re:.*o_proj$"}},
-        {"re:.*post_attention_layernorm$", {"re:.*gate_up_proj$"}},
-        {"re:.*gate_up_proj$", {"re:.*down_proj$"}}};
-  }
-  // Post-norm layers (the norms apply to the attention's and MLP's
-  // outputs): only the Linear-to-Linear mappings. llm-compressor has these
-  // for Olmo, Olmo3 and Exaone4; Olmo2 is the same layout.
-  if (architecture == "OlmoForCausalLM" || architecture == "Olmo2ForCausalLM" ||
-      architecture == "Olmo3ForCausalLM" ||
-      architecture == "Exaone4ForCausalLM") {
-    return std::vector<AwqMapping>{{"re:.*v_proj$", {"re:.*o_proj$"}},
-                                   {"re:.*up_proj$", {"re:.*down_proj$"}}};
-  }
-  // Gemma 2 and 3: the MLP reads pre_feedforward_layernorm (whose
-  // x * (1 + weight) the smoothing handles); Gemma 3's input_layernorm is
-  // left out, as llm-compressor leaves it.
-  const bool gemma3 = architecture == "Gemma3ForCausalLM" ||
-                      architecture == "Gemma3ForConditionalGeneration";
-  if (architecture == "Gemma2ForCausalLM" || gemma3) {
-    std::vector<AwqMapping> m;
-    if (!gemma3) {
-      m.push_back({"re:.*input_layernorm$",
-                   {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}});
-    }
-    m.push_back({"re:.*v_proj$", {"re:.*o_proj$"}});
-    m.push_back({"re:.*pre_feedforward_layernorm$",
-                 {"re:.*gate_proj$", "re:.*up_proj$"}});
-    m.push_back({"re:.*up_proj$", {"re:.*down_proj$"}});
-    return m;
-  }
-  return std::vector<AwqMapping>{
-      {"re:.*input_layernorm$",
-       {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}},
-      {"re:.*v_proj$", {"re:.*o_proj$"}},
-      {"re:.*post_attention_layernorm$", {"re:.*gate_proj$", "re:.*up_proj$"}},
-      {"re:.*up_proj$", {"re:.*down_proj$"}}};
-}
-
-std::vector<std::pair<double, bool>> AwqGrid(AwqDuoScaling duo, int n_grid) {
-  std::vector<std::pair<double, bool>> grid;
-  switch (duo) {
-    case AwqDuoScaling::kBoth: {
-      const int n = n_grid / 2;
-      for (int i = 0; i < n; ++i) {
-        for (bool d : {false, true}) grid.emplace_back(double(i) / (n - 1), d);
-      }
-      break;
-    }
-    case AwqDuoScaling::kOff:
-      for (int i = 0; i < n_grid; ++i) {
-        grid.emplace_back(double(i) / (n_grid - 1), false);
-      }
-      break;
-    case AwqDuoScaling::kOn:
-      // The identity (x^0) first, so that no scaling is a candidate too.
-      grid.emplace_back(0.0, false);
-      for (int i = 0; i < n_grid - 1; ++i) {
-        grid.emplace_back(double(i) / (n_grid - 2), true);
-      }
-      break;
-  }
-  return grid;
-}
-
-absl::StatusOr<at::Tensor> AwqScales(const at::Tensor& x_mean,
-                                     const at::Tensor& w_mean, double ratio,
-                                     bool duo) {
-  return runtime::TorchCall("awq scales", [&] {
-    at::Tensor s = duo ? (x_mean.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4))
-                             .clamp_min(1e-4)
-                       : x_mean.pow(ratio).clamp_min(1e-4).view(-1);
-    s = s / (s.max() * s.min()).sqrt();
-    s.masked_fill_(s.isinf(), 1);
-    s.masked_fill_(s.isnan(), 1);
-    return s;
-  });
-}
-
-absl::StatusOr<at::Tensor> AwqWeightMeans(
-    const std::vector<at::Tensor>& weights, const QuantizationArgs& args) {
-  if (weights.empty()) {
-    return absl::InvalidArgumentError("awq: no balance weights to average");
-  }
-  const Strategy strategy = args.resolved_strategy();
-  if (strategy == Strategy::kBlock) {
-    return absl::UnimplementedError(
-        "awq: block-quantized weights (strategy block) are not supported yet");
-  }
-  return runtime::TorchCall("awq weight means", [&] {
-    at::Tensor sum;
-    int64_t rows = 0;
-    for (const at::Tensor& weight : weights) {
-      int64_t chunk = weight.size(1);  // channel
-      if (strategy == Strategy::kTensor) chunk = weight.numel();
-      if (strategy == Strategy::kGroup || strategy == Strategy::kTensorGroup) {
-        chunk = *args.group_size;
-      }
-      at::Tensor w = weight.clone().reshape({-1, chunk});
-      w.abs_();
-      w.div_(std::get<0>(w.max(/*dim=*/1, /*keepdim=*/true)) + 1e-6);
-      w = w.reshape(weight.sizes());
-      rows += w.size(0);
-      at::Tensor s = w.sum(0, /*keepdim=*/false, at::kDouble);
-      sum = sum.defined() ? sum + s : s;
-    }
-    return sum / rows;
-  });
-}
 
 AwqModifier::AwqModifier(AwqOptions options) : options_(std::move(options)) {
   // The search observes each candidate weight once: min-max, whatever
@@ -501,11 +371,27 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   };
   absl::Cleanup restore_on_error = [&] { restore().IgnoreError(); };
 
-  double best_error = std::numeric_limits<double>::infinity();
-  double initial_error = std::numeric_limits<double>::quiet_NaN();
-  double best_ratio = -1;
-  bool best_duo = false;
-  at::Tensor best_scales;
+  ASSIGN_OR_RETURN(Search best, SearchScales(ctx, mapping, reference, originals,
+                                             quantized, x_mean, w_mean));
+  std::move(restore_on_error).Cancel();
+  RETURN_IF_ERROR(restore());
+  if (best.ratio < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": no grid point gave a finite error on ",
+                     mapping.parent, "'s output (NaN in its forward pass?)"));
+  }
+
+  return ApplyScales(ctx, mapping, sw, originals, reference, best);
+}
+
+absl::StatusOr<AwqModifier::Search> AwqModifier::SearchScales(
+    RunContext& ctx, const Resolved& mapping,
+    const std::vector<at::Tensor>& reference,
+    const std::vector<at::Tensor>& originals,
+    const std::vector<bool>& quantized, const at::Tensor& x_mean,
+    const at::Tensor& w_mean) {
+  const std::string where = absl::StrCat("awq: ", mapping.smooth);
+  Search best;
   for (const auto& [ratio, duo] :
        AwqGrid(options_.duo_scaling, options_.n_grid)) {
     ASSIGN_OR_RETURN(at::Tensor scales, AwqScales(x_mean, w_mean, ratio, duo));
@@ -529,64 +415,74 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
         return absl::OkStatus();
       }));
     }
-    // The mean squared error of the parent's output over all batches.
-    at::Tensor loss;
-    int64_t elements = 0;
-    size_t batch = 0;
-    absl::Status replayed =
-        ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
-          if (call.path != mapping.loss_leaf) return true;
-          ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
-          if (batch >= reference.size()) {
-            return absl::InternalError(
-                absl::StrCat(where, ": more batches replayed than captured"));
-          }
-          const at::Tensor& want = reference[batch++];
-          RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
-            at::Tensor l =
-                at::mse_loss(want, out.to(want.device()), at::Reduction::Sum);
-            loss = loss.defined() ? loss + l : l.to(at::kFloat);
-            elements += want.numel();
-            return absl::OkStatus();
-          }));
-          return false;
-        });
-    RETURN_IF_ERROR(replayed);
-    ASSIGN_OR_RETURN(at::Tensor total, runtime::TorchCall(where, [&] {
-                       return loss.defined() ? loss.reshape({1}).to(at::kFloat)
-                                             : at::zeros({1}, at::kFloat);
-                     }));
-    at::Tensor count =
-        at::full({1}, elements, total.options().dtype(at::kLong));
-    if (Distributed()) {
-      at::Tensor count_f = count.to(at::kDouble);
-      RETURN_IF_ERROR(options_.collective->AllReduce(
-          total, ReduceKind::kSum,
-          absl::StrCat("the AWQ error of ", mapping.smooth)));
-      RETURN_IF_ERROR(options_.collective->AllReduce(
-          count_f, ReduceKind::kSum,
-          absl::StrCat("the AWQ element count of ", mapping.smooth)));
-      count = count_f.to(at::kLong);
-    }
-    ASSIGN_OR_RETURN(double error, runtime::TorchCall(where, [&] {
-                       return (total / count).item<float>();
-                     }));
-    if (std::isnan(initial_error)) initial_error = error;
-    if (error < best_error) {
-      best_error = error;
-      best_ratio = ratio;
-      best_duo = duo;
-      best_scales = scales;
+    ASSIGN_OR_RETURN(double error, ReplayError(ctx, mapping, reference));
+    if (std::isnan(best.initial_error)) best.initial_error = error;
+    if (error < best.error) {
+      best.error = error;
+      best.ratio = ratio;
+      best.duo = duo;
+      best.scales = scales;
     }
   }
-  std::move(restore_on_error).Cancel();
-  RETURN_IF_ERROR(restore());
-  if (best_ratio < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": no grid point gave a finite error on ",
-                     mapping.parent, "'s output (NaN in its forward pass?)"));
-  }
+  return best;
+}
 
+absl::StatusOr<double> AwqModifier::ReplayError(
+    RunContext& ctx, const Resolved& mapping,
+    const std::vector<at::Tensor>& reference) {
+  const std::string where = absl::StrCat("awq: ", mapping.smooth);
+  at::Tensor loss;
+  int64_t elements = 0;
+  size_t batch = 0;
+  absl::Status replayed =
+      ctx.ReplaySubgraph([&](const ModuleCall& call) -> absl::StatusOr<bool> {
+        if (call.path != mapping.loss_leaf) return true;
+        ASSIGN_OR_RETURN(at::Tensor out, OutputTensor(call));
+        if (batch >= reference.size()) {
+          return absl::InternalError(
+              absl::StrCat(where, ": more batches replayed than captured"));
+        }
+        const at::Tensor& want = reference[batch++];
+        RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+          at::Tensor l =
+              at::mse_loss(want, out.to(want.device()), at::Reduction::Sum);
+          loss = loss.defined() ? loss + l : l.to(at::kFloat);
+          elements += want.numel();
+          return absl::OkStatus();
+        }));
+        return false;
+      });
+  RETURN_IF_ERROR(replayed);
+  ASSIGN_OR_RETURN(at::Tensor total, runtime::TorchCall(where, [&] {
+                     return loss.defined() ? loss.reshape({1}).to(at::kFloat)
+                                           : at::zeros({1}, at::kFloat);
+                   }));
+  at::Tensor count = at::full({1}, elements, total.options().dtype(at::kLong));
+  if (Distributed()) {
+    at::Tensor count_f = count.to(at::kDouble);
+    RETURN_IF_ERROR(options_.collective->AllReduce(
+        total, ReduceKind::kSum,
+        absl::StrCat("the AWQ error of ", mapping.smooth)));
+    RETURN_IF_ERROR(options_.collective->AllReduce(
+        count_f, ReduceKind::kSum,
+        absl::StrCat("the AWQ element count of ", mapping.smooth)));
+    count = count_f.to(at::kLong);
+  }
+  ASSIGN_OR_RETURN(double error, runtime::TorchCall(where, [&] {
+                     return (total / count).item<float>();
+                   }));
+  return runtime::TorchCall(where, [&] {
+    return static_cast<double>((total / count).item<float>());
+  });
+}
+
+absl::Status AwqModifier::ApplyScales(RunContext& ctx, const Resolved& mapping,
+                                      const at::Tensor& sw,
+                                      const std::vector<at::Tensor>& originals,
+                                      const std::vector<at::Tensor>& reference,
+                                      const Search& best) {
+  const std::string where = absl::StrCat("awq: ", mapping.smooth);
+  const at::Tensor& best_scales = best.scales;
   // W s on the balance layers, / s on the smooth layer (and its bias).
   for (size_t k = 0; k < mapping.balance.size(); ++k) {
     ASSIGN_OR_RETURN(at::Tensor w, runtime::TorchCall(where, [&] {
@@ -653,9 +549,9 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
       .notes.push_back(absl::StrFormat(
           "awq: scales for %s from ratio %.4g%s; %s output error %.4g -> "
           "%.4g%s",
-          absl::StrJoin(mapping.balance, ", "), best_ratio,
-          best_duo ? " (duo scaling)" : "", mapping.parent, initial_error,
-          best_error, norm_kind));
+          absl::StrJoin(mapping.balance, ", "), best.ratio,
+          best.duo ? " (duo scaling)" : "", mapping.parent, best.initial_error,
+          best.error, norm_kind));
   return absl::OkStatus();
 }
 

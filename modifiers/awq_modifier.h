@@ -42,6 +42,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -140,7 +141,33 @@ class AwqModifier : public Modifier {
     at::Tensor sum;     // fp32 [C]: sum of |x| over tokens.
     int64_t count = 0;  // Tokens.
   };
+  // The grid point with the least error on the parent's output.
+  struct Search {
+    double error = std::numeric_limits<double>::infinity();
+    double initial_error = std::numeric_limits<double>::quiet_NaN();
+    double ratio = -1;  // -1: no grid point gave a finite error.
+    bool duo = false;
+    at::Tensor scales;
+  };
   absl::Status Smooth(RunContext& ctx, const Resolved& mapping);
+  // Tries every grid point on the balance layers (restored by the caller).
+  absl::StatusOr<Search> SearchScales(RunContext& ctx, const Resolved& mapping,
+                                      const std::vector<at::Tensor>& reference,
+                                      const std::vector<at::Tensor>& originals,
+                                      const std::vector<bool>& quantized,
+                                      const at::Tensor& x_mean,
+                                      const at::Tensor& w_mean);
+  // The mean squared error of the parent's output against `reference` over
+  // all batches (and ranks).
+  absl::StatusOr<double> ReplayError(RunContext& ctx, const Resolved& mapping,
+                                     const std::vector<at::Tensor>& reference);
+  // The best scales applied: W s on the balance layers, / s on the smooth
+  // layer, the model's output checked unchanged.
+  absl::Status ApplyScales(RunContext& ctx, const Resolved& mapping,
+                           const at::Tensor& sw,
+                           const std::vector<at::Tensor>& originals,
+                           const std::vector<at::Tensor>& reference,
+                           const Search& best);
   bool Distributed() const;
 
   AwqOptions options_;

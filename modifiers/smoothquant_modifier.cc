@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -275,11 +276,10 @@ absl::Status SmoothQuantModifier::OnSubgraphEnd(RunContext& ctx,
   return absl::OkStatus();
 }
 
-absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
-                                         const std::string& smooth) {
+absl::StatusOr<std::optional<SmoothQuantModifier::Range>>
+SmoothQuantModifier::TakeRange(const std::string& smooth,
+                               const at::Tensor& sw) {
   const std::vector<std::string>& balance = resolved_.at(smooth);
-  const std::string smooth_weight = absl::StrCat(smooth, ".weight");
-  ASSIGN_OR_RETURN(at::Tensor sw, ctx.model().GetTensor(smooth_weight));
   // The range of the smooth layer's output: what each balance layer read.
   const Range* range = nullptr;
   const std::string* first = nullptr;
@@ -336,11 +336,20 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
       range = &reduced;
     }
   }
-  const bool seen = range != nullptr;
-  range = nullptr;  // It may point into ranges_.
+  std::optional<Range> out;
+  if (range != nullptr) out = reduced;
   for (const std::string& b : balance) ranges_.erase(b);
+  return out;
+}
+
+absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
+                                         const std::string& smooth) {
+  const std::vector<std::string>& balance = resolved_.at(smooth);
+  const std::string smooth_weight = absl::StrCat(smooth, ".weight");
+  ASSIGN_OR_RETURN(at::Tensor sw, ctx.model().GetTensor(smooth_weight));
+  ASSIGN_OR_RETURN(std::optional<Range> reduced, TakeRange(smooth, sw));
   done_.insert(smooth);
-  if (!seen) {
+  if (!reduced.has_value()) {
     ctx.Warn(absl::StrCat("smoothquant: no calibration token reached ", smooth,
                           "'s balance layers; not smoothed"));
     return absl::OkStatus();
@@ -373,7 +382,7 @@ absl::Status SmoothQuantModifier::Smooth(RunContext& ctx,
   const bool check = replayed.ok();
   if (!check && !absl::IsFailedPrecondition(replayed)) return replayed;
   ASSIGN_OR_RETURN(at::Tensor scales,
-                   SmoothQuantScales(reduced.min, reduced.max, weights,
+                   SmoothQuantScales(reduced->min, reduced->max, weights,
                                      options_.smoothing_strength));
   for (size_t k = 0; k < balance.size(); ++k) {
     ASSIGN_OR_RETURN(at::Tensor w, runtime::TorchCall("smoothquant", [&] {

@@ -40,6 +40,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -109,6 +110,10 @@ class SmoothQuantModifier : public Modifier {
     at::Tensor max;
   };
   absl::Status Smooth(RunContext& ctx, const std::string& smooth);
+  // The range the balance layers of `smooth` read (its weight `sw`), reduced
+  // over the ranks, and forgotten here; none when no token reached them.
+  absl::StatusOr<std::optional<Range>> TakeRange(const std::string& smooth,
+                                                 const at::Tensor& sw);
   bool Distributed() const;
 
   SmoothQuantOptions options_;

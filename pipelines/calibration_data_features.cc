@@ -212,6 +212,17 @@ bool TakesTokensOnly(const std::vector<std::string>& input_names) {
   return tokens;
 }
 
+// Input `name`, which the data leaves out, made from the token ids `like`
+// as the model assumes it (IsMadeFromTokens).
+at::Tensor MadeFromTokens(const std::string& name, const at::Tensor& like) {
+  if (IsTokenName(name)) return like;
+  if (name == "attention_mask" || name == "decoder_attention_mask") {
+    return at::ones_like(like);
+  }
+  if (name == "token_type_ids") return at::zeros_like(like);
+  return at::arange(like.size(1), at::kLong).expand_as(like).contiguous();
+}
+
 absl::StatusOr<CalibrationData> MakeFeatureData(
     const std::vector<std::pair<std::string, c10::IValue>>& values,
     const ModelInputs& model, int64_t batch_size, std::string source) {
@@ -315,16 +326,7 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
                                          given.contains("decoder_input_ids")
                                      ? given["decoder_input_ids"]
                                      : *ids;
-        if (IsTokenName(in.name)) {
-          t = like;
-        } else if (in.name == "attention_mask" ||
-                   in.name == "decoder_attention_mask") {
-          t = at::ones_like(like);
-        } else if (in.name == "token_type_ids") {
-          t = at::zeros_like(like);
-        } else {
-          t = at::arange(like.size(1), at::kLong).expand_as(like).contiguous();
-        }
+        t = MadeFromTokens(in.name, like);
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
             file, " has no '", in.name, "', which the model takes (",

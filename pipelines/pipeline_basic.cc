@@ -33,6 +33,24 @@ using ::tracecut::util::ProgressPoint;
 
 using runtime::Interpreter;
 
+namespace {
+
+// InvalidArgument when the model's output in `stage`'s batch `b` has NaN or
+// infinite entries.
+absl::Status CheckOutputFinite(const c10::IValue& out, absl::string_view stage,
+                               int64_t b, const std::string& where) {
+  ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
+                     return NonFiniteKind(out);
+                   }));
+  if (kind.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "non-finite activation: the model's output in %s batch %d has %s "
+      "entries",
+      stage == "calibrate" ? "calibration" : stage, b, kind));
+}
+
+}  // namespace
+
 absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
                                         const CalibrationData& data,
                                         absl::Span<Modifier* const> modifiers,
@@ -137,16 +155,7 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
         if (!all.ok()) return util::Annotate(all, where);
       }
       if (options.check_finite) {
-        ASSIGN_OR_RETURN(std::string kind, runtime::TorchCall(where, [&] {
-                           return NonFiniteKind(*out);
-                         }));
-        if (!kind.empty()) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "non-finite activation: the model's output in %s batch %d has "
-              "%s entries",
-              absl::string_view(stage) == "calibrate" ? "calibration" : stage,
-              b, kind));
-        }
+        RETURN_IF_ERROR(CheckOutputFinite(*out, stage, b, where));
       }
       progress->Advance(1);
       progress->Update(point(stage, b + 1, num_batches));

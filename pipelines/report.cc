@@ -71,30 +71,10 @@ Json TensorSummary(const at::Tensor& t) {
   return j;
 }
 
-Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
-                 const PipelineResult* pipeline) {
-  Json report = Json::object();
-  report["format"] = Json("tracecut-calibration-report");
-  report["version"] = Json(1);
-  report["model"] = Json(info.model);
-  report["recipe"] = Json(info.recipe);
-  report["recipe_text"] = Json(info.recipe_text);
-  report["pipeline"] = Json(info.pipeline);
-  report["propagate_error"] = Json(info.propagate_error);
-  report["sequential_targets"] = StringArray(info.sequential_targets);
-  Json data = Json::object();
-  data["source"] = Json(info.data_source);
-  data["samples"] = Json(info.samples);
-  data["seq_len"] = Json(info.seq_len);
-  data["batches"] = Json(info.batches);
-  data["fingerprint"] = Json(absl::StrFormat("%016x", info.data_fingerprint));
-  if (!info.data_inputs.empty()) {
-    data["inputs"] = StringArray(info.data_inputs);
-  }
-  report["data"] = std::move(data);
-  report["subgraphs"] = StringArray(
-      pipeline != nullptr ? pipeline->labels : std::vector<std::string>());
+namespace {
 
+// The per-module entries and their summary.
+void AddModules(const CalibrationResults& results, Json& report) {
   Json modules = Json::array();
   // Quantized modules no calibration token reached (weight_quant_modifier.h).
   Json uncalibrated = Json::array();
@@ -172,79 +152,111 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   // The means above cover measured modules only; these were not measured.
   summary["uncalibrated_modules"] = std::move(uncalibrated);
   report["summary"] = std::move(summary);
-  report["warnings"] = StringArray(results.warnings);
+}
 
-  if (info.include_run_section) {
-    Json run = Json::object();
-    if (pipeline != nullptr) {
-      run["resumed_from_subgraph"] =
-          Json(static_cast<int64_t>(pipeline->first_subgraph));
-      Json cache = Json::object();
-      cache["peak_bytes_held"] = Json(pipeline->cache.peak_bytes_held);
-      cache["peak_values"] = Json(pipeline->peak_cache_values);
-      cache["bytes_spilled"] = Json(pipeline->cache.bytes_spilled);
-      cache["spill_count"] = Json(pipeline->cache.spill_count);
-      cache["reload_count"] = Json(pipeline->cache.reload_count);
-      run["cache"] = std::move(cache);
+// Timings, memory and cache statistics: what differs from run to run.
+Json RunSection(const ReportInfo& info, const CalibrationResults& results,
+                const PipelineResult* pipeline) {
+  Json run = Json::object();
+  if (pipeline != nullptr) {
+    run["resumed_from_subgraph"] =
+        Json(static_cast<int64_t>(pipeline->first_subgraph));
+    Json cache = Json::object();
+    cache["peak_bytes_held"] = Json(pipeline->cache.peak_bytes_held);
+    cache["peak_values"] = Json(pipeline->peak_cache_values);
+    cache["bytes_spilled"] = Json(pipeline->cache.bytes_spilled);
+    cache["spill_count"] = Json(pipeline->cache.spill_count);
+    cache["reload_count"] = Json(pipeline->cache.reload_count);
+    run["cache"] = std::move(cache);
+  }
+  Json timings = Json::array();
+  double total = 0;
+  for (const SubgraphTiming& t : results.subgraphs) {
+    Json j = Json::object();
+    j["subgraph"] = Json(static_cast<int64_t>(t.index));
+    j["label"] = Json(t.label);
+    j["calibrate_seconds"] = Json(t.calibrate_seconds);
+    j["compress_seconds"] = Json(t.compress_seconds);
+    j["propagate_seconds"] = Json(t.propagate_seconds);
+    total += t.calibrate_seconds + t.compress_seconds + t.propagate_seconds;
+    timings.push_back(std::move(j));
+  }
+  run["timings"] = std::move(timings);
+  run["total_seconds"] = Json(total);
+  Json compress = Json::object();
+  for (const auto& [path, r] : results.modules) {
+    if (!r.weight_method.empty() && r.weight_method != "observer") {
+      compress[path] = Json(r.compress_seconds);
     }
-    Json timings = Json::array();
-    double total = 0;
-    for (const SubgraphTiming& t : results.subgraphs) {
+  }
+  run["module_compress_seconds"] = std::move(compress);
+  if (pipeline != nullptr) {
+    Json subgraphs = Json::array();
+    for (const SubgraphCacheStats& st : pipeline->subgraphs) {
       Json j = Json::object();
-      j["subgraph"] = Json(static_cast<int64_t>(t.index));
-      j["label"] = Json(t.label);
-      j["calibrate_seconds"] = Json(t.calibrate_seconds);
-      j["compress_seconds"] = Json(t.compress_seconds);
-      j["propagate_seconds"] = Json(t.propagate_seconds);
-      total += t.calibrate_seconds + t.compress_seconds + t.propagate_seconds;
-      timings.push_back(std::move(j));
-    }
-    run["timings"] = std::move(timings);
-    run["total_seconds"] = Json(total);
-    Json compress = Json::object();
-    for (const auto& [path, r] : results.modules) {
-      if (!r.weight_method.empty() && r.weight_method != "observer") {
-        compress[path] = Json(r.compress_seconds);
+      j["subgraph"] = Json(static_cast<int64_t>(st.index));
+      j["label"] = Json(st.label);
+      j["nodes"] = Json(st.nodes);
+      j["param_bytes"] = Json(st.param_bytes);
+      j["load_seconds"] = Json(st.load_seconds);
+      j["write_seconds"] = Json(st.write_seconds);
+      j["cache_values"] = Json(st.values);
+      j["cache_bytes_held"] = Json(st.bytes_held);
+      j["cache_bytes_on_disk"] = Json(st.bytes_on_disk);
+      j["rss_bytes"] = Json(st.rss_bytes);
+      if (st.device_peak_bytes > 0) {
+        j["device_peak_bytes"] = Json(st.device_peak_bytes);
       }
+      subgraphs.push_back(std::move(j));
     }
-    run["module_compress_seconds"] = std::move(compress);
-    if (pipeline != nullptr) {
-      Json subgraphs = Json::array();
-      for (const SubgraphCacheStats& st : pipeline->subgraphs) {
-        Json j = Json::object();
-        j["subgraph"] = Json(static_cast<int64_t>(st.index));
-        j["label"] = Json(st.label);
-        j["nodes"] = Json(st.nodes);
-        j["param_bytes"] = Json(st.param_bytes);
-        j["load_seconds"] = Json(st.load_seconds);
-        j["write_seconds"] = Json(st.write_seconds);
-        j["cache_values"] = Json(st.values);
-        j["cache_bytes_held"] = Json(st.bytes_held);
-        j["cache_bytes_on_disk"] = Json(st.bytes_on_disk);
-        j["rss_bytes"] = Json(st.rss_bytes);
-        if (st.device_peak_bytes > 0) {
-          j["device_peak_bytes"] = Json(st.device_peak_bytes);
-        }
-        subgraphs.push_back(std::move(j));
-      }
-      run["subgraphs"] = std::move(subgraphs);
-    }
-    rusage usage{};
-    if (getrusage(RUSAGE_SELF, &usage) == 0) {
-      run["peak_rss_bytes"] =
-          Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
-    }
-    run["device"] = Json(info.device);
-    if (pipeline != nullptr && !pipeline->subgraphs.empty() &&
-        pipeline->subgraphs.back().device_peak_bytes > 0) {
-      run["device_peak_bytes"] =
-          Json(pipeline->subgraphs.back().device_peak_bytes);
-    }
-    if (info.streamed_peak_weight_bytes.has_value()) {
-      run["streamed_peak_weight_bytes"] =
-          Json(*info.streamed_peak_weight_bytes);
-    }
-    report["run"] = std::move(run);
+    run["subgraphs"] = std::move(subgraphs);
+  }
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    run["peak_rss_bytes"] = Json(static_cast<int64_t>(usage.ru_maxrss) * 1024);
+  }
+  run["device"] = Json(info.device);
+  if (pipeline != nullptr && !pipeline->subgraphs.empty() &&
+      pipeline->subgraphs.back().device_peak_bytes > 0) {
+    run["device_peak_bytes"] =
+        Json(pipeline->subgraphs.back().device_peak_bytes);
+  }
+  if (info.streamed_peak_weight_bytes.has_value()) {
+    run["streamed_peak_weight_bytes"] = Json(*info.streamed_peak_weight_bytes);
+  }
+  return run;
+}
+
+}  // namespace
+
+Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
+                 const PipelineResult* pipeline) {
+  Json report = Json::object();
+  report["format"] = Json("tracecut-calibration-report");
+  report["version"] = Json(1);
+  report["model"] = Json(info.model);
+  report["recipe"] = Json(info.recipe);
+  report["recipe_text"] = Json(info.recipe_text);
+  report["pipeline"] = Json(info.pipeline);
+  report["propagate_error"] = Json(info.propagate_error);
+  report["sequential_targets"] = StringArray(info.sequential_targets);
+  Json data = Json::object();
+  data["source"] = Json(info.data_source);
+  data["samples"] = Json(info.samples);
+  data["seq_len"] = Json(info.seq_len);
+  data["batches"] = Json(info.batches);
+  data["fingerprint"] = Json(absl::StrFormat("%016x", info.data_fingerprint));
+  if (!info.data_inputs.empty()) {
+    data["inputs"] = StringArray(info.data_inputs);
+  }
+  report["data"] = std::move(data);
+  report["subgraphs"] = StringArray(
+      pipeline != nullptr ? pipeline->labels : std::vector<std::string>());
+
+  AddModules(results, report);
+  report["warnings"] = StringArray(results.warnings);
+  if (info.include_run_section) {
+    report["run"] = RunSection(info, results, pipeline);
   }
   return report;
 }

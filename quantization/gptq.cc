@@ -69,13 +69,13 @@ absl::StatusOr<at::Tensor> InverseHessianFactor(at::Tensor& h,
   return upper;
 }
 
-absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
-                                            const at::Tensor& hessian,
-                                            const GptqOptions& options) {
-  RETURN_IF_ERROR(CheckOptions(options));
-  RETURN_IF_ERROR(internal::CheckWeight(weight, "weight"));
-  const QuantScheme& scheme = options.scheme;
-  const int64_t rows = weight.size(0);
+// The Hessian as the solver uses it: an fp32 copy on the weight's device,
+// dead columns (zero diagonal) given 1 on the diagonal and their weights in
+// `wt` zeroed. A non-finite one makes `result` fall back to
+// round-to-nearest.
+absl::StatusOr<at::Tensor> SolverHessian(const at::Tensor& weight,
+                                         const at::Tensor& hessian,
+                                         at::Tensor& wt, GptqResult& result) {
   const int64_t columns = weight.size(1);
   if (!hessian.defined() || hessian.dim() != 2 || hessian.size(0) != columns ||
       hessian.size(1) != columns ||
@@ -86,9 +86,6 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
                      "] tensor, got ", internal::DescribeTensor(hessian)));
   }
 
-  GptqResult result;
-  // Columns are rows here: wt[c] is column c of the weight, contiguous.
-  at::Tensor wt = weight.to(at::kFloat).t().contiguous();
   at::Tensor h = hessian.to(wt.device(), at::kFloat, /*non_blocking=*/false,
                             /*copy=*/true);
 
@@ -106,6 +103,22 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
       wt.index_fill_(0, dead, 0.0);
     }
   }
+  return h;
+}
+
+absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
+                                            const at::Tensor& hessian,
+                                            const GptqOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  RETURN_IF_ERROR(internal::CheckWeight(weight, "weight"));
+  const QuantScheme& scheme = options.scheme;
+  const int64_t rows = weight.size(0);
+  const int64_t columns = weight.size(1);
+  GptqResult result;
+  // Columns are rows here: wt[c] is column c of the weight, contiguous.
+  at::Tensor wt = weight.to(at::kFloat).t().contiguous();
+  ASSIGN_OR_RETURN(at::Tensor h, SolverHessian(weight, hessian, wt, result));
+  const bool finite_h = !result.fell_back_to_rtn;
 
   // Note [GPTQ in tracecut] 8: parameters of the original groups, now.
   std::vector<at::Tensor> group_scales;
