@@ -1,0 +1,35 @@
+#include "modifiers/testing/traced_llama.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+
+#include "tracer/load.h"
+#include "tracer/tracer.h"
+#include "util/testing/runfiles.h"
+
+namespace tracecut::modifiers::testing {
+
+runtime::GraphModule TraceLlamaFixture() {
+  absl::StatusOr<tracer::LoadedModel> model =
+      tracer::LoadModel(util::testing::Runfile("tests/fixtures/llama.pt"));
+  if (!model.ok()) ADD_FAILURE() << model.status();
+  absl::StatusOr<tracer::TraceOptions> options =
+      tracer::WithModelFiles(*model, tracer::TraceOptions());
+  if (!options.ok()) ADD_FAILURE() << options.status();
+  absl::StatusOr<runtime::GraphModule> gm =
+      tracer::Trace(model->module, *options);
+  if (!gm.ok()) ADD_FAILURE() << gm.status();
+  return std::move(gm).value();
+}
+
+SubgraphInfo WholeModel(const RunContext& ctx) {
+  SubgraphInfo info;
+  info.label = "(whole model)";
+  for (const LeafModule& leaf : ctx.leaf_modules()) {
+    info.leaf_modules.push_back(leaf.path);
+  }
+  return info;
+}
+
+}  // namespace tracecut::modifiers::testing

@@ -1,0 +1,24 @@
+#ifndef TRACECUT_MODIFIERS_TESTING_TRACED_LLAMA_H_
+#define TRACECUT_MODIFIERS_TESTING_TRACED_LLAMA_H_
+
+// The generated Llama fixture (tests/fixtures:llama.pt) traced, for driving
+// a modifier's hooks by hand in unit tests: no pipeline, the test plays it.
+
+#include <string>
+#include <vector>
+
+#include "modifiers/modifier.h"
+#include "runtime/graph_module.h"
+
+namespace tracecut::modifiers::testing {
+
+// Aborts the test (ADD_FAILURE and an empty module) when the fixture cannot
+// be traced.
+runtime::GraphModule TraceLlamaFixture();
+
+// One subgraph holding every leaf module of `ctx`.
+SubgraphInfo WholeModel(const RunContext& ctx);
+
+}  // namespace tracecut::modifiers::testing
+
+#endif  // TRACECUT_MODIFIERS_TESTING_TRACED_LLAMA_H_
