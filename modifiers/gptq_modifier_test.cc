@@ -18,6 +18,7 @@
 namespace tracecut::modifiers {
 namespace {
 
+using ::tracecut::modifiers::testing::CallOf;
 using ::tracecut::modifiers::testing::TraceLlamaFixture;
 using ::tracecut::modifiers::testing::WholeModel;
 
@@ -51,12 +52,7 @@ TEST(GptqModifierTest, WritesGptqOfTheHessianOfWhatItSaw) {
     const at::Tensor x = at::randn({2, 5, original.size(1)});
     ASSERT_OK(want_h.Add(x));
     std::vector<c10::IValue> inputs = {x};
-    ModuleCall call;
-    call.path = kDown;
-    call.type = leaf->type;
-    call.inputs = inputs;
-    call.batch = b;
-    ASSERT_OK(gptq.OnModuleCall(ctx, call));
+    ASSERT_OK(gptq.OnModuleCall(ctx, CallOf(*leaf, inputs, b)));
   }
   ASSERT_OK(gptq.OnSubgraphEnd(ctx, info));
   ASSERT_OK(gptq.OnRunEnd(ctx));

@@ -20,6 +20,7 @@
 namespace tracecut::modifiers {
 namespace {
 
+using ::tracecut::modifiers::testing::CallOf;
 using ::tracecut::modifiers::testing::TraceLlamaFixture;
 using ::tracecut::modifiers::testing::WholeModel;
 
@@ -84,13 +85,8 @@ TEST(ObserverTest, RecordsTheInputRangeOverBatches) {
       at::linspace(-5, 1, 2 * in).view({2, in})};
   for (int64_t b = 0; b < 2; ++b) {
     std::vector<c10::IValue> inputs = {xs[b]};
-    ModuleCall call;
-    call.path = kDown;
-    call.type = leaf->type;
-    call.inputs = inputs;
-    call.batch = b;
     ASSERT_TRUE(observer.WantsModule(kDown, leaf->type));
-    ASSERT_OK(observer.OnModuleCall(ctx, call));
+    ASSERT_OK(observer.OnModuleCall(ctx, CallOf(*leaf, inputs, b)));
   }
   ASSERT_OK(observer.OnSubgraphEnd(ctx, info));
   const ActivationRange& range = results.modules.at(kDown).input;

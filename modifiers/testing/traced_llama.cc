@@ -32,4 +32,14 @@ SubgraphInfo WholeModel(const RunContext& ctx) {
   return info;
 }
 
+ModuleCall CallOf(const LeafModule& leaf,
+                  const std::vector<c10::IValue>& inputs, int64_t batch) {
+  ModuleCall call;
+  call.path = leaf.path;
+  call.type = leaf.type;
+  call.inputs = inputs;
+  call.batch = batch;
+  return call;
+}
+
 }  // namespace tracecut::modifiers::testing

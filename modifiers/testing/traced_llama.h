@@ -19,6 +19,10 @@ runtime::GraphModule TraceLlamaFixture();
 // One subgraph holding every leaf module of `ctx`.
 SubgraphInfo WholeModel(const RunContext& ctx);
 
+// A call of `leaf` in batch `batch` with `inputs` (which must outlive it).
+ModuleCall CallOf(const LeafModule& leaf,
+                  const std::vector<c10::IValue>& inputs, int64_t batch);
+
 }  // namespace tracecut::modifiers::testing
 
 #endif  // TRACECUT_MODIFIERS_TESTING_TRACED_LLAMA_H_
