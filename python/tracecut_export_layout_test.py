@@ -342,6 +342,28 @@ class CheckpointFilesTest(unittest.TestCase):
       layout._checkpoint_shapes(self.dir)
 
 
+class NoSplitModulesTest(unittest.TestCase):
+  """tracecut_model.json's no_split_modules is the same on every run."""
+
+  def test_a_set_is_sorted_and_a_list_kept(self):
+    import tracecut_export_program as program  # pylint: disable=import-outside-toplevel
+
+    class FromSet:
+      _no_split_modules = {"ViTLayer", "ViTEmbeddings", "Block"}
+
+    class FromList:
+      _no_split_modules = ["BartEncoderLayer", "BartDecoderLayer"]
+
+    class Without:
+      _no_split_modules = None
+
+    self.assertEqual(program._no_split_modules(FromSet),  # pylint: disable=protected-access
+                     ["Block", "ViTEmbeddings", "ViTLayer"])
+    self.assertEqual(program._no_split_modules(FromList),  # pylint: disable=protected-access
+                     ["BartEncoderLayer", "BartDecoderLayer"])
+    self.assertEqual(program._no_split_modules(Without), [])  # pylint: disable=protected-access
+
+
 if __name__ == "__main__":
   # Arguments are ignored: a test runner may pass its own.
   unittest.main(argv=sys.argv[:1], verbosity=2)

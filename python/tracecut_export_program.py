@@ -80,6 +80,14 @@ def _export_dynamic(model, kwargs, specs):
     return torch.export.export(model, (), kwargs, strict=False)
 
 
+def _no_split_modules(model):
+  """The model class's _no_split_modules as a list, in a fixed order."""
+  names = model._no_split_modules or []
+  if isinstance(names, (set, frozenset)):
+    return sorted(names)
+  return list(names)
+
+
 def export(source, output, torchscript=False, batch=2, seq_len=16,
            class_name=None, random_weights=False, seed=0, meta=False):
   import torch
@@ -103,7 +111,9 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
       "tracecut_inputs.json": None,
       "tracecut_model.json": json.dumps({
           "model_class": type(model).__name__,
-          "no_split_modules": list(model._no_split_modules or []),
+          # Sorted when transformers keeps them in a set (composite models):
+          # a set's order changes from run to run, and so would the file.
+          "no_split_modules": _no_split_modules(model),
           "tied_parameters": tied,
           # Model tensors the checkpoint stores under other names or split
           # (checkpoint/layout.h).
