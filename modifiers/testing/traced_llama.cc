@@ -20,6 +20,11 @@ runtime::GraphModule TraceLlamaFixture() {
   absl::StatusOr<runtime::GraphModule> gm =
       tracer::Trace(model->module, *options);
   if (!gm.ok()) ADD_FAILURE() << gm.status();
+  // What a calibration carries along (its config.json, as calibrate does).
+  gm->mutable_extra_files() = model->extra_files;
+  if (model->config.has_value()) {
+    gm->mutable_extra_files()["config.json"] = model->config->text();
+  }
   return std::move(gm).value();
 }
 

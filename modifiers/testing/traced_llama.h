@@ -12,8 +12,8 @@
 
 namespace tracecut::modifiers::testing {
 
-// Aborts the test (ADD_FAILURE and an empty module) when the fixture cannot
-// be traced.
+// With the fixture's config.json among its extra files. Fails the test
+// (ADD_FAILURE) when the fixture cannot be traced.
 runtime::GraphModule TraceLlamaFixture();
 
 // One subgraph holding every leaf module of `ctx`.
