@@ -20,18 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/closed_dir.h"
-#include "checkpoint/compressed_tensors.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "modifiers/modifier.h"
-#include "partition/partitioner.h"
-#include "quantization/compressors.h"
-#include "quantization/fake_quant.h"
-#include "quantization/quant_args.h"
-#include "quantization/quantize.h"
+#include "output/compressed_output_internal.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
-#include "util/json.h"
 #include "util/output_manifest.h"
 #include "util/status_macros.h"
 
@@ -40,355 +34,22 @@ namespace tracecut::output {
 using ::tracecut::modifiers::CalibrationResults;
 using ::tracecut::modifiers::CheckQuantRecordFinite;
 using ::tracecut::modifiers::ModuleRecord;
-using ::tracecut::modifiers::ShortType;
-using ::tracecut::quantization::QuantScheme;
+using ::tracecut::output::internal::AppendPacked;
+using ::tracecut::output::internal::IsQuantRecord;
+using ::tracecut::output::internal::KvCache;
+using ::tracecut::output::internal::QuantizationConfigFor;
+using ::tracecut::output::internal::QuantizedModule;
+using ::tracecut::output::internal::QuantizedModules;
+using ::tracecut::output::internal::Tensors;
 namespace {
 
 namespace fs = std::filesystem;
-using Tensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Buffers calibration adds to a module (ExportQuantParams).
 constexpr const char* kQuantBuffers[] = {
     "weight_scale",        "weight_zero_point", "weight_g_idx",
     "weight_global_scale", "input_scale",       "input_zero_point",
     "input_global_scale",  "output_scale",      "output_zero_point"};
-
-// Whether `r` asks for compressed output (anything quantized or observed).
-bool IsQuantRecord(const ModuleRecord& r) {
-  return !r.weight_method.empty() || !r.input.observer.empty() ||
-         !r.output.observer.empty();
-}
-
-// `weight`: the module's weight after calibration; undefined to check the
-// record only.
-absl::StatusOr<checkpoint::CtLinear> QuantizedLinear(const at::Tensor& weight,
-                                                     const std::string& path,
-                                                     const ModuleRecord& r) {
-  auto bad = [&](const std::string& why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("compressed-tensors output: module ", path, " (",
-                     ShortType(r.type), "): ", why));
-  };
-  if (!r.input.observer.empty() || !r.output.observer.empty()) {
-    return bad(
-        "its activations were observed; compressed-tensors output "
-        "holds weight-only quantization (use --format=torchscript)");
-  }
-  if (r.weight_method != "rtn" && r.weight_method != "gptq") {
-    return bad(absl::StrCat("its weight was ", r.weight_method,
-                            ", not quantized (rtn or gptq)"));
-  }
-  if (ShortType(r.type) != "Linear") {
-    return bad("only Linear weights are stored packed");
-  }
-  if (r.weight_g_idx.defined()) {
-    return bad(
-        "GPTQ act order with dynamic groups (a g_idx) has no form in the "
-        "pinned compressed-tensors, which dropped actorder='group': add "
-        "`static_groups: true` to the gptq modifier (llm-compressor's "
-        "actorder='weight')");
-  }
-  ASSIGN_OR_RETURN(QuantScheme scheme, QuantScheme::Parse(r.weight_scheme));
-  if (scheme.per_tensor) return bad("per-tensor weight scales");
-  if (weight.defined() && scheme.group_size > weight.size(-1)) {
-    // compressed-tensors reshapes each row into whole groups on load.
-    return bad(absl::StrCat("group_size ", scheme.group_size,
-                            " is larger than its ", weight.size(-1),
-                            " input features, which compressed-tensors cannot "
-                            "load (use a group_size that divides them, "
-                            "ignore the module, or --format=torchscript)"));
-  }
-  checkpoint::CtLinear linear;
-  linear.path = path;
-  linear.args.num_bits = scheme.bits;
-  linear.args.symmetric = scheme.symmetric;
-  linear.args.group_size = scheme.group_size;
-  linear.weight = weight;
-  linear.scale = r.weight_scale;
-  linear.zero_point = r.weight_zero_point;
-  return linear;
-}
-
-// One quantized module for quantization_config: tracecut's integer scheme
-// (`args`) or a compressed-tensors one (`typed`, the record's
-// weight_quantization).
-struct QuantizedModule {
-  std::string path;
-  checkpoint::CtWeightArgs args;
-  std::string typed;
-};
-
-// The compressed-tensors scheme of a typed record and its ignore list.
-struct TypedRecord {
-  quantization::QuantizationScheme scheme;
-  std::vector<std::string> ignore;
-};
-
-bool HasStaticInput(const quantization::QuantizationScheme& scheme) {
-  return scheme.input_activations.has_value() &&
-         scheme.input_activations->dynamic != quantization::Dynamic::kDynamic;
-}
-
-absl::StatusOr<TypedRecord> ParseTyped(const std::string& path,
-                                       const std::string& type,
-                                       const std::string& weight_quantization) {
-  auto bad = [&](absl::string_view why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("compressed-tensors output: module ", path, " (",
-                     ShortType(type), "): ", why));
-  };
-  absl::StatusOr<util::Json> j =
-      util::ParseJson(weight_quantization, "weight_quantization");
-  if (!j.ok()) return bad(j.status().message());
-  const util::Json* scheme = util::FindMember(*j, "scheme");
-  if (scheme == nullptr) return bad("weight_quantization has no scheme");
-  absl::StatusOr<quantization::QuantizationScheme> s =
-      quantization::QuantizationScheme::FromJson(*scheme, "scheme");
-  if (!s.ok()) return bad(s.status().message());
-  if (!s->weights.has_value()) return bad("its scheme quantizes no weight");
-  TypedRecord t{*std::move(s), {}};
-  if (const util::Json* ig = util::FindMember(*j, "ignore");
-      ig != nullptr && ig->is_array()) {
-    for (const util::Json& name : *ig) {
-      if (name.is_string()) t.ignore.push_back(name.get<std::string>());
-    }
-  }
-  return t;
-}
-
-// The compressed tensors of a Linear quantized with a compressed-tensors
-// scheme, as the format its scheme calls for stores them (compressors.h),
-// after checking that they decode to `weight`.
-absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
-                                      const std::string& path,
-                                      const ModuleRecord& r) {
-  ASSIGN_OR_RETURN(TypedRecord t,
-                   ParseTyped(path, r.type, r.weight_quantization));
-  const quantization::QuantizationArgs& args = *t.scheme.weights;
-  auto bad = [&](absl::string_view why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("compressed-tensors output: module ", path, " (",
-                     args.ToString(), "): ", why));
-  };
-  if (ShortType(r.type) != "Linear") {
-    return bad("only Linear weights are stored quantized");
-  }
-  const quantization::QParams q{r.weight_scale, r.weight_zero_point,
-                                r.weight_global_scale};
-  // Round-to-nearest leaves an fp32 module the exact real values of its
-  // codes (QuantizeTyped), which give the codes back in fp32. GPTQ leaves
-  // the checkpoint's dtype (the scale's), as llm-compressor's GPTQ leaves
-  // its module: re-quantized in that dtype, as compressed-tensors does.
-  at::Tensor w = weight;
-  quantization::QParams real = q;
-  const c10::ScalarType sd = r.weight_scale.scalar_type();
-  if (r.weight_method == "rtn" && (weight.scalar_type() == at::kFloat ||
-                                   weight.scalar_type() == at::kDouble)) {
-    real.scale = r.weight_scale.to(weight.scalar_type());
-  } else if (sd == at::kBFloat16 || sd == at::kHalf || sd == at::kFloat ||
-             sd == at::kDouble) {
-    w = weight.to(sd);
-  }
-  // What is stored decodes to the model's weight: quantizing it again
-  // changes nothing, but for the few bf16 values GPTQ leaves between grid
-  // points (llm-compressor's GPTQ too; compressed-tensors stores their
-  // re-quantized codes, as here). More than 1 % means the weight changed
-  // after it was quantized.
-  ASSIGN_OR_RETURN(at::Tensor codes, quantization::Quantize(w, q, args));
-  ASSIGN_OR_RETURN(at::Tensor again,
-                   quantization::Dequantize(codes, real, args));
-  const int64_t off = again.to(w.scalar_type()).ne(w).sum().item<int64_t>();
-  if (off * 100 > w.numel()) {
-    return bad(absl::StrCat(
-        "its weight is not on the scheme's grid (", off, " of ", w.numel(),
-        " values are not: it changed after it was quantized); nothing "
-        "written"));
-  }
-  // A float code of zero keeps its sign in the module's weight (-0 from a
-  // small negative weight), and compressed-tensors, quantizing the
-  // original weight, stores it (fp8's -0, fp4's sign bit). Quantizing -0
-  // itself gives +0 (the zero point added, cast_to_fp4's sign()), so -0 is
-  // handed over as the smallest negative normal float, which gives -0.
-  at::Tensor to_store = w;
-  if (args.type == quantization::QuantType::kFloat) {
-    ASSIGN_OR_RETURN(to_store, runtime::TorchCall("signed zeros", [&] {
-                       return at::where(
-                           w.eq(0) & at::signbit(w),
-                           at::full({}, -1.1754944e-38F, w.options()), w);
-                     }));
-  }
-  ASSIGN_OR_RETURN(Tensors stored, quantization::CompressWeight(
-                                       to_store, q, t.scheme,
-                                       quantization::InferFormat(t.scheme)));
-  // Calibrated input activations (weight_quant_modifier.h Note [Static input
-  // activations]), as compressed-tensors' initialize_qparams names them.
-  if (HasStaticInput(t.scheme)) {
-    const quantization::QuantizationArgs& in = *t.scheme.input_activations;
-    if (in.dynamic == quantization::Dynamic::kLocal) {
-      stored.emplace_back("input_global_scale", r.input.global_scale);
-    } else {
-      stored.emplace_back("input_scale", r.input.scale);
-      if (!in.symmetric) {
-        stored.emplace_back("input_zero_point", r.input.zero_point);
-      }
-    }
-  }
-  for (auto& [name, tensor] : stored) {
-    name = absl::StrCat(path, ".", name);
-    tensor = tensor.contiguous();
-  }
-  return stored;
-}
-
-// quantization_config for modules quantized with compressed-tensors schemes,
-// as llm-compressor writes it: a config group per scheme with the recipe's
-// targets ("Linear"), the observers llm-compressor records and the format
-// compressed-tensors infers; the recipe's ignore list; the model's format
-// (mixed-precision when groups differ).
-absl::StatusOr<std::string> TypedConfig(
-    const std::string& config_json, const std::vector<QuantizedModule>& modules,
-    const std::string& kv_cache_scheme) {
-  ASSIGN_OR_RETURN(util::Json config,
-                   util::ParseJson(config_json, "config.json"));
-  if (!config.is_object()) {
-    return absl::InvalidArgumentError("config.json is not a JSON object");
-  }
-  std::vector<std::string> seen;  // weight_quantization texts, in order.
-  util::Json groups = util::Json::object();
-  std::vector<std::string> ignore;
-  std::set<quantization::CompressionFormat> formats;
-  for (const QuantizedModule& m : modules) {
-    if (std::find(seen.begin(), seen.end(), m.typed) != seen.end()) continue;
-    seen.push_back(m.typed);
-    ASSIGN_OR_RETURN(TypedRecord t, ParseTyped(m.path, "", m.typed));
-    const quantization::CompressionFormat format =
-        quantization::InferFormat(t.scheme);
-    formats.insert(format);
-    util::Json scheme = t.scheme.ToJson();
-    // llm-compressor's observer defaults (QuantizationMixin's overrides).
-    for (const char* key :
-         {"weights", "input_activations", "output_activations"}) {
-      util::Json& a = scheme[key];
-      if (a.is_null() || !a["observer"].is_null()) continue;
-      if (a["dynamic"] == true) continue;
-      a["observer"] =
-          std::string(key) == "weights" ? "memoryless_minmax" : "minmax";
-    }
-    scheme["format"] = std::string(quantization::FormatName(format));
-    groups[absl::StrCat("group_", groups.size())] = std::move(scheme);
-    for (const std::string& name : t.ignore) {
-      // A module one modifier ignores and another quantizes is not ignored:
-      // compressed-tensors would load its packed weight as a dense one.
-      const bool quantized =
-          std::any_of(modules.begin(), modules.end(), [&](const auto& q) {
-            return partition::ModulePatternMatches(
-                name, q.path, "torch.nn.modules.linear.Linear");
-          });
-      if (!quantized &&
-          std::find(ignore.begin(), ignore.end(), name) == ignore.end()) {
-        ignore.push_back(name);
-      }
-    }
-  }
-  util::Json qc = util::Json::object();
-  qc["config_groups"] = std::move(groups);
-  qc["format"] =
-      std::string(quantization::FormatName(quantization::ModelFormat(formats)));
-  qc["global_compression_ratio"] = nullptr;
-  qc["ignore"] = ignore;
-  qc["kv_cache_scheme"] = nullptr;
-  if (!kv_cache_scheme.empty()) {
-    ASSIGN_OR_RETURN(qc["kv_cache_scheme"],
-                     util::ParseJson(kv_cache_scheme, "kv_cache_scheme"));
-  }
-  qc["quant_method"] = "compressed-tensors";
-  qc["quantization_status"] = "compressed";
-  qc["sparsity_config"] = util::Json::object();
-  qc["transform_config"] = util::Json::object();
-  config["quantization_config"] = std::move(qc);
-  return util::DumpJson(config, 2) + "\n";
-}
-
-// quantization_config for `modules`: all typed or all tracecut's integer
-// schemes.
-absl::StatusOr<std::string> QuantizationConfigFor(
-    const std::string& config_json, const std::vector<QuantizedModule>& modules,
-    const std::string& kv_cache_scheme) {
-  const bool typed = !modules.empty() && !modules.front().typed.empty();
-  std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> legacy;
-  for (const QuantizedModule& m : modules) {
-    if (m.typed.empty() == typed) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "compressed-tensors output: module ", m.path,
-          typed ? " has a tracecut integer scheme and others a "
-                  "compressed-tensors preset/json scheme"
-                : " has a compressed-tensors preset/json scheme and others "
-                  "a tracecut integer scheme",
-          "; one output takes one kind (use presets for all modifiers)"));
-    }
-    legacy.emplace_back(m.path, m.args);
-  }
-  if (typed) return TypedConfig(config_json, modules, kv_cache_scheme);
-  if (!kv_cache_scheme.empty()) {
-    return absl::FailedPreconditionError(
-        "compressed-tensors output: a kv_cache_scheme needs compressed-tensors "
-        "schemes (presets) for the weights");
-  }
-  return checkpoint::ConfigWithQuantization(config_json, legacy);
-}
-
-// The record's module for the config; errors as QuantizedLinear's.
-absl::StatusOr<QuantizedModule> ModuleEntry(const std::string& path,
-                                            const ModuleRecord& r) {
-  if (!r.weight_quantization.empty() && r.output.observer.empty()) {
-    ASSIGN_OR_RETURN(TypedRecord t,
-                     ParseTyped(path, r.type, r.weight_quantization));
-    auto bad = [&](absl::string_view why) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("compressed-tensors output: module ", path, " (",
-                       ShortType(r.type), "): ", why));
-    };
-    if (!HasStaticInput(t.scheme) && !r.input.observer.empty()) {
-      return bad(
-          "its input activations were observed by an observer modifier, "
-          "which compressed-tensors output does not hold beside a "
-          "compressed-tensors scheme (use --format=torchscript)");
-    }
-    if (HasStaticInput(t.scheme)) {
-      const bool local =
-          t.scheme.input_activations->dynamic == quantization::Dynamic::kLocal;
-      if (!(local ? r.input.global_scale : r.input.scale).defined()) {
-        return bad(absl::StrCat("its scheme's static input activations (",
-                                t.scheme.input_activations->ToString(),
-                                ") were not calibrated"));
-      }
-    }
-    return QuantizedModule{path, {}, r.weight_quantization};
-  }
-  ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                   QuantizedLinear(at::Tensor(), path, r));
-  return QuantizedModule{path, linear.args, ""};
-}
-
-// The attention modules' k/v scales (weight_quant_modifier.h Note [KV cache])
-// and the kv_cache_scheme they share ("" when none).
-absl::StatusOr<std::pair<Tensors, std::string>> KvCache(
-    const CalibrationResults& results) {
-  std::pair<Tensors, std::string> kv;
-  for (const auto& [path, r] : results.modules) {
-    if (r.kv_cache_scheme.empty()) continue;
-    if (!kv.second.empty() && kv.second != r.kv_cache_scheme) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "compressed-tensors output: attention ", path,
-          " has another kv_cache_scheme than the others; a checkpoint has "
-          "one"));
-    }
-    kv.second = r.kv_cache_scheme;
-    kv.first.emplace_back(path + ".k_scale", r.k_cache.scale.contiguous());
-    kv.first.emplace_back(path + ".v_scale", r.v_cache.scale.contiguous());
-  }
-  return kv;
-}
 
 // Every parameter and buffer of the model by dotted path.
 std::map<std::string, torch::Tensor> StateDict(const runtime::GraphModule& gm) {
@@ -594,42 +255,6 @@ absl::Status Publish(const fs::path& tmp, const fs::path& out,
   }
   if (replacing) fs::remove_all(old, ec);
   return absl::OkStatus();
-}
-
-// Every module `results` quantized, with its scheme; errors as
-// QuantizedLinear's. FailedPrecondition when there is none.
-absl::StatusOr<std::vector<QuantizedModule>> QuantizedModules(
-    const CalibrationResults& results, const std::string& where) {
-  std::vector<QuantizedModule> quantized;
-  for (const auto& [path, record] : results.modules) {
-    if (!IsQuantRecord(record)) continue;
-    ASSIGN_OR_RETURN(QuantizedModule m, ModuleEntry(path, record));
-    quantized.push_back(std::move(m));
-  }
-  if (quantized.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": no module was quantized"));
-  }
-  return quantized;
-}
-
-// Appends `weight` of the quantized Linear at `module` as the tensors its
-// compressed-tensors format stores; its entry for the config.
-absl::StatusOr<QuantizedModule> AppendPacked(const at::Tensor& weight,
-                                             const std::string& module,
-                                             const ModuleRecord& record,
-                                             Tensors& out) {
-  ASSIGN_OR_RETURN(QuantizedModule entry, ModuleEntry(module, record));
-  Tensors packed;
-  if (!entry.typed.empty()) {
-    ASSIGN_OR_RETURN(packed, CompressTyped(weight, module, record));
-  } else {
-    ASSIGN_OR_RETURN(checkpoint::CtLinear linear,
-                     QuantizedLinear(weight, module, record));
-    ASSIGN_OR_RETURN(packed, checkpoint::CompressLinear(linear));
-  }
-  for (auto& e : packed) out.push_back(std::move(e));
-  return entry;
 }
 
 // The weight at `name`: the model's, or its piece of a fused model tensor

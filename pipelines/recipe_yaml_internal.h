@@ -1,8 +1,8 @@
 #ifndef TRACECUT_PIPELINES_RECIPE_YAML_INTERNAL_H_
 #define TRACECUT_PIPELINES_RECIPE_YAML_INTERNAL_H_
 
-// What recipe_yaml.cc (stages, modifiers, writing) and recipe_yaml_schemes.cc
-// (presets, config_groups) share. Not API.
+// What recipe_yaml.cc (stages, modifiers), recipe_yaml_write.cc (writing)
+// and recipe_yaml_schemes.cc (presets, config_groups) share. Not API.
 
 #include <yaml-cpp/yaml.h>
 

@@ -56,18 +56,12 @@ std::string Sci(double v) {
   return absl::StrFormat("%.2e", v);
 }
 
-}  // namespace
+// Module paths by subgraph index.
+using SubgraphPaths = std::map<int64_t, std::vector<std::string>>;
 
-absl::StatusOr<std::string> DebugReportHtml(const Json& report,
-                                            absl::string_view source) {
-  Fields f(source);
-  if (!report.is_object()) {
-    return f.Error("(top level)", absl::StrCat("expected an object, got ",
-                                               util::JsonTypeName(report)));
-  }
-  ASSIGN_OR_RETURN(std::optional<double> rtol, f.Number(report, "", "rtol"));
-  ASSIGN_OR_RETURN(std::optional<double> atol, f.Number(report, "", "atol"));
-  std::map<int64_t, std::vector<std::string>> paths;
+// The report's subgraphs (`subgraphs`): their module paths.
+absl::StatusOr<SubgraphPaths> ReadPaths(const Json& report, const Fields& f) {
+  SubgraphPaths paths;
   ASSIGN_OR_RETURN(const Json* subs, f.Array(report, "", "subgraphs"));
   for (size_t i = 0; i < subs->size(); ++i) {
     const Json& s = (*subs)[i];
@@ -81,6 +75,12 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
                      f.Strings(s, field, "module_paths"));
     paths[index.value_or(static_cast<int64_t>(i))] = std::move(p);
   }
+  return paths;
+}
+
+// The report's steps (`steps`), in order.
+absl::StatusOr<std::vector<Step>> ReadSteps(const Json& report,
+                                            const Fields& f) {
   std::vector<Step> steps;
   ASSIGN_OR_RETURN(const Json* rows, f.Array(report, "", "steps"));
   for (size_t i = 0; i < rows->size(); ++i) {
@@ -113,6 +113,12 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
     step.touched = static_cast<int64_t>(touched.size());
     steps.push_back(std::move(step));
   }
+  return steps;
+}
+
+// The first step over the tolerance (`first_exceeding`), in words.
+absl::StatusOr<std::string> Verdict(const Json& report, const Fields& f,
+                                    const SubgraphPaths& paths) {
   ASSIGN_OR_RETURN(const Json* first, f.Object(report, "", "first_exceeding"));
   std::string verdict;
   if (first != nullptr) {
@@ -138,18 +144,14 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
   } else {
     verdict = "<p>Every pass kept every subgraph within the tolerance.</p>\n";
   }
+  return verdict;
+}
 
-  std::string out = html_internal::PageStart("tracecut debug report");
-  absl::StrAppend(
-      &out, "<h1>Transform debugger report</h1>\n<p class=\"meta\"><code>",
-      HtmlEscape(source),
-      "</code><br>tolerance |after &minus; before| "
-      "&le; atol + rtol&middot;|before|, atol ",
-      Num(atol), ", rtol ", Num(rtol), "</p>\n<section id=\"verdict\">\n",
-      verdict, "</section>\n");
-
-  // One chart per subgraph: each pass's step error and the cumulative
-  // error against the untransformed subgraph.
+// One chart per subgraph: each pass's step error and the cumulative
+// error against the untransformed subgraph.
+std::string ErrorsSection(const std::vector<Step>& steps,
+                          const SubgraphPaths& paths) {
+  std::string out;
   absl::StrAppend(
       &out,
       "<section id=\"errors\">\n<h2>Per-layer error of each pass</h2>\n<p>"
@@ -192,7 +194,13 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
     absl::StrAppend(&out, "<p>The report has no steps.</p>\n");
   }
   absl::StrAppend(&out, "</section>\n");
+  return out;
+}
 
+// Every step, in a table.
+std::string StepsSection(const std::vector<Step>& steps,
+                         const SubgraphPaths& paths) {
+  std::string out;
   absl::StrAppend(
       &out,
       "<section id=\"steps\">\n<h2>Steps</h2>\n<table>\n<tr><th>subgraph</th>"
@@ -212,7 +220,34 @@ absl::StatusOr<std::string> DebugReportHtml(const Json& report,
         "</td><td class=\"n\">", s.violations, "</td><td class=\"n\">",
         s.touched, "</td></tr>\n");
   }
-  absl::StrAppend(&out, "</table>\n</section>\n",
+  absl::StrAppend(&out, "</table>\n</section>\n");
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DebugReportHtml(const Json& report,
+                                            absl::string_view source) {
+  Fields f(source);
+  if (!report.is_object()) {
+    return f.Error("(top level)", absl::StrCat("expected an object, got ",
+                                               util::JsonTypeName(report)));
+  }
+  ASSIGN_OR_RETURN(std::optional<double> rtol, f.Number(report, "", "rtol"));
+  ASSIGN_OR_RETURN(std::optional<double> atol, f.Number(report, "", "atol"));
+  ASSIGN_OR_RETURN(SubgraphPaths paths, ReadPaths(report, f));
+  ASSIGN_OR_RETURN(std::vector<Step> steps, ReadSteps(report, f));
+  ASSIGN_OR_RETURN(std::string verdict, Verdict(report, f, paths));
+
+  std::string out = html_internal::PageStart("tracecut debug report");
+  absl::StrAppend(
+      &out, "<h1>Transform debugger report</h1>\n<p class=\"meta\"><code>",
+      HtmlEscape(source),
+      "</code><br>tolerance |after &minus; before| "
+      "&le; atol + rtol&middot;|before|, atol ",
+      Num(atol), ", rtol ", Num(rtol), "</p>\n<section id=\"verdict\">\n",
+      verdict, "</section>\n");
+  absl::StrAppend(&out, ErrorsSection(steps, paths), StepsSection(steps, paths),
                   html_internal::PageEnd("Made by tracecut debug from its "
                                          "report alone."));
   return out;

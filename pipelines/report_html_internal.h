@@ -1,9 +1,10 @@
 #ifndef TRACECUT_PIPELINES_REPORT_HTML_INTERNAL_H_
 #define TRACECUT_PIPELINES_REPORT_HTML_INTERNAL_H_
 
-// The pieces report_html.cc and report_html_debug.cc share: the page frame,
-// number formats, reading the report's JSON with errors naming the field, and
-// horizontal bar charts as inline SVG. Not API.
+// The pieces report_html.cc (with report_html_read.cc) and
+// report_html_debug.cc share: the page frame, number formats, reading the
+// report's JSON with errors naming the field, and horizontal bar charts as
+// inline SVG. Not API.
 
 #include <cstdint>
 #include <functional>
