@@ -4,7 +4,6 @@
 #include <google/protobuf/message.h>
 #include <google/protobuf/text_format.h>
 
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,7 +36,8 @@ RecipeChecker RecipeChecker::Nested(absl::string_view name,
                                     const Message& nested) const {
   const FieldDescriptor* f = Field(name);
   const TextFormat::ParseInfoTree* tree =
-      tree_ != nullptr && message_.GetReflection()->HasField(message_, f)
+      tree_ != nullptr && f != nullptr &&
+              message_.GetReflection()->HasField(message_, f)
           ? tree_->GetTreeForNested(f, -1)
           : nullptr;
   std::string location = Location(f, -1);
@@ -49,7 +49,8 @@ RecipeChecker RecipeChecker::Element(absl::string_view name, int index,
                                      const Message& nested) const {
   const FieldDescriptor* f = Field(name);
   const TextFormat::ParseInfoTree* tree =
-      tree_ != nullptr ? tree_->GetTreeForNested(f, index) : nullptr;
+      tree_ != nullptr && f != nullptr ? tree_->GetTreeForNested(f, index)
+                                       : nullptr;
   std::string location = Location(f, index);
   return RecipeChecker(source_, nested, tree,
                        absl::StrCat(Join(name), "[", index, "]"),
@@ -73,15 +74,13 @@ absl::Status RecipeChecker::MessageError(absl::string_view what) const {
 }
 
 const FieldDescriptor* RecipeChecker::Field(absl::string_view name) const {
-  const FieldDescriptor* f =
-      message_.GetDescriptor()->FindFieldByName(std::string(name));
-  // Field names here are compile-time constants of recipe.proto.
-  if (f == nullptr) std::abort();
-  return f;
+  // Null for a name the message does not have (a modifier's mistake):
+  // its errors are then located at the message.
+  return message_.GetDescriptor()->FindFieldByName(std::string(name));
 }
 
 std::string RecipeChecker::Location(const FieldDescriptor* f, int index) const {
-  if (tree_ == nullptr) return "";
+  if (tree_ == nullptr || f == nullptr) return "";
   if (f->is_repeated() != (index >= 0)) return "";
   TextFormat::ParseLocation loc = tree_->GetLocation(f, index);
   if (loc.line < 0) return "";
