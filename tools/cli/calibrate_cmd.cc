@@ -169,36 +169,10 @@ absl::Status CheckRankCount(int64_t nproc, const ParsedArgs& args) {
   return absl::OkStatus();
 }
 
-absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
-  // Data-parallel: launch the ranks here, or be one (launch.h).
-  ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
-  ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
-  // Before anything asks LibTorch about CUDA (runtime/device.h).
-  std::string device = args.Get("device").value_or("cpu");
-  // `auto` is the CPU for data-parallel runs (their GPU path is not built).
-  if (device == "auto" && (nproc > 1 || IsLaunchedRank())) device = "cpu";
-  if (device != "cpu" && (nproc > 1 || IsLaunchedRank())) {
-    return UsageError(absl::StrCat(
-        "--device=", device,
-        ": data-parallel runs compute on the CPU only (one GPU per rank over "
-        "NCCL is not built yet); drop --device or --nproc-per-node"));
-  }
-  if (nproc > 1 && !IsLaunchedRank()) {
-    RETURN_IF_ERROR(CheckRankCount(nproc, args));
-    const std::string output = args.Get("output").value_or("");
-    return LaunchLocalRanks(
-        static_cast<int>(nproc), {output, args.Get("report").value_or("")},
-        output.empty() && !args.Has("run-dir")
-            ? ""
-            : pipelines::RunDirFor(output, args.Get("run-dir").value_or("")),
-        io);
-  }
-  std::unique_ptr<runtime::Collective> collective;
-  if (IsLaunchedRank()) {
-    ASSIGN_OR_RETURN(collective, runtime::Collective::FromEnvironment(
-                                     absl::Seconds(dist_timeout)));
-  }
-  const bool quiet_rank = collective != nullptr && collective->rank() != 0;
+// The options of a run from its flags (after the launcher's).
+absl::StatusOr<CalibrateOptions> OptionsFromFlags(
+    const ParsedArgs& args, const std::string& device,
+    runtime::Collective* collective, bool quiet_rank, Io& io) {
   CalibrateOptions o;
   absl::StatusOr<c10::Device> resolved = runtime::ResolveDevice(device);
   if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -209,7 +183,7 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     io.err << "tracecut calibrate: --device=auto: computing on the CPU ("
            << runtime::LoadCudaBackend().message() << ")\n";
   }
-  o.collective = collective.get();
+  o.collective = collective;
   o.model_path = args.positional()[0];
   std::optional<std::string> recipe_path = args.Get("recipe");
   std::optional<std::string> scheme = args.Get("scheme");
@@ -325,32 +299,26 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
     o.recipe_source = *recipe_path;
   }
 
-  const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
-  util::Progress progress(&io.err, live);
-  if (!quiet_rank) o.progress = &progress;
-  pipelines::InstallInterruptHandlers();
-  absl::StatusOr<CalibrateOutcome> calibrated = pipelines::Calibrate(o);
-  if (!calibrated.ok() && pipelines::InterruptSignal() != 0) {
-    // Exit as a signal would (130 for SIGINT), after cleaning up.
-    return WithExitCode(calibrated.status(),
-                        128 + pipelines::InterruptSignal());
-  }
-  if (!calibrated.ok()) return calibrated.status();
-  CalibrateOutcome& out = *calibrated;
-  if (quiet_rank) return absl::OkStatus();  // Rank 0 reports.
+  return o;
+}
 
+// What a finished (or stopped) run prints: --json, --html, the summary.
+absl::Status PrintOutcome(const ParsedArgs& args, const CalibrateOptions& o,
+                          const CalibrateOutcome& out, Io& io) {
+  const std::string html_path = args.Get("html").value_or("");
   const std::string run_dir = pipelines::RunDirFor(o.output_path, o.run_dir);
   if (out.stopped) {
     if (args.Has("json")) {
       Json j = Json::object();
       j["stopped"] = Json(true);
-      j["stopped_after_subgraph"] = Json(static_cast<int64_t>(stop));
+      j["stopped_after_subgraph"] =
+          Json(static_cast<int64_t>(o.stop_after_subgraph));
       j["run_dir"] = Json(run_dir);
       io.out << util::DumpJson(j, 2) << "\n";
     }
-    io.err << "tracecut calibrate: stopped after subgraph " << stop + 1 << "/"
-           << out.pipeline.num_subgraphs << "; checkpoint in " << run_dir
-           << " (rerun with --resume)\n";
+    io.err << "tracecut calibrate: stopped after subgraph "
+           << o.stop_after_subgraph + 1 << "/" << out.pipeline.num_subgraphs
+           << "; checkpoint in " << run_dir << " (rerun with --resume)\n";
     return absl::OkStatus();
   }
   if (args.Has("json")) {
@@ -403,89 +371,59 @@ absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
   return absl::OkStatus();
 }
 
-Subcommand CalibrateCommand() {
-  Subcommand c;
-  c.name = "calibrate";
-  c.synopsis =
-      "MODEL (--recipe=RECIPE.textproto|recipe.yaml | --scheme=PRESET) "
-      "[--data=FILE | --synthetic=N] "
-      "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
-      "[--config=config.json] "
-      "[--pipeline=sequential|layer_sequential|basic] [--resume] "
-      "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
-      "[--html=FILE] [--json]";
-  c.summary =
-      "Calibrate and quantize a model (GPTQ, RTN, SmoothQuant, observers).";
-  c.description =
-      "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
-      "the Hugging Face config's decoder layers) and calibrates it subgraph "
-      "by subgraph: a pass over all batches with the modifiers' hooks, their "
-      "compression step, then (with error propagation, the default) a pass "
-      "with the compressed weights whose outputs feed the next subgraph. "
-      "Activations between subgraphs live in an intermediates cache (the "
-      "recipe's cache budget spills to disk).\n\n"
-      "--format=compressed-tensors (the default when MODEL is a checkpoint "
-      "directory and -o does not end in .pt) writes OUT as a "
-      "compressed-tensors checkpoint directory that transformers and vLLM "
-      "load: config.json with a quantization_config, safetensors with "
-      "each quantized Linear packed (weight_packed, weight_scale, "
-      "weight_zero_point for asymmetric schemes, weight_g_idx with act "
-      "order) and the other tensors as they are, and the checkpoint's "
-      "tokenizer files, and recipe.yaml: the run's recipe in "
-      "llm-compressor's format, which --recipe reads back (as it reads the "
-      "recipe.yaml llm-compressor writes: SmoothQuantModifier, "
-      "AWQModifier, and GPTQModifier and QuantizationModifier with weight "
-      "schemes whose input activations are dynamic, static or absent; "
-      "anything else is refused by name); it appears at once, complete. A "
-      "compressed-tensors preset (--scheme, or `preset` in a recipe: FP8, "
-      "FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4, NVFP4A16, MXFP4A16, ...) is "
-      "quantized as compressed-tensors does (static input activation "
-      "scales calibrated on the data) and stored in the format it calls "
-      "for (float-quantized, nvfp4-pack-quantized, ...; docs/schemes.md). "
-      "When MODEL's .pt2 "
-      "holds no weights (`tracecut export --meta`), the weights are "
-      "streamed: each subgraph's are read from the safetensors when it "
-      "runs, and written as a shard and released when it is done, so "
-      "memory holds one subgraph's weights whatever the model's size "
-      "(--stream-weights=false loads the whole model first). "
-      "--format=torchscript writes OUT.pt, a TorchScript model "
-      "with quantize-dequantized weights and the parameters as buffers "
-      "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
-      "--report writes a JSON report (scales, zero points, per-layer output "
-      "error against round-to-nearest, timings).\n\n"
-      "--data reads the model's inputs, N samples along the first "
-      "dimension of every tensor: a torch.save'd tensor (the first input), "
-      "tuple or list (inputs in order), or dict (by input name), or a "
-      ".safetensors file (by tensor name): images [N, 3, H, W], audio "
-      "features, encoder-decoder pairs (input_features + "
-      "decoder_input_ids). Each is checked against the model's example "
-      "input (integer or floating point, rank; converted to its dtype) and "
-      "token ids against the config's vocabulary. For a model that takes "
-      "token ids only, --data also reads an int tensor [N, seq], a list of "
-      "samples (tokenizer-style dicts with input_ids) or JSON lines (one "
-      "array of ints per line); attention_mask, token_type_ids and "
-      "position_ids the file leaves out are made from the ids. "
-      "--synthetic=N draws N deterministic samples of --seq-len tokens from "
-      "the config's vocabulary.\n\n"
-      "--input and --example-inputs describe example inputs for tracing a "
-      "model that embeds none, and --config gives a config.json in place "
-      "of the embedded one (as for `tracecut trace`).\n\n"
-      "A Linear that no calibration token reaches (an MoE expert the "
-      "router never picks) is quantized round-to-nearest from its own "
-      "weights, with a warning and an entry under uncalibrated_modules in "
-      "the report; NaN or Inf in the model's weights or in a computed scale "
-      "is an error and nothing is written.\n\n"
-      "After each subgraph a checkpoint goes to OUT.pt.run/ (--run-dir); a "
-      "killed run continues with --resume and gives byte-identical output. "
-      "A run that fails removes what it wrote.\n\n"
-      "--nproc-per-node=N (or torchrun's RANK / WORLD_SIZE / MASTER_ADDR / "
-      "MASTER_PORT) calibrates data-parallel: each rank on its share of the "
-      "samples, statistics combined over c10d, only rank 0 writing "
-      "(docs/distributed.md). Streaming works there as in one process. Each "
-      "rank checkpoints into OUT.pt.run/rank-R-of-N/; a killed run continues "
-      "with --resume and the same world size (another is refused), with the "
-      "bytes of an uninterrupted run of that size.";
-  c.flags = {
+absl::Status RunCalibrate(const ParsedArgs& args, Io& io) {
+  // Data-parallel: launch the ranks here, or be one (launch.h).
+  ASSIGN_OR_RETURN(int64_t nproc, IntFlag(args, "nproc-per-node", 1, 1));
+  ASSIGN_OR_RETURN(int64_t dist_timeout, IntFlag(args, "dist-timeout", 300, 1));
+  // Before anything asks LibTorch about CUDA (runtime/device.h).
+  std::string device = args.Get("device").value_or("cpu");
+  // `auto` is the CPU for data-parallel runs (their GPU path is not built).
+  if (device == "auto" && (nproc > 1 || IsLaunchedRank())) device = "cpu";
+  if (device != "cpu" && (nproc > 1 || IsLaunchedRank())) {
+    return UsageError(absl::StrCat(
+        "--device=", device,
+        ": data-parallel runs compute on the CPU only (one GPU per rank over "
+        "NCCL is not built yet); drop --device or --nproc-per-node"));
+  }
+  if (nproc > 1 && !IsLaunchedRank()) {
+    RETURN_IF_ERROR(CheckRankCount(nproc, args));
+    const std::string output = args.Get("output").value_or("");
+    return LaunchLocalRanks(
+        static_cast<int>(nproc), {output, args.Get("report").value_or("")},
+        output.empty() && !args.Has("run-dir")
+            ? ""
+            : pipelines::RunDirFor(output, args.Get("run-dir").value_or("")),
+        io);
+  }
+  std::unique_ptr<runtime::Collective> collective;
+  if (IsLaunchedRank()) {
+    ASSIGN_OR_RETURN(collective, runtime::Collective::FromEnvironment(
+                                     absl::Seconds(dist_timeout)));
+  }
+  const bool quiet_rank = collective != nullptr && collective->rank() != 0;
+  ASSIGN_OR_RETURN(
+      CalibrateOptions o,
+      OptionsFromFlags(args, device, collective.get(), quiet_rank, io));
+  const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
+  util::Progress progress(&io.err, live);
+  if (!quiet_rank) o.progress = &progress;
+  pipelines::InstallInterruptHandlers();
+  absl::StatusOr<CalibrateOutcome> calibrated = pipelines::Calibrate(o);
+  if (!calibrated.ok() && pipelines::InterruptSignal() != 0) {
+    // Exit as a signal would (130 for SIGINT), after cleaning up.
+    return WithExitCode(calibrated.status(),
+                        128 + pipelines::InterruptSignal());
+  }
+  if (!calibrated.ok()) return calibrated.status();
+  CalibrateOutcome& out = *calibrated;
+  if (quiet_rank) return absl::OkStatus();  // Rank 0 reports.
+
+  return PrintOutcome(args, o, out, io);
+}
+
+// calibrate's flags, with the model flags it shares with trace.
+std::vector<FlagSpec> CalibrateFlags() {
+  std::vector<FlagSpec> flags = {
       FlagSpec::Value("recipe", "FILE",
                       "calibration recipe: pipelines/recipe.proto in text "
                       "format, or llm-compressor's recipe.yaml (.yaml, "
@@ -578,9 +516,95 @@ Subcommand CalibrateCommand() {
   for (FlagSpec& flag : ModelFlags()) {
     if (flag.name == "input" || flag.name == "example-inputs" ||
         flag.name == "config") {
-      c.flags.push_back(std::move(flag));
+      flags.push_back(std::move(flag));
     }
   }
+  return flags;
+}
+
+Subcommand CalibrateCommand() {
+  Subcommand c;
+  c.name = "calibrate";
+  c.synopsis =
+      "MODEL (--recipe=RECIPE.textproto|recipe.yaml | --scheme=PRESET) "
+      "[--data=FILE | --synthetic=N] "
+      "[--input=NAME:DTYPE[D0,...]]... [--example-inputs=FILE] "
+      "[--config=config.json] "
+      "[--pipeline=sequential|layer_sequential|basic] [--resume] "
+      "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
+      "[--html=FILE] [--json]";
+  c.summary =
+      "Calibrate and quantize a model (GPTQ, RTN, SmoothQuant, observers).";
+  c.description =
+      "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
+      "the Hugging Face config's decoder layers) and calibrates it subgraph "
+      "by subgraph: a pass over all batches with the modifiers' hooks, their "
+      "compression step, then (with error propagation, the default) a pass "
+      "with the compressed weights whose outputs feed the next subgraph. "
+      "Activations between subgraphs live in an intermediates cache (the "
+      "recipe's cache budget spills to disk).\n\n"
+      "--format=compressed-tensors (the default when MODEL is a checkpoint "
+      "directory and -o does not end in .pt) writes OUT as a "
+      "compressed-tensors checkpoint directory that transformers and vLLM "
+      "load: config.json with a quantization_config, safetensors with "
+      "each quantized Linear packed (weight_packed, weight_scale, "
+      "weight_zero_point for asymmetric schemes, weight_g_idx with act "
+      "order) and the other tensors as they are, and the checkpoint's "
+      "tokenizer files, and recipe.yaml: the run's recipe in "
+      "llm-compressor's format, which --recipe reads back (as it reads the "
+      "recipe.yaml llm-compressor writes: SmoothQuantModifier, "
+      "AWQModifier, and GPTQModifier and QuantizationModifier with weight "
+      "schemes whose input activations are dynamic, static or absent; "
+      "anything else is refused by name); it appears at once, complete. A "
+      "compressed-tensors preset (--scheme, or `preset` in a recipe: FP8, "
+      "FP8_DYNAMIC, FP8_BLOCK, W8A8, NVFP4, NVFP4A16, MXFP4A16, ...) is "
+      "quantized as compressed-tensors does (static input activation "
+      "scales calibrated on the data) and stored in the format it calls "
+      "for (float-quantized, nvfp4-pack-quantized, ...; docs/schemes.md). "
+      "When MODEL's .pt2 "
+      "holds no weights (`tracecut export --meta`), the weights are "
+      "streamed: each subgraph's are read from the safetensors when it "
+      "runs, and written as a shard and released when it is done, so "
+      "memory holds one subgraph's weights whatever the model's size "
+      "(--stream-weights=false loads the whole model first). "
+      "--format=torchscript writes OUT.pt, a TorchScript model "
+      "with quantize-dequantized weights and the parameters as buffers "
+      "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "
+      "--report writes a JSON report (scales, zero points, per-layer output "
+      "error against round-to-nearest, timings).\n\n"
+      "--data reads the model's inputs, N samples along the first "
+      "dimension of every tensor: a torch.save'd tensor (the first input), "
+      "tuple or list (inputs in order), or dict (by input name), or a "
+      ".safetensors file (by tensor name): images [N, 3, H, W], audio "
+      "features, encoder-decoder pairs (input_features + "
+      "decoder_input_ids). Each is checked against the model's example "
+      "input (integer or floating point, rank; converted to its dtype) and "
+      "token ids against the config's vocabulary. For a model that takes "
+      "token ids only, --data also reads an int tensor [N, seq], a list of "
+      "samples (tokenizer-style dicts with input_ids) or JSON lines (one "
+      "array of ints per line); attention_mask, token_type_ids and "
+      "position_ids the file leaves out are made from the ids. "
+      "--synthetic=N draws N deterministic samples of --seq-len tokens from "
+      "the config's vocabulary.\n\n"
+      "--input and --example-inputs describe example inputs for tracing a "
+      "model that embeds none, and --config gives a config.json in place "
+      "of the embedded one (as for `tracecut trace`).\n\n"
+      "A Linear that no calibration token reaches (an MoE expert the "
+      "router never picks) is quantized round-to-nearest from its own "
+      "weights, with a warning and an entry under uncalibrated_modules in "
+      "the report; NaN or Inf in the model's weights or in a computed scale "
+      "is an error and nothing is written.\n\n"
+      "After each subgraph a checkpoint goes to OUT.pt.run/ (--run-dir); a "
+      "killed run continues with --resume and gives byte-identical output. "
+      "A run that fails removes what it wrote.\n\n"
+      "--nproc-per-node=N (or torchrun's RANK / WORLD_SIZE / MASTER_ADDR / "
+      "MASTER_PORT) calibrates data-parallel: each rank on its share of the "
+      "samples, statistics combined over c10d, only rank 0 writing "
+      "(docs/distributed.md). Streaming works there as in one process. Each "
+      "rank checkpoints into OUT.pt.run/rank-R-of-N/; a killed run continues "
+      "with --resume and the same world size (another is refused), with the "
+      "bytes of an uninterrupted run of that size.";
+  c.flags = CalibrateFlags();
   c.min_positional = 1;
   c.max_positional = 1;
   c.run = RunCalibrate;
