@@ -119,6 +119,41 @@ struct PassSummary {
   int64_t touched = 0;
 };
 
+// transform --json's summary; `output` null when nothing was written.
+Json TransformSummary(const std::string& model, const std::string* output,
+                      bool per_subgraph, const std::vector<PassSummary>& passes,
+                      const std::optional<runtime::CompareResult>& compared) {
+  Json summary = Json::object();
+  summary["model"] = Json(model);
+  summary["output"] = output != nullptr ? Json(*output) : Json();
+  summary["per_subgraph"] = Json(per_subgraph);
+  Json list = Json::array();
+  for (const PassSummary& p : passes) {
+    Json e = Json::object();
+    e["pass"] = Json(p.name);
+    e["changed"] = Json(p.changed);
+    e["touched_nodes"] = Json(p.touched);
+    list.push_back(std::move(e));
+  }
+  summary["passes"] = std::move(list);
+  // The check's result; null without --check (errors null when infinite).
+  auto field = [&](auto get) {
+    return compared.has_value() ? get(*compared) : Json();
+  };
+  using R = runtime::CompareResult;
+  summary["passed"] = field([](const R& r) { return Json(r.passed); });
+  summary["rtol"] = field([](const R& r) { return Json(r.rtol); });
+  summary["atol"] = field([](const R& r) { return Json(r.atol); });
+  summary["max_abs_error"] =
+      field([](const R& r) { return Json(r.max_abs_error); });
+  summary["max_rel_error"] =
+      field([](const R& r) { return Json(r.max_rel_error); });
+  summary["elements"] = field([](const R& r) { return Json(r.elements); });
+  summary["violations"] = field([](const R& r) { return Json(r.violations); });
+  summary["worst"] = field([](const R& r) { return WorstJson(r.worst); });
+  return summary;
+}
+
 absl::Status RunTransform(const ParsedArgs& args, Io& io) {
   const std::string model = args.positional()[0];
   const bool json = args.Has("json");
@@ -206,36 +241,11 @@ absl::Status RunTransform(const ParsedArgs& args, Io& io) {
     compared = *std::move(r);
   }
   auto print_json = [&](bool written) {
-    Json summary = Json::object();
-    summary["model"] = Json(model);
-    summary["output"] = written ? Json(*output) : Json();
-    summary["per_subgraph"] = Json(per_subgraph);
-    Json list = Json::array();
-    for (const PassSummary& p : passes) {
-      Json e = Json::object();
-      e["pass"] = Json(p.name);
-      e["changed"] = Json(p.changed);
-      e["touched_nodes"] = Json(p.touched);
-      list.push_back(std::move(e));
-    }
-    summary["passes"] = std::move(list);
-    // The check's result; null without --check (errors null when infinite).
-    auto field = [&](auto get) {
-      return compared.has_value() ? get(*compared) : Json();
-    };
-    using R = runtime::CompareResult;
-    summary["passed"] = field([](const R& r) { return Json(r.passed); });
-    summary["rtol"] = field([](const R& r) { return Json(r.rtol); });
-    summary["atol"] = field([](const R& r) { return Json(r.atol); });
-    summary["max_abs_error"] =
-        field([](const R& r) { return Json(r.max_abs_error); });
-    summary["max_rel_error"] =
-        field([](const R& r) { return Json(r.max_rel_error); });
-    summary["elements"] = field([](const R& r) { return Json(r.elements); });
-    summary["violations"] =
-        field([](const R& r) { return Json(r.violations); });
-    summary["worst"] = field([](const R& r) { return WorstJson(r.worst); });
-    io.out << util::DumpJson(summary, 2) << "\n";
+    io.out << util::DumpJson(
+                  TransformSummary(model, written ? &*output : nullptr,
+                                   per_subgraph, passes, compared),
+                  2)
+           << "\n";
   };
   if (compared.has_value() && !compared->passed) {
     // Nothing is written; with --json the summary still goes to stdout.
