@@ -503,6 +503,62 @@ absl::Status Tracer::TupleIndex(const jit::Node* n, Env& env) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Where an operator's outputs come from (Note [Shadow execution]): whether
+// they depend on tensor data or shapes, and whether they fold to constants.
+struct Provenance {
+  bool out_tensor = false;
+  bool meta_query = false;
+  bool all_constant = true;
+  bool data = false;
+  bool shape = false;
+};
+
+Provenance ProvenanceOf(c10::Symbol kind, const c10::FunctionSchema& schema,
+                        const std::vector<Value*>& inputs,
+                        const jit::Stack& stack, bool on_meta) {
+  Provenance p;
+  bool tensor_data = false, tensor_shape = false, scalar_data = false;
+  for (Value* v : inputs) {
+    p.all_constant &= IsConstant(*v);
+    if (ContainsTensor(v->concrete)) {
+      tensor_data |= v->data;
+      tensor_shape |= v->shape;
+    } else {
+      scalar_data |= v->data;
+    }
+  }
+  for (const c10::IValue& o : stack) p.out_tensor |= ContainsTensor(o);
+  p.meta_query = IsMetaQuery(kind);
+  if (on_meta && !p.out_tensor && !p.meta_query && !IsShapeQuery(kind)) {
+    for (const c10::IValue& o : stack) {
+      if (!o.isNone()) {
+        throw MetaRefusal(absl::StrCat(OperatorName(schema),
+                                       " needs the values of tensor data"));
+      }
+    }
+  }
+  if (p.meta_query) {
+    p.data = p.shape = false;
+  } else if (IsShapeQuery(kind)) {
+    p.data = p.shape = tensor_shape || scalar_data;
+  } else if (p.out_tensor) {
+    p.data = tensor_data || scalar_data;
+    // where(cond, x, y) broadcasts; only where(cond) is shaped by data.
+    static const c10::Symbol kWhere =
+        c10::Symbol::fromQualString("aten::where");
+    p.shape = tensor_shape || scalar_data ||
+              (HasDataDependentShape(kind) && tensor_data &&
+               !(kind == kWhere && inputs.size() > 1));
+  } else {
+    p.data = p.shape = tensor_data || tensor_shape || scalar_data;
+  }
+  return p;
+}
+
+}  // namespace
+
 absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
   const c10::FunctionSchema* schema = n->maybeSchema();
   if (schema == nullptr) {
@@ -570,45 +626,9 @@ absl::Status Tracer::Operator(const jit::Node* n, Env& env) {
     if (kind == kIsMeta) stack[0] = false;
   }
 
-  // Provenance.
-  bool tensor_data = false, tensor_shape = false, scalar_data = false;
-  bool all_constant = true;
-  for (Value* v : inputs) {
-    all_constant &= IsConstant(*v);
-    if (ContainsTensor(v->concrete)) {
-      tensor_data |= v->data;
-      tensor_shape |= v->shape;
-    } else {
-      scalar_data |= v->data;
-    }
-  }
-  bool out_tensor = false;
-  for (const c10::IValue& o : stack) out_tensor |= ContainsTensor(o);
-  const bool meta_query = IsMetaQuery(kind);
-  if (on_meta && !out_tensor && !meta_query && !IsShapeQuery(kind)) {
-    for (const c10::IValue& o : stack) {
-      if (!o.isNone()) {
-        throw MetaRefusal(absl::StrCat(OperatorName(*schema),
-                                       " needs the values of tensor data"));
-      }
-    }
-  }
-  bool data, shape;
-  if (meta_query) {
-    data = shape = false;
-  } else if (IsShapeQuery(kind)) {
-    data = shape = tensor_shape || scalar_data;
-  } else if (out_tensor) {
-    data = tensor_data || scalar_data;
-    // where(cond, x, y) broadcasts; only where(cond) is shaped by data.
-    static const c10::Symbol kWhere =
-        c10::Symbol::fromQualString("aten::where");
-    shape = tensor_shape || scalar_data ||
-            (HasDataDependentShape(kind) && tensor_data &&
-             !(kind == kWhere && inputs.size() > 1));
-  } else {
-    data = shape = tensor_data || tensor_shape || scalar_data;
-  }
+  const Provenance p = ProvenanceOf(kind, *schema, inputs, stack, on_meta);
+  const bool out_tensor = p.out_tensor, meta_query = p.meta_query;
+  const bool all_constant = p.all_constant, data = p.data, shape = p.shape;
 
   // Fold: nothing in it changes with the inputs (or only what the trace is
   // specialised to anyway).
