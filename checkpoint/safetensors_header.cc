@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
@@ -41,6 +42,44 @@ int SafetensorsDTypeBits(absl::string_view dtype) {
   }
   return 0;
 }
+
+namespace {
+
+// Why the tensors' byte ranges do not tile a data section of `data_size`
+// bytes, or "" when they do.
+std::string TilingError(const std::map<std::string, SafetensorsEntry>& tensors,
+                        uint64_t data_size) {
+  // Sorted by their ranges, the tensors must tile the data section: each
+  // starts where the one before ends, the last ends at the end of the file.
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> sorted;
+  for (const auto& [key, e] : tensors) sorted.emplace_back(&key, &e);
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second->begin, a.second->end) <
+           std::pair(b.second->begin, b.second->end);
+  });
+  uint64_t cursor = 0;
+  const std::string* previous = nullptr;
+  for (const auto& [key, e] : sorted) {
+    if (e->begin != cursor) {
+      return absl::StrCat(
+          "tensor '", *key, "' starts at byte ", e->begin, " of the data, ",
+          e->begin < cursor ? "inside" : "after a gap after",
+          previous == nullptr ? std::string(" the start")
+                              : absl::StrCat(" tensor '", *previous, "'"),
+          " (which ends at byte ", cursor,
+          "); tensors must not overlap or leave gaps");
+    }
+    cursor = e->end;
+    previous = key;
+  }
+  if (cursor != data_size) {
+    return absl::StrCat("the tensors cover ", cursor, " bytes of a ", data_size,
+                        "-byte data section (trailing bytes)");
+  }
+  return "";
+}
+
+}  // namespace
 
 absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     absl::string_view file, absl::string_view name) {
@@ -175,32 +214,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
     out.tensors.emplace(key, std::move(e));
   }
 
-  // Sorted by their ranges, the tensors must tile the data section: each
-  // starts where the one before ends, the last ends at the end of the file.
-  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> sorted;
-  for (const auto& [key, e] : out.tensors) sorted.emplace_back(&key, &e);
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
-    return std::pair(a.second->begin, a.second->end) <
-           std::pair(b.second->begin, b.second->end);
-  });
-  uint64_t cursor = 0;
-  const std::string* previous = nullptr;
-  for (const auto& [key, e] : sorted) {
-    if (e->begin != cursor) {
-      return bad(absl::StrCat(
-          "tensor '", *key, "' starts at byte ", e->begin, " of the data, ",
-          e->begin < cursor ? "inside" : "after a gap after",
-          previous == nullptr ? std::string(" the start")
-                              : absl::StrCat(" tensor '", *previous, "'"),
-          " (which ends at byte ", cursor,
-          "); tensors must not overlap or leave gaps"));
-    }
-    cursor = e->end;
-    previous = key;
-  }
-  if (cursor != data_size) {
-    return bad(absl::StrCat("the tensors cover ", cursor, " bytes of a ",
-                            data_size, "-byte data section (trailing bytes)"));
+  if (std::string gap = TilingError(out.tensors, data_size); !gap.empty()) {
+    return bad(gap);
   }
   return out;
 }
