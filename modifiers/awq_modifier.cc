@@ -468,9 +468,6 @@ absl::StatusOr<double> AwqModifier::ReplayError(
         absl::StrCat("the AWQ element count of ", mapping.smooth)));
     count = count_f.to(at::kLong);
   }
-  ASSIGN_OR_RETURN(double error, runtime::TorchCall(where, [&] {
-                     return (total / count).item<float>();
-                   }));
   return runtime::TorchCall(where, [&] {
     return static_cast<double>((total / count).item<float>());
   });
