@@ -14,6 +14,7 @@
 #include "modifiers/gptq_modifier.pb.h"
 #include "modifiers/recipe_config.h"
 #include "modifiers/registry.h"
+#include "modifiers/weight_quant_recipe.h"
 #include "util/status_macros.h"
 
 namespace tracecut::modifiers {
@@ -49,25 +50,15 @@ absl::StatusOr<std::unique_ptr<Modifier>> BuildGptq(
     const Message& entry, const RecipeContext& context) {
   const auto& g = static_cast<const recipe::GptqModifier&>(entry);
   GptqModifierOptions o;
-  o.weights.modules = Selector(g.targets(), g.ignore());
-  if (IsTypedScheme(g.scheme())) {
-    ASSIGN_OR_RETURN(o.weights.typed,
-                     ToTypedScheme(g.scheme(), o.weights.modules.targets));
+  ASSIGN_OR_RETURN(o.weights, WeightQuantOptionsOf(g, context));
+  if (o.weights.typed.has_value()) {
     quantization::ActOrder& a = o.weights.typed->weights->actorder;
     a = ResolveActOrder(g, a);
-  } else {
-    o.weights.scheme = ToQuantScheme(g.scheme());
-  }
-  if (g.has_kv_cache_scheme()) {
-    ASSIGN_OR_RETURN(o.weights.kv_cache, ToKvCacheArgs(g.kv_cache_scheme()));
   }
   o.dampening_frac = g.dampening_frac();
   o.block_size = g.block_size();
   o.act_order = g.actorder();
   o.static_groups = g.static_groups();
-  o.weights.collective = context.collective;
-  o.weights.all_expert_tokens = context.all_expert_tokens;
-  o.weights.whole_groups = context.whole_groups;
   return std::make_unique<GptqModifier>(std::move(o));
 }
 

@@ -12,6 +12,7 @@
 #include "modifiers/registry.h"
 #include "modifiers/rtn_modifier.pb.h"
 #include "modifiers/weight_quant_modifier.h"
+#include "modifiers/weight_quant_recipe.h"
 #include "util/status_macros.h"
 
 namespace tracecut::modifiers {
@@ -31,19 +32,7 @@ absl::Status CheckRtn(const Message& entry, const RecipeChecker& c,
 absl::StatusOr<std::unique_ptr<Modifier>> BuildRtn(
     const Message& entry, const RecipeContext& context) {
   const auto& r = static_cast<const recipe::RtnModifier&>(entry);
-  WeightQuantOptions o;
-  o.modules = Selector(r.targets(), r.ignore());
-  if (IsTypedScheme(r.scheme())) {
-    ASSIGN_OR_RETURN(o.typed, ToTypedScheme(r.scheme(), o.modules.targets));
-  } else {
-    o.scheme = ToQuantScheme(r.scheme());
-  }
-  if (r.has_kv_cache_scheme()) {
-    ASSIGN_OR_RETURN(o.kv_cache, ToKvCacheArgs(r.kv_cache_scheme()));
-  }
-  o.collective = context.collective;
-  o.all_expert_tokens = context.all_expert_tokens;
-  o.whole_groups = context.whole_groups;
+  ASSIGN_OR_RETURN(WeightQuantOptions o, WeightQuantOptionsOf(r, context));
   return std::make_unique<RtnModifier>(std::move(o));
 }
 
