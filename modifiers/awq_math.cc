@@ -20,10 +20,30 @@ using ::tracecut::quantization::Strategy;
 
 absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
     absl::string_view architecture) {
+  // MoE layers with fused experts: every expert's gate and up projection
+  // and the router read post_attention_layernorm (the router is scaled, not
+  // quantized, so routing is unchanged); each expert's down projection
+  // reads its up projection. The per-expert Linears are named as the
+  // checkpoint names them (Qwen3-MoE: experts.N.gate_proj / up_proj /
+  // down_proj; Mixtral: block_sparse_moe.experts.N.w1 / w3 / w2). A dense
+  // layer among them gets Llama's.
+  if (architecture == "MixtralForCausalLM" ||
+      architecture == "Qwen3MoeForCausalLM") {
+    return std::vector<AwqMapping>{
+        {"re:.*input_layernorm$",
+         {"re:.*q_proj$", "re:.*k_proj$", "re:.*v_proj$"}},
+        {"re:.*v_proj$", {"re:.*o_proj$"}},
+        {"re:.*post_attention_layernorm$",
+         {"re:.*mlp\\.gate$", "re:.*experts\\.\\d+\\.(gate_proj|w1)$",
+          "re:.*experts\\.\\d+\\.(up_proj|w3)$", "re:.*mlp\\.gate_proj$",
+          "re:.*mlp\\.up_proj$"}},
+        {"re:.*(up_proj|w3)$", {"re:.*(down_proj|w2)$"}}};
+  }
+  // Other MoE models: shared experts (Qwen2-MoE, DeepSeek) or experts
+  // tracecut does not split per expert need mappings of their own.
   static constexpr absl::string_view kMoe[] = {
-      "MixtralForCausalLM",    "Qwen2MoeForCausalLM",   "Qwen3MoeForCausalLM",
-      "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Llama4ForCausalLM",
-      "GptOssForCausalLM"};
+      "Qwen2MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+      "Llama4ForCausalLM", "GptOssForCausalLM"};
   for (absl::string_view moe : kMoe) {
     if (architecture == moe) {
       return absl::InvalidArgumentError(absl::StrCat(

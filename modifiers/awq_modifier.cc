@@ -57,21 +57,29 @@ bool Within(absl::string_view path, absl::string_view scope) {
           path[scope.size()] == '.');
 }
 
-// The first output tensor of a module call (a tuple's first element, as
-// llm-compressor takes a parent's output).
-absl::StatusOr<at::Tensor> OutputTensor(const ModuleCall& call) {
-  const c10::IValue* v = call.output;
-  if (v != nullptr && v->isTuple() && !v->toTupleRef().elements().empty()) {
-    v = &v->toTupleRef().elements()[0];
-  }
-  if (v == nullptr || !v->isTensor()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("awq: the output of ", call.path, " is not a tensor"));
-  }
-  return v->toTensor();
-}
-
 }  // namespace
+
+absl::StatusOr<at::Tensor> AwqModifier::OutputTensor(const ModuleCall& call) {
+  // Depth first: a module imported from a .pt2 may return values its caller
+  // reads (sizes) before its output.
+  std::vector<const c10::IValue*> pending;
+  if (call.output != nullptr) pending.push_back(call.output);
+  while (!pending.empty()) {
+    const c10::IValue* v = pending.back();
+    pending.pop_back();
+    if (v->isTensor() && v->toTensor().is_floating_point()) {
+      return v->toTensor();
+    }
+    if (v->isTuple()) {
+      const auto& elements = v->toTupleRef().elements();
+      for (size_t i = elements.size(); i > 0; --i) {
+        pending.push_back(&elements[i - 1]);
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "awq: the output of ", call.path, " holds no floating-point tensor"));
+}
 
 AwqModifier::AwqModifier(AwqOptions options) : options_(std::move(options)) {
   // The search observes each candidate weight once: min-max, whatever
@@ -85,7 +93,7 @@ bool AwqModifier::Distributed() const {
 
 bool AwqModifier::WantsModule(absl::string_view path,
                               absl::string_view type) const {
-  return first_balance_.contains(std::string(path));
+  return observers_.contains(std::string(path));
 }
 
 absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
@@ -103,8 +111,29 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
     ASSIGN_OR_RETURN(mappings,
                      AwqDefaultMappings(ModelArchitecture(ctx.model())));
   }
+  // Every per-expert Linear of fused experts, quantized or not: mappings
+  // name them by their checkpoint paths.
+  ASSIGN_OR_RETURN(
+      experts_, FusedExperts::Find(ctx, ModuleSelector{{"Linear"}, {}}, name(),
+                                   options_.all_expert_tokens));
+  RETURN_IF_ERROR(Resolve(ctx, mappings, defaults));
+  for (const Resolved& r : resolved_) {
+    if (experts_.IsExperts(r.observed) && Distributed()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "awq: fused MoE experts (", r.balance.front(),
+          ", ...) in a data-parallel run are not supported yet; run them in "
+          "one process"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AwqModifier::Resolve(RunContext& ctx,
+                                  const std::vector<AwqMapping>& mappings,
+                                  bool defaults) {
   // Every module with its type, in module order (smooth layers need not be
-  // leaves: an RMSNorm is traced through).
+  // leaves: an RMSNorm is traced through; nor need balance layers that are
+  // only scaled, such as an MoE router), then the fused experts' Linears.
   std::vector<std::pair<std::string, std::string>> modules;
   std::set<std::string> module_lists;
   RETURN_IF_ERROR(runtime::TorchCall("awq", [&]() -> absl::Status {
@@ -117,9 +146,13 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
     }
     return absl::OkStatus();
   }));
+  for (const auto& [path, linear] : experts_.linears()) {
+    modules.emplace_back(path, kFusedLinearType);
+  }
 
   resolved_.clear();
-  first_balance_.clear();
+  observers_.clear();
+  expert_down_.clear();
   stats_.clear();
   int incompatible = 0;
   int untargeted = 0;
@@ -138,36 +171,45 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
       const std::string scope = ParentModulePath(smooth);
       Resolved r;
       r.smooth = smooth;
-      for (const LeafModule& leaf : ctx.leaf_modules()) {
-        if (leaf.path == smooth || !Within(leaf.path, scope)) continue;
+      for (const auto& [path, type] : modules) {
+        if (path == smooth || !Within(path, scope)) continue;
         for (const ir::ModulePattern& p : balance_patterns) {
-          if (p.Matches(leaf.path, leaf.type)) {
-            r.balance.push_back(leaf.path);
+          if (p.Matches(path, type)) {
+            r.balance.push_back(path);
             break;
           }
         }
       }
       if (r.balance.empty()) continue;
       matched = true;
-      // Shapes: every balance Linear [out, C] reads the same C channels; a
+      // Shapes: every balance layer [out, C] reads the same C channels; a
       // norm's weight is [C]; a Linear smooth layer's last C output rows are
       // scaled (all of v_proj; the v part of a fused qkv_proj, the up part
       // of a fused gate_up_proj, as llm-compressor does).
-      ASSIGN_OR_RETURN(at::Tensor sw,
-                       ctx.model().GetTensor(absl::StrCat(smooth, ".weight")));
+      ASSIGN_OR_RETURN(at::Tensor sw, LiveWeight(ctx, smooth));
       bool compatible = sw.dim() == 1 || sw.dim() == 2;
       bool targeted = false;
       int64_t channels = -1;
+      std::vector<std::string> parents;  // Module paths.
       for (const std::string& b : r.balance) {
         const LeafModule* leaf = ctx.FindLeaf(b);
-        ASSIGN_OR_RETURN(at::Tensor bw,
-                         ctx.model().GetTensor(absl::StrCat(b, ".weight")));
-        if (ShortType(leaf->type) != "Linear" || bw.dim() != 2 ||
-            !bw.is_floating_point()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("awq: balance layer ", b, " of ", smooth, " is a ",
-                           ShortType(leaf->type), ", not a Linear"));
+        const FusedLinear* fused = experts_.FindLinear(b);
+        ASSIGN_OR_RETURN(at::Tensor bw, LiveWeight(ctx, b));
+        // A leaf must be a Linear (its input is observed, its weight
+        // quantized); a module that is no leaf is only scaled (an MoE
+        // router computing x W^T).
+        const std::string type = fused != nullptr  ? kFusedLinearType
+                                 : leaf != nullptr ? leaf->type
+                                                   : "";
+        if ((leaf != nullptr && ShortType(leaf->type) != "Linear") ||
+            bw.dim() != 2 || !bw.is_floating_point()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "awq: balance layer ", b, " of ", smooth, " is ",
+              leaf != nullptr ? absl::StrCat("a ", ShortType(leaf->type))
+                              : "a module without a 2-D weight",
+              ", not a Linear"));
         }
+        if (leaf != nullptr && r.observed.empty()) r.observed = b;
         if (channels < 0) channels = bw.size(1);
         compatible = compatible && bw.size(1) == channels;
         // llm-compressor's rule: v_proj -> o_proj only when v_proj gives
@@ -181,7 +223,9 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
             compatible = compatible && sw.size(0) == 3 * bw.size(1);
           }
         }
-        targeted = targeted || options_.quantized.Matches(b, leaf->type);
+        targeted =
+            targeted || (!type.empty() && options_.quantized.Matches(b, type));
+        parents.push_back(fused != nullptr ? fused->experts : b);
       }
       compatible = compatible && (sw.dim() == 1 ? sw.size(0) == channels
                                                 : sw.size(0) >= channels);
@@ -193,21 +237,15 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
         ++untargeted;
         continue;
       }
-      std::string parent = CommonAncestor(r.balance);
+      RETURN_IF_ERROR(ResolveObserved(r));
+      std::string parent = CommonAncestor(parents);
       while (module_lists.contains(parent)) parent = ParentModulePath(parent);
-      r.parent = parent;
+      r.parent = r.expert_down ? r.balance.front() : parent;
       for (const LeafModule& leaf : ctx.leaf_modules()) {
         if (Within(leaf.path, parent)) r.loss_leaf = leaf.path;
       }
-      auto [it, inserted] =
-          first_balance_.emplace(r.balance.front(), resolved_.size());
-      if (!inserted) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("awq: ", r.balance.front(),
-                         " is the first balance layer of two "
-                         "mappings (",
-                         resolved_[it->second].smooth, " and ", smooth, ")"));
-      }
+      observers_[r.observed].push_back(resolved_.size());
+      if (r.expert_down) expert_down_[r.balance.front()] = resolved_.size();
       resolved_.push_back(std::move(r));
     }
     if (!matched) unmatched.push_back(mapping.smooth_layer);
@@ -235,68 +273,116 @@ absl::Status AwqModifier::OnRunStart(RunContext& ctx) {
 
 absl::Status AwqModifier::OnModuleCall(RunContext& ctx,
                                        const ModuleCall& call) {
-  const size_t index = first_balance_.at(std::string(call.path));
-  if (done_.contains(resolved_[index].smooth)) return absl::OkStatus();
-  if (call.inputs.empty() || !call.inputs[0].isTensor()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "awq: the input of ", call.path, " (Linear) is not a tensor"));
+  const std::string path(call.path);
+  bool expert_downs = false;
+  for (size_t index : observers_.at(path)) {
+    const Resolved& r = resolved_[index];
+    if (done_.contains(r.smooth)) continue;
+    if (r.expert_down) {
+      expert_downs = true;
+      continue;
+    }
+    at::Tensor x;
+    if (experts_.IsExperts(path)) {
+      ASSIGN_OR_RETURN(x, experts_.Hidden(ctx, call));
+    } else if (!call.inputs.empty() && call.inputs[0].isTensor()) {
+      x = call.inputs[0].toTensor();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "awq: the input of ", call.path, " (Linear) is not a tensor"));
+    }
+    RETURN_IF_ERROR(AddStats(index, x, /*hessian=*/false));
   }
-  const at::Tensor& x = call.inputs[0].toTensor();
-  return runtime::TorchCall("awq", [&]() -> absl::Status {
-    if (x.dim() == 0) return absl::OkStatus();
-    at::Tensor flat = x.detach().abs().flatten(0, -2);
-    at::Tensor sum = flat.to(at::kFloat).sum(0);
-    Stats& s = stats_[index];
-    s.sum = s.sum.defined() ? s.sum + sum : sum;
-    s.count += flat.size(0);
-    return absl::OkStatus();
-  });
+  if (!expert_downs) return absl::OkStatus();
+  return experts_.ForEachInput(
+      ctx, call, [&](const std::string& linear, const at::Tensor& x) {
+        auto it = expert_down_.find(linear);
+        if (it == expert_down_.end() ||
+            done_.contains(resolved_[it->second].smooth)) {
+          return absl::OkStatus();
+        }
+        return AddStats(it->second, x, /*hessian=*/true);
+      });
 }
 
 absl::Status AwqModifier::OnSubgraphEnd(RunContext& ctx,
                                         const SubgraphInfo& subgraph) {
-  // The mappings whose first balance layer this subgraph calls, in mapping
-  // order (the same on every rank).
+  // The mappings whose observed layer this subgraph calls, in mapping
+  // order (the same on every rank); an experts module's down projections
+  // together.
   std::set<std::string> leaves(subgraph.leaf_modules.begin(),
                                subgraph.leaf_modules.end());
   for (const Resolved& r : resolved_) {
-    if (!leaves.contains(r.balance.front()) || done_.contains(r.smooth)) {
-      continue;
-    }
-    RETURN_IF_ERROR(Smooth(ctx, r));
+    if (!leaves.contains(r.observed) || done_.contains(r.smooth)) continue;
+    RETURN_IF_ERROR(r.expert_down ? SmoothExpertDowns(ctx, r.observed)
+                                  : Smooth(ctx, r));
   }
   return absl::OkStatus();
 }
 
-absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
-  const std::string where = absl::StrCat("awq: ", mapping.smooth);
-  const size_t index = first_balance_.at(mapping.balance.front());
+absl::Status AwqModifier::ResolveObserved(Resolved& r) const {
+  std::string experts;
+  const FusedLinear* down = nullptr;
+  for (const std::string& b : r.balance) {
+    if (const FusedLinear* fused = experts_.FindLinear(b)) {
+      if (experts.empty()) experts = fused->experts;
+      if (fused->slot == 2) down = fused;
+    }
+  }
+  if (down != nullptr) {
+    if (r.balance.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "awq: mapping ", r.smooth, " -> ", absl::StrJoin(r.balance, ", "),
+          ": a fused expert's down projection is balanced alone (by its "
+          "expert's up projection)"));
+    }
+    r.expert_down = true;
+    r.observed = experts;
+    return absl::OkStatus();
+  }
+  if (r.observed.empty()) r.observed = experts;
+  if (r.observed.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "awq: mapping ", r.smooth, " -> ", absl::StrJoin(r.balance, ", "),
+        ": no balance layer is a Linear whose input a run sees (a leaf "
+        "module or a fused expert's projection)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AwqModifier::Stats> AwqModifier::TakeStats(RunContext& ctx,
+                                                          size_t index,
+                                                          int64_t channels) {
+  const std::string where = absl::StrCat("awq: ", resolved_[index].smooth);
   Stats stats;
   if (auto it = stats_.find(index); it != stats_.end()) {
     stats = std::move(it->second);
     stats_.erase(it);
   }
+  if (!Distributed()) return stats;
+  ASSIGN_OR_RETURN(at::Tensor count, runtime::TorchCall(where, [&] {
+                     if (!stats.sum.defined()) {
+                       stats.sum = at::zeros({channels}, at::kFloat);
+                     }
+                     return at::full({1}, double(stats.count), at::kDouble);
+                   }));
+  RETURN_IF_ERROR(options_.collective->AllReduce(
+      stats.sum, ReduceKind::kSum,
+      absl::StrCat("the AWQ activation sums of ", resolved_[index].smooth)));
+  RETURN_IF_ERROR(options_.collective->AllReduce(
+      count, ReduceKind::kSum,
+      absl::StrCat("the AWQ token count of ", resolved_[index].smooth)));
+  stats.count = static_cast<int64_t>(count.item<double>());
+  return stats;
+}
+
+absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
+  const std::string where = absl::StrCat("awq: ", mapping.smooth);
+  ASSIGN_OR_RETURN(at::Tensor sw, LiveWeight(ctx, mapping.smooth));
+  ASSIGN_OR_RETURN(at::Tensor first, LiveWeight(ctx, mapping.balance.front()));
+  ASSIGN_OR_RETURN(Stats stats,
+                   TakeStats(ctx, &mapping - resolved_.data(), first.size(1)));
   done_.insert(mapping.smooth);
-  ASSIGN_OR_RETURN(at::Tensor sw, ctx.model().GetTensor(
-                                      absl::StrCat(mapping.smooth, ".weight")));
-  ASSIGN_OR_RETURN(at::Tensor first, ctx.model().GetTensor(absl::StrCat(
-                                         mapping.balance.front(), ".weight")));
-  const int64_t channels = first.size(1);
-  if (Distributed()) {
-    ASSIGN_OR_RETURN(at::Tensor count, runtime::TorchCall(where, [&] {
-                       if (!stats.sum.defined()) {
-                         stats.sum = at::zeros({channels}, at::kFloat);
-                       }
-                       return at::full({1}, double(stats.count), at::kDouble);
-                     }));
-    RETURN_IF_ERROR(options_.collective->AllReduce(
-        stats.sum, ReduceKind::kSum,
-        absl::StrCat("the AWQ activation sums of ", mapping.smooth)));
-    RETURN_IF_ERROR(options_.collective->AllReduce(
-        count, ReduceKind::kSum,
-        absl::StrCat("the AWQ token count of ", mapping.smooth)));
-    stats.count = static_cast<int64_t>(count.item<double>());
-  }
   if (stats.count == 0) {
     ctx.Warn(absl::StrCat(where, ": no calibration token reached ",
                           mapping.balance.front(), "; not smoothed"));
@@ -337,12 +423,11 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   std::vector<at::Tensor> originals;  // Of every balance layer.
   std::vector<at::Tensor> quantized_weights;
   for (const std::string& b : mapping.balance) {
-    ASSIGN_OR_RETURN(at::Tensor w,
-                     ctx.model().GetTensor(absl::StrCat(b, ".weight")));
+    ASSIGN_OR_RETURN(at::Tensor w, LiveWeight(ctx, b));
     ASSIGN_OR_RETURN(at::Tensor copy,
                      runtime::TorchCall(where, [&] { return w.clone(); }));
     originals.push_back(copy);
-    quantized.push_back(options_.quantized.Matches(b, ctx.FindLeaf(b)->type));
+    quantized.push_back(IsQuantized(ctx, b));
     if (quantized.back()) quantized_weights.push_back(copy);
   }
   at::Tensor x_mean;
@@ -359,8 +444,7 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   // Puts back the original weights, whatever happens in the search.
   auto restore = [&]() -> absl::Status {
     for (size_t k = 0; k < mapping.balance.size(); ++k) {
-      ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(absl::StrCat(
-                                         mapping.balance[k], ".weight")));
+      ASSIGN_OR_RETURN(at::Tensor w, LiveWeight(ctx, mapping.balance[k]));
       RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
         at::NoGradGuard no_grad;
         w.copy_(originals[k]);
@@ -398,9 +482,7 @@ absl::StatusOr<AwqModifier::Search> AwqModifier::SearchScales(
     // Q(W s) / s on each quantized balance layer, in place.
     for (size_t k = 0; k < mapping.balance.size(); ++k) {
       if (!quantized[k]) continue;
-      const std::string& b = mapping.balance[k];
-      ASSIGN_OR_RETURN(at::Tensor w,
-                       ctx.model().GetTensor(absl::StrCat(b, ".weight")));
+      ASSIGN_OR_RETURN(at::Tensor w, LiveWeight(ctx, mapping.balance[k]));
       ASSIGN_OR_RETURN(
           at::Tensor scaled, runtime::TorchCall(where, [&] {
             return (originals[k] * scales.view({1, -1})).to(w.scalar_type());
@@ -486,9 +568,9 @@ absl::Status AwqModifier::ApplyScales(RunContext& ctx, const Resolved& mapping,
                        return (originals[k] * best_scales.view({1, -1}))
                            .to(originals[k].scalar_type());
                      }));
-    RETURN_IF_ERROR(
-        ctx.UpdateTensor(absl::StrCat(mapping.balance[k], ".weight"), w));
+    RETURN_IF_ERROR(SetWeight(ctx, mapping.balance[k], w));
   }
+  RETURN_IF_ERROR(experts_.Commit(ctx));
   // A norm's weight, or a Linear's last C output rows (and bias entries).
   auto divided = [&](const at::Tensor& t) {
     return runtime::TorchCall(where, [&] {
@@ -500,18 +582,21 @@ absl::Status AwqModifier::ApplyScales(RunContext& ctx, const Resolved& mapping,
       return out;
     });
   };
-  ASSIGN_OR_RETURN(torch::jit::Module m,
-                   ctx.model().GetSubmodule(mapping.smooth));
-  const bool has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
+  bool has_bias = false;
+  if (experts_.FindLinear(mapping.smooth) == nullptr) {
+    ASSIGN_OR_RETURN(torch::jit::Module m,
+                     ctx.model().GetSubmodule(mapping.smooth));
+    has_bias = m.hasattr("bias") && m.attr("bias").isTensor();
+  }
   if (has_bias) {
     const std::string bias_path = absl::StrCat(mapping.smooth, ".bias");
     ASSIGN_OR_RETURN(at::Tensor bias, ctx.model().GetTensor(bias_path));
     ASSIGN_OR_RETURN(at::Tensor new_bias, divided(bias));
     RETURN_IF_ERROR(ctx.UpdateTensor(bias_path, new_bias));
   }
-  const std::string weight_path = absl::StrCat(mapping.smooth, ".weight");
-  auto set_weight = [&](const at::Tensor& w) {
-    return ctx.UpdateTensor(weight_path, w);
+  auto set_weight = [&](const at::Tensor& w) -> absl::Status {
+    RETURN_IF_ERROR(SetWeight(ctx, mapping.smooth, w));
+    return experts_.Commit(ctx);
   };
   // The smoothed model must compute what it did (output_drift.h).
   auto drift_of = [&]() -> absl::StatusOr<OutputDrift> {

@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "modifiers/fused_experts.h"
 #include "modifiers/modifier.h"
 #include "quantization/quant_args.h"
 #include "runtime/collective.h"
@@ -80,6 +81,9 @@ struct AwqOptions {
   ModuleSelector quantized;
   runtime::Collective* collective =
       nullptr;  // Not owned; null: this process alone.
+  // Fused MoE experts: every expert's projections see all the tokens of a
+  // call (the recipe's calibrate_all_experts), not only those routed to it.
+  bool all_expert_tokens = false;
 };
 
 // llm-compressor's default mappings: Phi-3's for its fused projections
@@ -89,8 +93,11 @@ struct AwqOptions {
 // down_proj <- up_proj) for every other dense architecture, as there;
 // Gemma 2 / 3's (gate/up <- pre_feedforward_layernorm; Gemma 3 without
 // input_layernorm); post-norm models' (Olmo, Olmo 2, Olmo 3, Exaone 4: only
-// o_proj <- v_proj and down_proj <- up_proj). MoE architectures have none
-// here: InvalidArgument asking for mappings.
+// o_proj <- v_proj and down_proj <- up_proj); Mixtral's and Qwen3-MoE's
+// (llm-compressor's MoE mappings: gate/up of every expert and the router
+// <- post_attention_layernorm, each expert's down <- its up, where the
+// experts are fused_experts.h's per-expert Linears). Other MoE
+// architectures have none here: InvalidArgument asking for mappings.
 absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
     absl::string_view architecture);
 
@@ -132,14 +139,22 @@ class AwqModifier : public Modifier {
     std::vector<std::string> balance;  // Paths, module order.
     std::string parent;                // Lowest common ancestor.
     std::string loss_leaf;             // The parent's last leaf call.
+    // The leaf module whose calls give the activation statistics: the
+    // first balance layer that is a leaf, or the experts module of fused
+    // per-expert Linears (its hidden states, or an expert's down input).
+    std::string observed;
+    // One fused expert's down projection: its error from the Hessian of
+    // its inputs (no module of its own to replay).
+    bool expert_down = false;
   };
   // Filled by OnRunStart, in mapping order.
   const std::vector<Resolved>& resolved() const { return resolved_; }
 
  private:
   struct Stats {
-    at::Tensor sum;     // fp32 [C]: sum of |x| over tokens.
-    int64_t count = 0;  // Tokens.
+    at::Tensor sum;      // fp32 [C]: sum of |x| over tokens.
+    int64_t count = 0;   // Tokens.
+    at::Tensor hessian;  // fp32 [C, C]: sum of x^T x (expert_down only).
   };
   // The grid point with the least error on the parent's output.
   struct Search {
@@ -149,7 +164,32 @@ class AwqModifier : public Modifier {
     bool duo = false;
     at::Tensor scales;
   };
+  // The first floating-point tensor of a module call's output (a tuple's
+  // first element, as llm-compressor takes a parent's output).
+  static absl::StatusOr<at::Tensor> OutputTensor(const ModuleCall& call);
+  // A smooth or balance layer's weight as a view of the model's tensor
+  // (a fused expert's slice of its fused parameter); SetWeight replaces it
+  // (fused experts: staged until experts_.Commit).
+  absl::StatusOr<at::Tensor> LiveWeight(RunContext& ctx,
+                                        const std::string& path);
+  absl::Status SetWeight(RunContext& ctx, const std::string& path,
+                         const at::Tensor& weight);
+  // Whether the quantizer quantizes balance layer `path` (a leaf Linear or
+  // a fused expert's projection it selects).
+  bool IsQuantized(RunContext& ctx, const std::string& path) const;
+  absl::Status Resolve(RunContext& ctx, const std::vector<AwqMapping>& mappings,
+                       bool defaults);
+  // Sets r.observed and r.expert_down from its balance layers.
+  absl::Status ResolveObserved(Resolved& r) const;
+  absl::Status AddStats(size_t index, const at::Tensor& x, bool hessian);
+  // The activation statistics of mapping `index`, all-reduced over ranks.
+  absl::StatusOr<Stats> TakeStats(RunContext& ctx, size_t index,
+                                  int64_t channels);
   absl::Status Smooth(RunContext& ctx, const Resolved& mapping);
+  // Every expert_down mapping of the experts module `experts`: each
+  // expert's scales searched on its Hessian, then applied together and the
+  // module's output checked unchanged.
+  absl::Status SmoothExpertDowns(RunContext& ctx, const std::string& experts);
   // Tries every grid point on the balance layers (restored by the caller).
   absl::StatusOr<Search> SearchScales(RunContext& ctx, const Resolved& mapping,
                                       const std::vector<at::Tensor>& reference,
@@ -172,9 +212,12 @@ class AwqModifier : public Modifier {
 
   AwqOptions options_;
   std::vector<Resolved> resolved_;
-  std::map<std::string, size_t> first_balance_;  // Path -> mapping index.
-  std::map<size_t, Stats> stats_;                // By mapping index.
-  std::set<std::string> done_;                   // Smooth paths.
+  FusedExperts experts_;
+  // Observed leaf path -> mapping indices.
+  std::map<std::string, std::vector<size_t>> observers_;
+  std::map<std::string, size_t> expert_down_;  // Down Linear -> index.
+  std::map<size_t, Stats> stats_;              // By mapping index.
+  std::set<std::string> done_;                 // Smooth paths.
 };
 
 }  // namespace tracecut::modifiers

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Modifier>> BuildAwq(
                                                      : AwqDuoScaling::kOn;
   o.n_grid = a.n_grid();
   o.collective = context.collective;
+  o.all_expert_tokens = context.all_expert_tokens;
   // The grid AWQ's search quantizes on (llm-compressor's): its own scheme,
   // or the next quantizer's.
   if (a.has_scheme()) {

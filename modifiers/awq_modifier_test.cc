@@ -94,7 +94,7 @@ TEST(AwqWeightMeansTest, MagnitudesRelativeToTheirGroup) {
   for (int j = 0; j < 4; ++j) EXPECT_NEAR(m[j].item<double>(), want[j], 1e-7);
 }
 
-TEST(AwqDefaultMappingsTest, DenseModelsGetLlamasMoeModelsNone) {
+TEST(AwqDefaultMappingsTest, EachArchitectureGetsItsOwn) {
   ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> llama,
                        AwqDefaultMappings("LlamaForCausalLM"));
   ASSERT_EQ(llama.size(), 4u);
@@ -115,8 +115,20 @@ TEST(AwqDefaultMappingsTest, DenseModelsGetLlamasMoeModelsNone) {
   ASSERT_EQ(olmo2.size(), 2u);
   EXPECT_EQ(olmo2[0].smooth_layer, "re:.*v_proj$");
   EXPECT_EQ(olmo2[1].smooth_layer, "re:.*up_proj$");
+  // Fused experts: the router and every expert's gate/up read
+  // post_attention_layernorm; each expert's down reads its up.
+  for (const char* moe : {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}) {
+    ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> m, AwqDefaultMappings(moe));
+    ASSERT_EQ(m.size(), 4u) << moe;
+    EXPECT_THAT(m[2].balance_layers,
+                testing::IsSupersetOf({"re:.*mlp\\.gate$",
+                                       "re:.*experts\\.\\d+\\.(up_proj|w3)$"}))
+        << moe;
+    EXPECT_EQ(m[3].smooth_layer, "re:.*(up_proj|w3)$") << moe;
+  }
+  // Shared experts are not covered.
   EXPECT_THAT(
-      AwqDefaultMappings("MixtralForCausalLM").status(),
+      AwqDefaultMappings("Qwen2MoeForCausalLM").status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("give mappings")));
 }
 

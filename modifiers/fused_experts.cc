@@ -16,7 +16,6 @@
 namespace tracecut::modifiers {
 namespace {
 
-constexpr char kLinear[] = "torch.nn.modules.linear.Linear";
 // How closely recomputing an experts module per expert must match it.
 constexpr double kCheckTolerance = 1e-4;
 
@@ -117,11 +116,14 @@ absl::StatusOr<FusedExperts> FusedExperts::Find(RunContext& ctx,
     for (int e = 0; e < experts; ++e) {
       for (int slot = 0; slot < 3; ++slot) {
         const std::string& path = m.linears[e][slot];
-        if (!selector.Matches(path, kLinear)) continue;
+        if (!selector.Matches(path, kFusedLinearType)) continue;
         const checkpoint::Piece& p = m.pieces[e][slot];
-        out.linears_[path] =
-            FusedLinear{slot == 2 ? m.down : m.gate_up, p,
-                        checkpoint::SqueezedSizes(p), module, e};
+        out.linears_[path] = FusedLinear{slot == 2 ? m.down : m.gate_up,
+                                         p,
+                                         checkpoint::SqueezedSizes(p),
+                                         module,
+                                         e,
+                                         slot};
         any = true;
       }
     }
@@ -135,6 +137,45 @@ const FusedLinear* FusedExperts::FindLinear(absl::string_view path) const {
   return it == linears_.end() ? nullptr : &it->second;
 }
 
+absl::StatusOr<FusedExperts::Routing> FusedExperts::RoutingOf(
+    RunContext& ctx, const ModuleCall& call, const Module& m) const {
+  ASSIGN_OR_RETURN(at::Tensor gate_up, ctx.model().GetTensor(m.gate_up));
+  // Told apart by shape and dtype, whatever the argument order.
+  Routing r;
+  std::vector<at::Tensor> floats;
+  for (const c10::IValue& v : call.inputs) {
+    if (!v.isTensor() || v.toTensor().dim() != 2) continue;
+    const at::Tensor& t = v.toTensor();
+    if (t.is_floating_point()) {
+      floats.push_back(t);
+    } else if (!r.index.defined()) {
+      r.index = t;
+    }
+  }
+  for (const at::Tensor& t : floats) {
+    if (t.size(1) == gate_up.size(2) && !r.hidden.defined()) {
+      r.hidden = t;
+    } else if (r.index.defined() && t.sizes() == r.index.sizes()) {
+      r.weights = t;
+    }
+  }
+  if (!r.hidden.defined() || !r.index.defined() || !r.weights.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fused experts ", call.path,
+        ": cannot tell its hidden states [tokens, ", gate_up.size(2),
+        "], expert indices and routing weights [tokens, k] ",
+        "apart among its ", call.inputs.size(), " inputs"));
+  }
+  return r;
+}
+
+absl::StatusOr<at::Tensor> FusedExperts::Hidden(RunContext& ctx,
+                                                const ModuleCall& call) const {
+  ASSIGN_OR_RETURN(Routing r,
+                   RoutingOf(ctx, call, modules_.at(std::string(call.path))));
+  return r.hidden;
+}
+
 absl::Status FusedExperts::ForEachInput(
     RunContext& ctx, const ModuleCall& call,
     const std::function<absl::Status(const std::string&, const at::Tensor&)>&
@@ -143,32 +184,10 @@ absl::Status FusedExperts::ForEachInput(
   const std::string what = absl::StrCat("fused experts ", call.path);
   ASSIGN_OR_RETURN(at::Tensor gate_up, ctx.model().GetTensor(m.gate_up));
   ASSIGN_OR_RETURN(at::Tensor down, ctx.model().GetTensor(m.down));
-  // The hidden states [tokens, hidden], the experts each token is routed to
-  // [tokens, k] and their weights [tokens, k], whatever the argument order.
-  at::Tensor hidden, index, weights;
-  std::vector<at::Tensor> floats;
-  for (const c10::IValue& v : call.inputs) {
-    if (!v.isTensor() || v.toTensor().dim() != 2) continue;
-    const at::Tensor& t = v.toTensor();
-    if (t.is_floating_point()) {
-      floats.push_back(t);
-    } else if (!index.defined()) {
-      index = t;
-    }
-  }
-  for (const at::Tensor& t : floats) {
-    if (t.size(1) == gate_up.size(2) && !hidden.defined()) {
-      hidden = t;
-    } else if (index.defined() && t.sizes() == index.sizes()) {
-      weights = t;
-    }
-  }
-  if (!hidden.defined() || !index.defined() || !weights.defined()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": cannot tell its hidden states [tokens, ", gate_up.size(2),
-        "], expert indices and routing weights [tokens, k] apart among its ",
-        call.inputs.size(), " inputs"));
-  }
+  ASSIGN_OR_RETURN(Routing routing, RoutingOf(ctx, call, m));
+  const at::Tensor& hidden = routing.hidden;
+  const at::Tensor& index = routing.index;
+  const at::Tensor& weights = routing.weights;
   if (!call.module->hasattr("act_fn") ||
       !call.module->attr("act_fn").isModule()) {
     return absl::InvalidArgumentError(

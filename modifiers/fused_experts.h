@@ -41,6 +41,9 @@
 
 namespace tracecut::modifiers {
 
+// The module type a per-expert Linear is selected as.
+inline constexpr char kFusedLinearType[] = "torch.nn.modules.linear.Linear";
+
 // One expert's projection as the checkpoint stores it: a Linear whose
 // weight is a slice of a fused parameter.
 struct FusedLinear {
@@ -49,6 +52,7 @@ struct FusedLinear {
   std::vector<int64_t> shape;  // The Linear's weight, [out, in].
   std::string experts;         // The experts module's path.
   int expert = 0;
+  int slot = 0;  // 0: gate (w1), 1: up (w3), 2: down (w2).
 };
 
 class FusedExperts {
@@ -73,6 +77,11 @@ class FusedExperts {
   // The selected per-expert Linears, by checkpoint path.
   const std::map<std::string, FusedLinear>& linears() const { return linears_; }
   const FusedLinear* FindLinear(absl::string_view path) const;
+
+  // The hidden states [tokens, hidden] that `call` (of an experts module)
+  // routes: every gate and up projection's input before routing.
+  absl::StatusOr<at::Tensor> Hidden(RunContext& ctx,
+                                    const ModuleCall& call) const;
 
   // Calls `add(path, x)` with the inputs [tokens, in] of every selected
   // per-expert Linear that `call` (of an experts module) routed tokens to.
@@ -99,6 +108,13 @@ class FusedExperts {
     std::vector<std::array<checkpoint::Piece, 3>> pieces;
     bool checked = false;
   };
+  // The hidden states, the experts each token is routed to [tokens, k]
+  // and their weights [tokens, k] among `call`'s inputs.
+  struct Routing {
+    at::Tensor hidden, index, weights;
+  };
+  absl::StatusOr<Routing> RoutingOf(RunContext& ctx, const ModuleCall& call,
+                                    const Module& m) const;
   absl::Status Check(RunContext& ctx, const ModuleCall& call, const Module& m,
                      const at::Tensor& hidden, const at::Tensor& index,
                      const at::Tensor& weights);

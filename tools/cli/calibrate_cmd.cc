@@ -534,7 +534,8 @@ Subcommand CalibrateCommand() {
       "[--format=compressed-tensors|torchscript] -o OUT [--report=FILE] "
       "[--html=FILE] [--json]";
   c.summary =
-      "Calibrate and quantize a model (GPTQ, RTN, SmoothQuant, observers).";
+      "Calibrate and quantize a model (GPTQ, RTN, AWQ, SmoothQuant, "
+      "observers).";
   c.description =
       "Traces MODEL.pt, splits it at the recipe's sequential targets (default: "
       "the Hugging Face config's decoder layers) and calibrates it subgraph "
