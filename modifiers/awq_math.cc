@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "modifiers/awq_modifier.h"
 #include "quantization/quant_args.h"
@@ -59,6 +60,14 @@ absl::StatusOr<std::vector<AwqMapping>> AwqDefaultMappings(
         {"re:.*qkv_proj$", {"re:.*o_proj$"}},
         {"re:.*post_attention_layernorm$", {"re:.*gate_up_proj$"}},
         {"re:.*gate_up_proj$", {"re:.*down_proj$"}}};
+  }
+  // BERT and RoBERTa encoders: post-norm, and their MLP has a GELU between
+  // its projections, so only the value -> attention output mapping.
+  if (absl::StartsWith(architecture, "Bert") ||
+      absl::StartsWith(architecture, "Roberta") ||
+      absl::StartsWith(architecture, "XLMRoberta")) {
+    return std::vector<AwqMapping>{{"re:.*attention\\.self\\.value$",
+                                    {"re:.*attention\\.output\\.dense$"}}};
   }
   // Post-norm layers (the norms apply to the attention's and MLP's
   // outputs): only the Linear-to-Linear mappings. llm-compressor has these

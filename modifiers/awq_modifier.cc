@@ -57,6 +57,38 @@ bool Within(absl::string_view path, absl::string_view scope) {
           path[scope.size()] == '.');
 }
 
+using Modules = std::vector<std::pair<std::string, std::string>>;
+
+// The modules matching `balance` in the smallest scope around `smooth` that
+// holds any: its parent module, or further up (BERT's attention.self.value
+// feeds attention.output.dense), but not up to a scope holding another
+// module that `smooth_pattern` matches (the next layer's).
+std::vector<std::string> BalanceLayers(
+    const Modules& modules, const std::string& smooth,
+    const ir::ModulePattern& smooth_pattern,
+    const std::vector<ir::ModulePattern>& balance) {
+  std::vector<std::string> out;
+  const std::string parent = ParentModulePath(smooth);
+  for (std::string scope = parent;; scope = ParentModulePath(scope)) {
+    for (const auto& [path, type] : modules) {
+      if (scope != parent && path != smooth && Within(path, scope) &&
+          smooth_pattern.Matches(path, type)) {
+        return out;  // Another smooth layer's scope.
+      }
+    }
+    for (const auto& [path, type] : modules) {
+      if (path == smooth || !Within(path, scope)) continue;
+      for (const ir::ModulePattern& p : balance) {
+        if (p.Matches(path, type)) {
+          out.push_back(path);
+          break;
+        }
+      }
+    }
+    if (!out.empty() || scope.empty()) return out;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<at::Tensor> AwqModifier::OutputTensor(const ModuleCall& call) {
@@ -134,7 +166,7 @@ absl::Status AwqModifier::Resolve(RunContext& ctx,
   // Every module with its type, in module order (smooth layers need not be
   // leaves: an RMSNorm is traced through; nor need balance layers that are
   // only scaled, such as an MoE router), then the fused experts' Linears.
-  std::vector<std::pair<std::string, std::string>> modules;
+  Modules modules;
   std::set<std::string> module_lists;
   RETURN_IF_ERROR(runtime::TorchCall("awq", [&]() -> absl::Status {
     for (const auto& m : ctx.model().module().named_modules()) {
@@ -168,18 +200,10 @@ absl::Status AwqModifier::Resolve(RunContext& ctx,
     bool matched = false;
     for (const auto& [smooth, smooth_type] : modules) {
       if (!smooth_pattern.Matches(smooth, smooth_type)) continue;
-      const std::string scope = ParentModulePath(smooth);
       Resolved r;
       r.smooth = smooth;
-      for (const auto& [path, type] : modules) {
-        if (path == smooth || !Within(path, scope)) continue;
-        for (const ir::ModulePattern& p : balance_patterns) {
-          if (p.Matches(path, type)) {
-            r.balance.push_back(path);
-            break;
-          }
-        }
-      }
+      r.balance =
+          BalanceLayers(modules, smooth, smooth_pattern, balance_patterns);
       if (r.balance.empty()) continue;
       matched = true;
       // Shapes: every balance layer [out, C] reads the same C channels; a

@@ -93,7 +93,8 @@ struct AwqOptions {
 // down_proj <- up_proj) for every other dense architecture, as there;
 // Gemma 2 / 3's (gate/up <- pre_feedforward_layernorm; Gemma 3 without
 // input_layernorm); post-norm models' (Olmo, Olmo 2, Olmo 3, Exaone 4: only
-// o_proj <- v_proj and down_proj <- up_proj); Mixtral's and Qwen3-MoE's
+// o_proj <- v_proj and down_proj <- up_proj); BERT's and RoBERTa's
+// (attention.output.dense <- attention.self.value); Mixtral's and Qwen3-MoE's
 // (llm-compressor's MoE mappings: gate/up of every expert and the router
 // <- post_attention_layernorm, each expert's down <- its up, where the
 // experts are fused_experts.h's per-expert Linears). Other MoE

@@ -126,6 +126,11 @@ TEST(AwqDefaultMappingsTest, EachArchitectureGetsItsOwn) {
         << moe;
     EXPECT_EQ(m[3].smooth_layer, "re:.*(up_proj|w3)$") << moe;
   }
+  // BERT: post-norm, a GELU inside the MLP: value -> attention output only.
+  ASSERT_OK_AND_ASSIGN(std::vector<AwqMapping> bert,
+                       AwqDefaultMappings("BertModel"));
+  ASSERT_EQ(bert.size(), 1u);
+  EXPECT_EQ(bert[0].smooth_layer, "re:.*attention\\.self\\.value$");
   // Shared experts are not covered.
   EXPECT_THAT(
       AwqDefaultMappings("Qwen2MoeForCausalLM").status(),

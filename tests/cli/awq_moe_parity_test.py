@@ -18,7 +18,9 @@ tracecut's --calibrate-all-experts):
   scheme="W4A16", targets=["Linear"], ignore=["lm_head", "re:.*mlp.gate$"])],
   saved compressed; every grid search's losses recorded (a wrapper around
   AWQModifier._compute_loss) and the weights right after each layer's
-  smoothing;
+  smoothing. Its eager attention kernel is made causal when it gets no mask
+  (parity_common.causal_eager_attention: without that, llm-compressor
+  0.14 computes this model's attention non-causally);
 * `tracecut calibrate` with AWQ alone, searching for the same scheme, to a
   TorchScript .pt (the smoothed weights) and its JSON report (each
   mapping's ratio and errors);
@@ -27,9 +29,9 @@ tracecut's --calibrate-all-experts):
 
 Checked: every mapping of both tools is found in the other; the same grid
 ratio wins for at least 90 % of them; each mapping's best loss is within
-1 % of llm-compressor's; every smoothed weight (norms, router, q/k/v/o,
-each expert's gate/up/down) equals llm-compressor's within 1e-4 relative
-where the ratios agree; tracecut's smoothed model computes what the
+1 % of llm-compressor's; every smoothed weight of layer 0 (norms, router,
+q/k/v/o, each expert's gate/up/down) equals llm-compressor's within 1e-4
+relative; tracecut's smoothed model computes what the
 original does (logits within 1e-5); and the final-logit error of the
 compressed-tensors outputs, loaded by transformers, is within 5 % of
 llm-compressor's. W4A16 (symmetric) rather than W4A16_ASYM because
@@ -39,16 +41,16 @@ without them (docs/schemes.md).
     awq_moe_parity_test.py TRACECUT
 """
 
-import json
 import os
-import re
 import sys
 import tempfile
 
 import torch
 import transformers
 
-from parity_common import export_checkpoint, relative, run, VOCAB
+from parity_common import (causal_eager_attention, compare_awq_searches,
+                           export_checkpoint, recorded_awq_searches, relative,
+                           run, tracecut_awq_searches, VOCAB)
 
 HIDDEN = 128
 EXPERTS = 4
@@ -76,11 +78,6 @@ def make_moe():
   return model
 
 
-def grid(n_grid=20):
-  """llm-compressor's grid for duo_scaling=True (AwqGrid in tracecut)."""
-  return [(0.0, False)] + [(i / (n_grid - 2), True) for i in range(n_grid - 1)]
-
-
 def llmcompressor_awq(ckpt, ids, out):
   """Runs llm-compressor; returns ({smooth name: (ratio, initial, best)},
   {weight name: tensor as AWQ left it})."""
@@ -89,27 +86,12 @@ def llmcompressor_awq(ckpt, ids, out):
   from llmcompressor.modifiers.quantization import QuantizationModifier
   from llmcompressor.modifiers.transform import AWQModifier
   import llmcompressor.pipelines.cache as cache
+  import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3_moe
 
   cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
   searches = {}
   smoothed = {}
-  original_search = AWQModifier._compute_best_scale
-  original_loss = AWQModifier._compute_loss
   original_apply = AWQModifier._apply_smoothing
-  current = []
-
-  def search(self, mapping, *args, **kwargs):
-    current.clear()
-    scales = original_search(self, mapping, *args, **kwargs)
-    losses = list(current)
-    best = min(range(len(losses)), key=lambda i: (losses[i], i))
-    searches[mapping.smooth_name] = (grid()[best][0], losses[0], losses[best])
-    return scales
-
-  def loss(self, *args, **kwargs):
-    value = original_loss(self, *args, **kwargs)
-    current.append(value)
-    return value
 
   def apply_and_record(self, model):
     layers = {name.split(".")[2] for name in self._smooth_activation_stats}
@@ -119,64 +101,23 @@ def llmcompressor_awq(ckpt, ids, out):
       if key.startswith("model.layers.") and parts[2] in layers:
         smoothed[key] = value.detach().clone()
 
-  # llm-compressor 0.14 runs this model's attention with the eager kernel
-  # and no attention mask (Qwen3-MoE's mask is None under sdpa, which is
-  # causal by itself; eager with no mask is not), so its activations and
-  # AWQ losses would come from a non-causal model (attention outputs of
-  # norm 1.40 where the model's are 1.79 on the first sample). Its eager
-  # kernel is made causal when no mask is given, as sdpa is.
-  import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3_moe
-  original_eager = qwen3_moe.eager_attention_forward
-
-  def causal_eager(module, query, key, value, attention_mask, **kwargs):
-    if attention_mask is None and query.shape[2] > 1:
-      n, m = query.shape[2], key.shape[2]
-      attention_mask = torch.full((n, m), float("-inf"),
-                                  dtype=query.dtype).triu(1 + m - n)[None, None]
-    return original_eager(module, query, key, value, attention_mask, **kwargs)
-
-  qwen3_moe.eager_attention_forward = causal_eager
-  AWQModifier._compute_best_scale = search
-  AWQModifier._compute_loss = loss
   AWQModifier._apply_smoothing = apply_and_record
   try:
-    ds = Dataset.from_dict({"input_ids": ids.tolist(),
-                           "attention_mask": torch.ones_like(ids).tolist()})
-    model = oneshot(
-        model=ckpt, dataset=ds,
-        recipe=[AWQModifier(),
-                QuantizationModifier(scheme="W4A16", targets=["Linear"],
-                                     ignore=IGNORE)],
-        max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
-        shuffle_calibration_samples=False, pipeline="sequential",
-        moe_calibrate_all_experts=True)
-    model.save_pretrained(out, save_compressed=True)
+    with causal_eager_attention(qwen3_moe), recorded_awq_searches(searches):
+      ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                             "attention_mask": torch.ones_like(ids).tolist()})
+      model = oneshot(
+          model=ckpt, dataset=ds,
+          recipe=[AWQModifier(),
+                  QuantizationModifier(scheme="W4A16", targets=["Linear"],
+                                       ignore=IGNORE)],
+          max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+          shuffle_calibration_samples=False, pipeline="sequential",
+          moe_calibrate_all_experts=True)
+      model.save_pretrained(out, save_compressed=True)
   finally:
-    qwen3_moe.eager_attention_forward = original_eager
-    AWQModifier._compute_best_scale = original_search
-    AWQModifier._compute_loss = original_loss
     AWQModifier._apply_smoothing = original_apply
   return searches, smoothed
-
-
-NOTE = re.compile(r"^awq: scales for (.*) from ratio ([0-9.e+-]+)"
-                  r"( \(duo scaling\))?; .* error ([0-9.e+-]+) -> "
-                  r"([0-9.e+-]+)")
-
-
-def tracecut_searches(report):
-  """{smooth path: (ratio, initial, best)} from the notes of a JSON report."""
-  out = {}
-  with open(report) as f:
-    modules = json.load(f)["modules"]
-  for m in modules:
-    for note in m.get("notes", []):
-      match = NOTE.match(note)
-      if match:
-        out[m["path"]] = (
-            float(match.group(2)), float(match.group(4)),
-            float(match.group(5)))
-  return out
 
 
 def per_expert(state, layer):
@@ -224,28 +165,14 @@ def main():
          "--report=" + report, "-o", out])
     ours_model = torch.jit.load(out).eval()
     ours_state = dict(ours_model.state_dict())
-    ours = tracecut_searches(report)
+    ours = tracecut_awq_searches(report)
 
     theirs_dir = os.path.join(d, "llmcompressor-out")
     theirs, theirs_weights = llmcompressor_awq(ckpt, ids, theirs_dir)
 
     # The searches (llm-compressor's AWQ sees the layers before it
     # unquantized, as tracecut's AWQ alone does).
-    assert sorted(ours) == sorted(theirs), (
-        f"mappings differ:\n tracecut {sorted(ours)}\n llm-compressor "
-        f"{sorted(theirs)}")
-    # The report prints 4 digits; grid points are 1/18 apart.
-    same_ratio = [k for k in ours if abs(ours[k][0] - theirs[k][0]) < 1e-3]
-    share = len(same_ratio) / len(ours)
-    worst_loss = 0.0
-    for k, (ratio, initial, best) in sorted(ours.items()):
-      t_ratio, t_initial, t_best = theirs[k]
-      print(f"{k}: ratio {ratio:.4f} vs {t_ratio:.4f}; loss {initial:.4g} "
-            f"-> {best:.4g} vs {t_initial:.4g} -> {t_best:.4g}")
-      worst_loss = max(worst_loss, abs(best - t_best) / t_best)
-    print(f"AWQ MoE parity: {len(same_ratio)} of {len(ours)} mappings pick "
-          f"llm-compressor's grid ratio ({share:.0%}; bound 90 %); best "
-          f"losses within {worst_loss:.3%} (bound 1 %)")
+    share, worst_loss = compare_awq_searches(ours, theirs, "Qwen3-MoE")
     assert share >= 0.9, f"only {share:.0%} of ratios agree"
     assert worst_loss <= 0.01, f"a best loss differs by {worst_loss:.3%}"
 

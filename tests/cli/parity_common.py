@@ -2,7 +2,10 @@
 transformers Llama with outlier channels, the word-level tokenizer
 llm-compressor needs to take a dataset, and the comparisons."""
 
+import contextlib
+import json
 import os
+import re
 import subprocess
 
 import torch
@@ -121,3 +124,112 @@ def check_gemma2(tracecut, ids, modifier, label):
     assert err <= 1e-5, f"{label} on Gemma 2 changed the logits: {err:.3g}"
     print(f"{label} on Gemma 2: 4 (1 + weight) norms smoothed; logits "
           f"unchanged ({err:.3g})")
+
+
+@contextlib.contextmanager
+def causal_eager_attention(*modeling_modules):
+  """llm-compressor 0.14 runs some models' attention with the eager kernel
+  and no attention mask (Qwen3-MoE's and Phi-3's masks are None under sdpa,
+  which is causal by itself; eager with no mask is not), so its activations
+  and AWQ losses come from a non-causal model (Qwen3-MoE's first attention
+  output has norm 1.40 where the model's is 1.79). Inside this, the eager
+  kernel of each transformers modeling module given is causal when no mask
+  is given, as sdpa is."""
+  originals = [m.eager_attention_forward for m in modeling_modules]
+
+  def causal(original):
+    def forward(module, query, key, value, attention_mask, **kwargs):
+      if attention_mask is None and query.shape[2] > 1:
+        n, m = query.shape[2], key.shape[2]
+        attention_mask = torch.full(
+            (n, m), float("-inf"), dtype=query.dtype).triu(1 + m - n)[None,
+                                                                       None]
+      return original(module, query, key, value, attention_mask, **kwargs)
+    return forward
+
+  for m, original in zip(modeling_modules, originals):
+    m.eager_attention_forward = causal(original)
+  try:
+    yield
+  finally:
+    for m, original in zip(modeling_modules, originals):
+      m.eager_attention_forward = original
+
+
+def awq_grid(n_grid=20):
+  """llm-compressor's grid for duo_scaling=True (AwqGrid in tracecut)."""
+  return [(0.0, False)] + [(i / (n_grid - 2), True) for i in range(n_grid - 1)]
+
+
+@contextlib.contextmanager
+def recorded_awq_searches(searches):
+  """Fills `searches` with {smooth name: (ratio, initial loss, best loss)}
+  of every grid search llm-compressor's AWQModifier runs inside this."""
+  from llmcompressor.modifiers.transform import AWQModifier
+  original_search = AWQModifier._compute_best_scale
+  original_loss = AWQModifier._compute_loss
+  current = []
+
+  def search(self, mapping, *args, **kwargs):
+    current.clear()
+    scales = original_search(self, mapping, *args, **kwargs)
+    losses = list(current)
+    best = min(range(len(losses)), key=lambda i: (losses[i], i))
+    searches[mapping.smooth_name] = (awq_grid()[best][0], losses[0],
+                                     losses[best])
+    return scales
+
+  def loss(self, *args, **kwargs):
+    value = original_loss(self, *args, **kwargs)
+    current.append(value)
+    return value
+
+  AWQModifier._compute_best_scale = search
+  AWQModifier._compute_loss = loss
+  try:
+    yield
+  finally:
+    AWQModifier._compute_best_scale = original_search
+    AWQModifier._compute_loss = original_loss
+
+
+_NOTE = re.compile(r"^awq: scales for (.*) from ratio ([0-9.e+-]+)"
+                   r"( \(duo scaling\))?; .* error ([0-9.e+-]+) -> "
+                   r"([0-9.e+-]+)")
+
+
+def tracecut_awq_searches(report):
+  """{smooth path: (ratio, initial loss, best loss)} from the notes of a
+  tracecut JSON report."""
+  out = {}
+  with open(report) as f:
+    modules = json.load(f)["modules"]
+  for m in modules:
+    for note in m.get("notes", []):
+      match = _NOTE.match(note)
+      if match:
+        out[m["path"]] = (float(match.group(2)), float(match.group(4)),
+                          float(match.group(5)))
+  return out
+
+
+def compare_awq_searches(ours, theirs, name):
+  """Prints both tools' searches; returns (share of mappings whose grid
+  ratio agrees, largest relative difference of the best losses)."""
+  assert sorted(ours) == sorted(theirs), (
+      f"{name}: mappings differ:\n tracecut {sorted(ours)}\n llm-compressor "
+      f"{sorted(theirs)}")
+  same = 0
+  worst = 0.0
+  for k, (ratio, initial, best) in sorted(ours.items()):
+    t_ratio, t_initial, t_best = theirs[k]
+    print(f"{name} {k}: ratio {ratio:.4f} vs {t_ratio:.4f}; loss "
+          f"{initial:.4g} -> {best:.4g} vs {t_initial:.4g} -> {t_best:.4g}")
+    # The report prints 4 digits; grid points are 1/18 apart.
+    same += abs(ratio - t_ratio) < 1e-3
+    worst = max(worst, abs(best - t_best) / t_best)
+  share = same / len(ours)
+  print(f"{name}: {same} of {len(ours)} mappings pick llm-compressor's grid "
+        f"ratio ({share:.0%}; bound 90 %); best losses within {worst:.3%} "
+        f"(bound 1 %)")
+  return share, worst
