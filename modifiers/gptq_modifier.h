@@ -42,6 +42,7 @@ class GptqModifier : public WeightQuantModifier {
  public:
   explicit GptqModifier(GptqModifierOptions options);
   std::string name() const override { return "gptq"; }
+  bool PropagatesChanges() const override { return true; }
   absl::Status OnRunStart(RunContext& ctx) override;
   absl::Status OnSubgraphEnd(RunContext& ctx,
                              const SubgraphInfo& subgraph) override;

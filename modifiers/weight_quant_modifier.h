@@ -313,6 +313,8 @@ class RtnModifier : public WeightQuantModifier {
   explicit RtnModifier(WeightQuantOptions options)
       : WeightQuantModifier(std::move(options)) {}
   std::string name() const override { return "rtn"; }
+  // Round-to-nearest is not propagated (Note [Propagated changes]).
+  bool PropagatesChanges() const override { return false; }
 
  protected:
   std::string method() const override { return "rtn"; }

@@ -268,10 +268,18 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   timing.calibrate_seconds = absl::ToDoubleSeconds(t1 - t0);
 
   progress_->Update(Point(i, "compress", 0, 0));
-  const int64_t updates_before = ctx.update_count();
+  // Whether a weight changed that later subgraphs must see (Note
+  // [Propagated changes] in modifier.h).
+  bool changed = false;
   RETURN_IF_ERROR(ForEachModifier(
       transform_hooks != nullptr ? absl::MakeConstSpan(others_) : modifiers_,
-      [&](Modifier* m) { return m->OnSubgraphEnd(ctx, step.info); }));
+      [&](Modifier* m) {
+        const int64_t updates_before = ctx.update_count();
+        RETURN_IF_ERROR(m->OnSubgraphEnd(ctx, step.info));
+        changed = changed || (m->PropagatesChanges() &&
+                              ctx.update_count() != updates_before);
+        return absl::OkStatus();
+      }));
   progress_->Advance(1);
   progress_->EndStep(Point(i, "compress", 0, 0));
   absl::Time t2 = absl::Now();
@@ -281,7 +289,7 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   // what a propagation pass would compute.
   bool propagated = false;
   if (options_.propagate_error) {
-    if (ctx.update_count() != updates_before) {
+    if (changed) {
       RETURN_IF_ERROR(
           RunBatches(i, "propagate", /*store=*/true, nullptr, nullptr));
       propagated = true;

@@ -17,9 +17,9 @@ bit-identical to the original; the smoothed model's logits equal the
 original transformers model's within float tolerance (relative 1e-5); and
 a data-parallel run (--nproc-per-node=2: minima and maxima all-reduced)
 gives bit-identical weights. End to end, SmoothQuant then the W8A8 preset
-from the recipe.yaml llm-compressor saves: layer 0's stored int8 codes are
-llm-compressor's (later layers see differently propagated inputs, see
-below); both outputs load in transformers and their errors are printed.
+from the recipe.yaml llm-compressor saves: every stored int8 code is
+llm-compressor's, both outputs load in transformers, and tracecut's
+final-logit error is within 5 % of llm-compressor's.
 
     smoothquant_parity_test.py TRACECUT
 """
@@ -145,26 +145,25 @@ def main():
     print(f"SmoothQuant + W8A8, loaded by transformers, final-logit relative "
           f"error on held-out tokens: tracecut {errors[0]:.4g}, "
           f"llm-compressor {errors[1]:.4g}")
-    # Layer 0 sees the same inputs in both: its int8 codes are identical
-    # and its scales equal within 1e-6. Layer 1's inputs differ, so do its
-    # smoothing statistics (its norms by up to 4e-3), and the end-to-end
-    # errors are reported, not bounded. The likely cause, not verified:
-    # llm-compressor propagates layer 0's outputs with its dynamic int8
-    # activations fake-quantized as well as its weights, tracecut with the
-    # weights only.
+    assert errors[0] <= 1.05 * errors[1], (
+        f"tracecut's error {errors[0]:.4g} is more than 5 % above "
+        f"llm-compressor's {errors[1]:.4g}")
+    # Every layer sees the same inputs in both (round-to-nearest is not
+    # propagated: Note [Propagated changes] in modifiers/modifier.h): the
+    # int8 codes are identical and the scales equal within 1e-6.
     from safetensors.torch import load_file
     a = load_file(os.path.join(ours_dir, "model.safetensors"))
     b = load_file(os.path.join(theirs_dir, "model.safetensors"))
     assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
-    layer0 = [k for k in b if k.startswith("model.layers.0.") and
-              "_proj." in k]
-    for key in layer0:
+    stored = [k for k in b if k.startswith("model.layers.") and "_proj." in k]
+    for key in stored:
       if b[key].dtype == torch.int8:
         assert torch.equal(a[key], b[key]), key
       else:
         assert relative(a[key], b[key]) <= 1e-6, (key,
                                                   relative(a[key], b[key]))
-    print(f"SmoothQuant + W8A8, layer 0: {len(layer0)} stored tensors equal "
+    print(f"SmoothQuant + W8A8, both layers: {len(stored)} stored tensors "
+          f"equal "
           f"llm-compressor's (int8 codes bit-identical, scales within 1e-6)")
 
 
