@@ -307,6 +307,44 @@ int64_t CacheBound(const partition::Partition& p, int64_t batches) {
   return bound * batches;
 }
 
+// Note [Propagated changes]: round-to-nearest changes weights but is not
+// propagated (as in llm-compressor), so the input observers of layer 1 see
+// what they see without propagate_error, bit for bit, and no propagation
+// pass runs.
+TEST(PipelineTest, RoundToNearestIsNotPropagated) {
+  const LoadedForCalibration& llama = Fixture("llama");
+  CalibrationData data = Data(llama, 8, /*seed=*/3, /*batch_size=*/2);
+  std::map<bool, CalibrationResults> results;
+  for (bool propagate : {false, true}) {
+    SCOPED_TRACE(propagate);
+    runtime::GraphModule gm = CloneOf(llama);
+    ObserverOptions in;
+    in.modules = LinearsButLmHead();
+    Observer input_observer(in);
+    WeightQuantOptions w;
+    w.modules = LinearsButLmHead();
+    w.scheme = W4G128();
+    RtnModifier rtn(w);
+    PipelineOptions options = Options(PipelineKind::kSequential, llama);
+    options.propagate_error = propagate;
+    absl::StatusOr<PipelineResult> r = RunPipeline(
+        gm, data, {&input_observer, &rtn}, results[propagate], options);
+    ASSERT_OK(r);
+    for (const SubgraphCacheStats& s : r->subgraphs) {
+      EXPECT_FALSE(s.propagated) << s.label;
+    }
+  }
+  const ModuleRecord* a =
+      results[false].FindModule("model.layers.1.self_attn.q_proj");
+  const ModuleRecord* b =
+      results[true].FindModule("model.layers.1.self_attn.q_proj");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->input.min, b->input.min);
+  EXPECT_EQ(a->input.max, b->input.max);
+  EXPECT_TRUE(SameTensor(a->weight_scale, b->weight_scale));
+}
+
 TEST(PipelineTest, GptqWithPropagationFinishesAndRespectsCacheBudget) {
   const LoadedForCalibration& llama = Fixture("llama");
   CalibrationData data = Data(llama, 16, /*seed=*/5, /*batch_size=*/2);
