@@ -39,64 +39,14 @@ import tempfile
 import torch
 import transformers
 
-from parity_common import (causal_eager_attention, check_gemma2,
-                           compare_awq_searches, export_checkpoint,
-                           make_model, recorded_awq_searches, relative, run,
-                           smoothed_drift, tracecut_awq_searches, VOCAB)
+from parity_common import (check_gemma2, compare_awq_searches,
+                           export_checkpoint, llmcompressor_awq, logit_error,
+                           make_model, relative, run, smoothed_drift,
+                           tracecut_awq_searches, VOCAB)
 
 SMOOTHED = ("input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
             "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
-def llmcompressor_awq(ckpt, ids, out, searches, patch=()):
-  """Runs llm-compressor; returns the weights as each layer's AWQ left them
-  and fills `searches` (parity_common.recorded_awq_searches). `patch`: the
-  modeling modules whose eager attention is made causal without a mask
-  (parity_common.causal_eager_attention)."""
-  from datasets import Dataset
-  from llmcompressor import oneshot
-  from llmcompressor.modifiers.quantization import QuantizationModifier
-  from llmcompressor.modifiers.transform import AWQModifier
-  import llmcompressor.pipelines.cache as cache
-
-  cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
-  smoothed = {}
-  original_apply = AWQModifier._apply_smoothing
-
-  def apply_and_record(self, model):
-    layers = {name.split(".")[2] for name in self._smooth_activation_stats}
-    original_apply(self, model)
-    for key, value in model.state_dict().items():
-      parts = key.split(".")
-      if key.startswith("model.layers.") and parts[2] in layers:
-        smoothed[key] = value.detach().clone()
-
-  AWQModifier._apply_smoothing = apply_and_record
-  try:
-    with causal_eager_attention(*patch), recorded_awq_searches(searches):
-      ds = Dataset.from_dict({"input_ids": ids.tolist(),
-                             "attention_mask": torch.ones_like(ids).tolist()})
-      model = oneshot(
-          model=ckpt, dataset=ds,
-          recipe=[AWQModifier(),
-                  QuantizationModifier(scheme="W4A16_ASYM",
-                                       targets=["Linear"],
-                                       ignore=["lm_head"])],
-          max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
-          shuffle_calibration_samples=False, pipeline="sequential")
-      model.save_pretrained(out, save_compressed=True)
-  finally:
-    AWQModifier._apply_smoothing = original_apply
-  return smoothed
-
-
-def logit_error(path, want, ids):
-  m = transformers.AutoModelForCausalLM.from_pretrained(
-      path, dtype=torch.float32).eval()
-  with torch.no_grad():
-    got = m(input_ids=ids).logits
-  return ((got - want).norm() / want.norm()).item()
 
 
 def main():
@@ -126,7 +76,8 @@ def main():
 
     theirs_dir = os.path.join(d, "llmcompressor-out")
     searches = {}
-    theirs = llmcompressor_awq(ckpt, ids, theirs_dir, searches)
+    theirs = llmcompressor_awq(ckpt, ids, theirs_dir, "W4A16_ASYM",
+                               ["lm_head"], searches)
     share, worst_loss = compare_awq_searches(
         tracecut_awq_searches(report), searches, "Llama")
     assert share >= 0.9, f"only {share:.0%} of ratios agree"
@@ -240,7 +191,8 @@ def phi3(tracecut, ids):
     ours_model = torch.jit.load(out).eval()
     ours = dict(ours_model.state_dict())
     searches = {}
-    theirs = llmcompressor_awq(ckpt, ids, os.path.join(d, "theirs"), searches,
+    theirs = llmcompressor_awq(ckpt, ids, os.path.join(d, "theirs"),
+                               "W4A16_ASYM", ["lm_head"], searches,
                                patch=(modeling_phi3,))
     share, worst_loss = compare_awq_searches(
         tracecut_awq_searches(report), searches, "Phi-3")

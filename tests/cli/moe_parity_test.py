@@ -49,8 +49,8 @@ import torch
 import transformers
 
 from parity_common import (causal_eager_attention, compare_awq_searches,
-                           export_checkpoint, recorded_awq_searches, relative,
-                           run, tracecut_awq_searches, VOCAB)
+                           export_checkpoint, llmcompressor_awq, logit_error,
+                           relative, run, tracecut_awq_searches, VOCAB)
 
 HIDDEN = 128
 EXPERTS = 4
@@ -78,48 +78,6 @@ def make_moe():
   return model
 
 
-def llmcompressor_awq(ckpt, ids, out):
-  """Runs llm-compressor; returns ({smooth name: (ratio, initial, best)},
-  {weight name: tensor as AWQ left it})."""
-  from datasets import Dataset
-  from llmcompressor import oneshot
-  from llmcompressor.modifiers.quantization import QuantizationModifier
-  from llmcompressor.modifiers.transform import AWQModifier
-  import llmcompressor.pipelines.cache as cache
-  import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3_moe
-
-  cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
-  searches = {}
-  smoothed = {}
-  original_apply = AWQModifier._apply_smoothing
-
-  def apply_and_record(self, model):
-    layers = {name.split(".")[2] for name in self._smooth_activation_stats}
-    original_apply(self, model)
-    for key, value in model.state_dict().items():
-      parts = key.split(".")
-      if key.startswith("model.layers.") and parts[2] in layers:
-        smoothed[key] = value.detach().clone()
-
-  AWQModifier._apply_smoothing = apply_and_record
-  try:
-    with causal_eager_attention(qwen3_moe), recorded_awq_searches(searches):
-      ds = Dataset.from_dict({"input_ids": ids.tolist(),
-                             "attention_mask": torch.ones_like(ids).tolist()})
-      model = oneshot(
-          model=ckpt, dataset=ds,
-          recipe=[AWQModifier(),
-                  QuantizationModifier(scheme="W4A16", targets=["Linear"],
-                                       ignore=IGNORE)],
-          max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
-          shuffle_calibration_samples=False, pipeline="sequential",
-          moe_calibrate_all_experts=True)
-      model.save_pretrained(out, save_compressed=True)
-  finally:
-    AWQModifier._apply_smoothing = original_apply
-  return searches, smoothed
-
-
 def per_expert(state, layer):
   """tracecut's fused expert parameters as llm-compressor's per-expert
   Linear weights."""
@@ -132,14 +90,6 @@ def per_expert(state, layer):
     out[f"{prefix}.{e}.up_proj.weight"] = gate_up[e, INTER:]
     out[f"{prefix}.{e}.down_proj.weight"] = down[e]
   return out
-
-
-def logit_error(path, want, ids):
-  m = transformers.AutoModelForCausalLM.from_pretrained(
-      path, dtype=torch.float32).eval()
-  with torch.no_grad():
-    got = m(input_ids=ids).logits
-  return ((got - want).norm() / want.norm()).item()
 
 
 def smoothquant(tracecut, model, ckpt, data, ids, d):
@@ -214,7 +164,11 @@ def main():
     ours = tracecut_awq_searches(report)
 
     theirs_dir = os.path.join(d, "llmcompressor-out")
-    theirs, theirs_weights = llmcompressor_awq(ckpt, ids, theirs_dir)
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as qwen3_moe
+    theirs = {}
+    theirs_weights = llmcompressor_awq(
+        ckpt, ids, theirs_dir, "W4A16", IGNORE, theirs, patch=(qwen3_moe,),
+        moe_calibrate_all_experts=True)
 
     # The searches (llm-compressor's AWQ sees the layers before it
     # unquantized, as tracecut's AWQ alone does).

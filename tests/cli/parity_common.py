@@ -233,3 +233,59 @@ def compare_awq_searches(ours, theirs, name):
         f"ratio ({share:.0%}; bound 90 %); best losses within {worst:.3%} "
         f"(bound 1 %)")
   return share, worst
+
+
+def llmcompressor_awq(ckpt, ids, out, scheme, ignore, searches, patch=(),
+                      **oneshot_args):
+  """Runs llm-compressor 0.14's oneshot with [AWQModifier(),
+  QuantizationModifier(scheme, targets Linear, ignore)] on CPU (its
+  IntermediatesCache.pin_memory a no-op, as PEERS.md says), sequential, no
+  shuffling, and saves it compressed to `out`. Fills `searches`
+  (recorded_awq_searches); `patch`: modeling modules whose eager attention
+  is made causal without a mask (causal_eager_attention). Returns the
+  weights of each layer as its AWQ smoothing left them."""
+  from datasets import Dataset
+  from llmcompressor import oneshot
+  from llmcompressor.modifiers.quantization import QuantizationModifier
+  from llmcompressor.modifiers.transform import AWQModifier
+  import llmcompressor.pipelines.cache as cache
+
+  cache.IntermediatesCache.pin_memory = lambda self, *a, **k: None  # CPU
+  smoothed = {}
+  original_apply = AWQModifier._apply_smoothing
+
+  def apply_and_record(self, model):
+    layers = {name.split(".")[2] for name in self._smooth_activation_stats}
+    original_apply(self, model)
+    for key, value in model.state_dict().items():
+      parts = key.split(".")
+      if key.startswith("model.layers.") and parts[2] in layers:
+        smoothed[key] = value.detach().clone()
+
+  AWQModifier._apply_smoothing = apply_and_record
+  try:
+    with causal_eager_attention(*patch), recorded_awq_searches(searches):
+      ds = Dataset.from_dict({"input_ids": ids.tolist(),
+                             "attention_mask": torch.ones_like(ids).tolist()})
+      model = oneshot(
+          model=ckpt, dataset=ds,
+          recipe=[AWQModifier(),
+                  QuantizationModifier(scheme=scheme, targets=["Linear"],
+                                       ignore=ignore)],
+          max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
+          shuffle_calibration_samples=False, pipeline="sequential",
+          **oneshot_args)
+      model.save_pretrained(out, save_compressed=True)
+  finally:
+    AWQModifier._apply_smoothing = original_apply
+  return smoothed
+
+
+def logit_error(path, want, ids):
+  """Relative error of the logits of the checkpoint at `path`, loaded by
+  transformers, against `want` on `ids`."""
+  m = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=torch.float32).eval()
+  with torch.no_grad():
+    got = m(input_ids=ids).logits
+  return ((got - want).norm() / want.norm()).item()
