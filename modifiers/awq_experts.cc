@@ -14,8 +14,6 @@
 #include "checkpoint/layout.h"
 #include "modifiers/awq_modifier.h"
 #include "modifiers/output_drift.h"
-#include "quantization/fake_quant.h"
-#include "quantization/observers.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -104,15 +102,8 @@ absl::Status AwqModifier::SmoothExpertDowns(RunContext& ctx,
       continue;
     }
     dtype = w.scalar_type();
-    at::Tensor x_mean;
-    at::Tensor w_mean;
-    RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
-      x_mean = stats.sum / at::full({}, stats.count, at::kLong);
-      return absl::OkStatus();
-    }));
-    if (options_.duo_scaling != AwqDuoScaling::kOff) {
-      ASSIGN_OR_RETURN(w_mean, AwqWeightMeans({w}, options_.weights));
-    }
+    ASSIGN_OR_RETURN(auto means, Means(stats, {w}));
+    const auto& [x_mean, w_mean] = means;
     // The mean squared error of x (Q(W s) / s - W)^T over the expert's
     // tokens: sum over rows of d H d^T, H = sum of x^T x.
     const double elements = double(stats.count) * double(w.size(0));
@@ -121,30 +112,16 @@ absl::Status AwqModifier::SmoothExpertDowns(RunContext& ctx,
          AwqGrid(options_.duo_scaling, options_.n_grid)) {
       ASSIGN_OR_RETURN(at::Tensor scales,
                        AwqScales(x_mean, w_mean, ratio, duo));
-      ASSIGN_OR_RETURN(at::Tensor scaled, runtime::TorchCall(where, [&] {
-                         return (w * scales.view({1, -1})).to(dtype);
+      ASSIGN_OR_RETURN(at::Tensor candidate, Candidate(w, scales, dtype));
+      ASSIGN_OR_RETURN(double error, runtime::TorchCall(where, [&] {
+                         at::Tensor d =
+                             candidate.to(at::kFloat) - w.to(at::kFloat);
+                         return (d.matmul(stats.hessian) * d)
+                                    .sum(at::kDouble)
+                                    .item<double>() /
+                                elements;
                        }));
-      ASSIGN_OR_RETURN(quantization::QParams q,
-                       quantization::WeightQParams(scaled, options_.weights));
-      ASSIGN_OR_RETURN(at::Tensor fq,
-                       quantization::FakeQuantize(scaled, q, options_.weights));
-      ASSIGN_OR_RETURN(
-          double error, runtime::TorchCall(where, [&] {
-            at::Tensor d =
-                (fq / scales.view({1, -1})).to(dtype).to(at::kFloat) -
-                w.to(at::kFloat);
-            return (d.matmul(stats.hessian) * d)
-                       .sum(at::kDouble)
-                       .item<double>() /
-                   elements;
-          }));
-      if (std::isnan(best.initial_error)) best.initial_error = error;
-      if (error < best.error) {
-        best.error = error;
-        best.ratio = ratio;
-        best.duo = duo;
-        best.scales = scales;
-      }
+      best.Offer(error, ratio, duo, scales);
     }
     if (best.ratio < 0) {
       return absl::InvalidArgumentError(

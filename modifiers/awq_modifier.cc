@@ -454,16 +454,8 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
     quantized.push_back(IsQuantized(ctx, b));
     if (quantized.back()) quantized_weights.push_back(copy);
   }
-  at::Tensor x_mean;
-  at::Tensor w_mean;
-  RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
-    x_mean = stats.sum / at::full({}, stats.count, at::kLong);
-    return absl::OkStatus();
-  }));
-  if (options_.duo_scaling != AwqDuoScaling::kOff) {
-    ASSIGN_OR_RETURN(w_mean,
-                     AwqWeightMeans(quantized_weights, options_.weights));
-  }
+  ASSIGN_OR_RETURN(auto means, Means(stats, quantized_weights));
+  const auto& [x_mean, w_mean] = means;
 
   // Puts back the original weights, whatever happens in the search.
   auto restore = [&]() -> absl::Status {
@@ -492,6 +484,44 @@ absl::Status AwqModifier::Smooth(RunContext& ctx, const Resolved& mapping) {
   return ApplyScales(ctx, mapping, sw, originals, reference, best);
 }
 
+void AwqModifier::Search::Offer(double e, double r, bool d,
+                                const at::Tensor& s) {
+  if (std::isnan(initial_error)) initial_error = e;
+  if (e < error) {
+    error = e;
+    ratio = r;
+    duo = d;
+    scales = s;
+  }
+}
+
+absl::StatusOr<std::pair<at::Tensor, at::Tensor>> AwqModifier::Means(
+    const Stats& stats, const std::vector<at::Tensor>& quantized) const {
+  ASSIGN_OR_RETURN(at::Tensor x_mean, runtime::TorchCall("awq", [&] {
+                     return stats.sum / at::full({}, stats.count, at::kLong);
+                   }));
+  at::Tensor w_mean;
+  if (options_.duo_scaling != AwqDuoScaling::kOff) {
+    ASSIGN_OR_RETURN(w_mean, AwqWeightMeans(quantized, options_.weights));
+  }
+  return std::make_pair(x_mean, w_mean);
+}
+
+absl::StatusOr<at::Tensor> AwqModifier::Candidate(const at::Tensor& w,
+                                                  const at::Tensor& scales,
+                                                  at::ScalarType dtype) const {
+  ASSIGN_OR_RETURN(at::Tensor scaled, runtime::TorchCall("awq", [&] {
+                     return (w * scales.view({1, -1})).to(dtype);
+                   }));
+  ASSIGN_OR_RETURN(quantization::QParams q,
+                   quantization::WeightQParams(scaled, options_.weights));
+  ASSIGN_OR_RETURN(at::Tensor fq,
+                   quantization::FakeQuantize(scaled, q, options_.weights));
+  return runtime::TorchCall("awq", [&] {
+    return (fq / scales.view({1, -1})).to(dtype);
+  });
+}
+
 absl::StatusOr<AwqModifier::Search> AwqModifier::SearchScales(
     RunContext& ctx, const Resolved& mapping,
     const std::vector<at::Tensor>& reference,
@@ -507,28 +537,16 @@ absl::StatusOr<AwqModifier::Search> AwqModifier::SearchScales(
     for (size_t k = 0; k < mapping.balance.size(); ++k) {
       if (!quantized[k]) continue;
       ASSIGN_OR_RETURN(at::Tensor w, LiveWeight(ctx, mapping.balance[k]));
-      ASSIGN_OR_RETURN(
-          at::Tensor scaled, runtime::TorchCall(where, [&] {
-            return (originals[k] * scales.view({1, -1})).to(w.scalar_type());
-          }));
-      ASSIGN_OR_RETURN(quantization::QParams q,
-                       quantization::WeightQParams(scaled, options_.weights));
-      ASSIGN_OR_RETURN(at::Tensor fq,
-                       quantization::FakeQuantize(scaled, q, options_.weights));
+      ASSIGN_OR_RETURN(at::Tensor candidate,
+                       Candidate(originals[k], scales, w.scalar_type()));
       RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
         at::NoGradGuard no_grad;
-        w.copy_((fq / scales.view({1, -1})).to(w.scalar_type()));
+        w.copy_(candidate);
         return absl::OkStatus();
       }));
     }
     ASSIGN_OR_RETURN(double error, ReplayError(ctx, mapping, reference));
-    if (std::isnan(best.initial_error)) best.initial_error = error;
-    if (error < best.error) {
-      best.error = error;
-      best.ratio = ratio;
-      best.duo = duo;
-      best.scales = scales;
-    }
+    best.Offer(error, ratio, duo, scales);
   }
   return best;
 }

@@ -164,7 +164,17 @@ class AwqModifier : public Modifier {
     double ratio = -1;  // -1: no grid point gave a finite error.
     bool duo = false;
     at::Tensor scales;
+    // Keeps (error, ratio, duo, scales) if it is the best so far.
+    void Offer(double e, double r, bool d, const at::Tensor& s);
   };
+  // x_mean from `stats`, w_mean of the quantized balance weights (unused
+  // without duo scaling).
+  absl::StatusOr<std::pair<at::Tensor, at::Tensor>> Means(
+      const Stats& stats, const std::vector<at::Tensor>& quantized) const;
+  // Q(W s) / s in `dtype`, on the quantizer's grid.
+  absl::StatusOr<at::Tensor> Candidate(const at::Tensor& w,
+                                       const at::Tensor& scales,
+                                       at::ScalarType dtype) const;
   // The first floating-point tensor of a module call's output (a tuple's
   // first element, as llm-compressor takes a parent's output).
   static absl::StatusOr<at::Tensor> OutputTensor(const ModuleCall& call);
