@@ -35,6 +35,16 @@
 // Data-parallel runs all-reduce the activation sums and each candidate's
 // error, so every rank picks the same scales.
 //
+// Fused MoE experts (fused_experts.h) take part by their per-expert
+// checkpoint paths: an MoE router (a module that is no leaf, computing
+// x W^T) is a balance layer that is only scaled; every expert's gate/up
+// projection is observed on the experts module's input (all tokens) and
+// measured on the MoE block's output; an expert's down projection, which
+// no call can be replayed to, is searched on the Hessian of its inputs
+// (H = sum of x^T x, its error tr(D H D^T) / (tokens x rows) for D =
+// Q(W s) / s - W), and all of a layer's experts are applied together with
+// the experts module's output checked unchanged. Not in data-parallel runs.
+//
 //   AwqOptions options;
 //   options.weights = ...;  // the quantizer's weight args
 //   options.quantized = ModuleSelector{{"Linear"}, {"lm_head"}};
