@@ -48,7 +48,7 @@ import tempfile
 import torch
 import transformers
 
-from parity_common import (causal_eager_attention, compare_awq_searches,
+from parity_common import (add_outliers, causal_eager_attention, compare_awq_searches,
                            export_checkpoint, llmcompressor_awq, logit_error,
                            relative, run, tracecut_awq_searches, VOCAB)
 
@@ -66,16 +66,10 @@ def make_moe():
       num_attention_heads=4, num_key_value_heads=4, head_dim=32,
       num_experts=EXPERTS, num_experts_per_tok=2, norm_topk_prob=True,
       max_position_embeddings=64)
-  model = transformers.Qwen3MoeForCausalLM(config).eval()
-  g = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for layer in model.model.layers:
-      for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        norm.weight.copy_(0.5 + torch.rand(HIDDEN, generator=g))
-      # Routers with some spread, so that routing is not a coin toss.
-      layer.mlp.gate.weight.normal_(0, 0.1, generator=g)
-    model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
-  return model
+  # Routers with some spread, so that routing is not a coin toss.
+  return add_outliers(
+      transformers.Qwen3MoeForCausalLM(config).eval(),
+      lambda layer, g: layer.mlp.gate.weight.normal_(0, 0.1, generator=g))
 
 
 def per_expert(state, layer):

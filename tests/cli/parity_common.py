@@ -55,12 +55,20 @@ def make_model(kv_heads):
       vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
       num_hidden_layers=2, num_attention_heads=4,
       num_key_value_heads=kv_heads, max_position_embeddings=64)
-  model = transformers.LlamaForCausalLM(config).eval()
+  return add_outliers(transformers.LlamaForCausalLM(config).eval())
+
+
+def add_outliers(model, per_layer=None):
+  """Scales each decoder layer's two norms (seeded) and three embedding
+  channels, so the activations have outlier channels to smooth; then
+  `per_layer(layer, generator)` on each layer, from the same generator."""
   g = torch.Generator().manual_seed(1)
   with torch.no_grad():
     for layer in model.model.layers:
       for norm in (layer.input_layernorm, layer.post_attention_layernorm):
         norm.weight.copy_(0.5 + torch.rand(HIDDEN, generator=g))
+      if per_layer is not None:
+        per_layer(layer, g)
     model.model.embed_tokens.weight[:, [3, 40, 77]] *= 20
   return model
 
