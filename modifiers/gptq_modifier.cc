@@ -1,10 +1,15 @@
 #include "modifiers/gptq_modifier.h"
 
+#include <ATen/ATen.h>
+
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "quantization/gptq_typed.h"
+#include "runtime/torch_status.h"
 #include "util/status.h"
 #include "util/status_macros.h"
 
@@ -115,6 +120,67 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
   out.weight = r->weight.to(weight.scalar_type());
   out.loss = r->loss;
   out.warning = r->warning;
+  return out;
+}
+
+bool GptqModifier::SolvesTogether() const {
+  if (!options().typed.has_value() || !options().typed->weights.has_value()) {
+    return false;
+  }
+  const quantization::Strategy s =
+      options().typed->weights->resolved_strategy();
+  return s == quantization::Strategy::kChannel ||
+         s == quantization::Strategy::kGroup;
+}
+
+absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
+    const std::vector<std::string>& paths,
+    const std::vector<at::Tensor>& weights, const at::Tensor& hessian) {
+  const quantization::QuantizationArgs& args = *options().typed->weights;
+  const std::string where = absl::StrCat("gptq: ", absl::StrJoin(paths, ", "));
+  // Each Linear's round-to-nearest: its parameters and baseline.
+  std::vector<WeightQuantOutcome> out;
+  std::vector<at::Tensor> stacked, scales, zero_points;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    ASSIGN_OR_RETURN(WeightQuantOutcome rtn,
+                     QuantizeTyped(paths[i], weights[i]));
+    stacked.push_back(TypedWeight(weights[i]));
+    scales.push_back(rtn.scale);
+    if (rtn.zero_point.defined()) zero_points.push_back(rtn.zero_point);
+    out.push_back(std::move(rtn));
+  }
+  absl::StatusOr<quantization::HessianFactor> factor =
+      quantization::FactorizeHessian(hessian, args.actorder,
+                                     gptq_.dampening_frac);
+  if (!factor.ok()) return util::Annotate(factor.status(), where);
+  quantization::QParams q;
+  ASSIGN_OR_RETURN(at::Tensor w, runtime::TorchCall(where, [&] {
+                     q.scale = at::cat(scales, 0);
+                     if (zero_points.size() == paths.size()) {
+                       q.zero_point = at::cat(zero_points, 0);
+                     }
+                     return at::cat(stacked, 0);
+                   }));
+  quantization::TypedGptqOptions o;
+  o.dampening_frac = gptq_.dampening_frac;
+  o.block_size = gptq_.block_size;
+  absl::StatusOr<quantization::TypedGptqResult> r =
+      quantization::TypedGptq(w, *factor, q, args, o);
+  if (!r.ok()) return util::Annotate(r.status(), where);
+  int64_t row = 0;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const int64_t rows = weights[i].size(0);
+    WeightQuantOutcome& o_i = out[i];
+    o_i.baseline_weight = o_i.weight;
+    RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
+      o_i.weight =
+          r->weight.slice(0, row, row + rows).to(weights[i].scalar_type());
+      o_i.loss = r->row_losses.slice(0, row, row + rows).sum().item<double>();
+      return absl::OkStatus();
+    }));
+    o_i.warning = r->warning;
+    row += rows;
+  }
   return out;
 }
 

@@ -54,6 +54,13 @@ class GptqModifier : public WeightQuantModifier {
   absl::StatusOr<WeightQuantOutcome> QuantizeWeight(
       absl::string_view path, const at::Tensor& weight,
       const at::Tensor& hessian) override;
+  // Typed channel and group schemes: Linears sharing a Hessian are stacked
+  // into one weight and solved in one GPTQ pass (Note [Shared Hessians]).
+  bool SolvesTogether() const override;
+  absl::StatusOr<std::vector<WeightQuantOutcome>> QuantizeTogether(
+      const std::vector<std::string>& paths,
+      const std::vector<at::Tensor>& weights,
+      const at::Tensor& hessian) override;
 
  private:
   // GPTQ with options().typed (quantization/gptq_typed.h): its parameters

@@ -326,92 +326,6 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
   return absl::OkStatus();
 }
 
-absl::Status WeightQuantModifier::Compress(RunContext& ctx,
-                                           const std::string& path,
-                                           Pending* pending) {
-  absl::Time start = absl::Now();
-  const bool fused = experts_.FindLinear(path) != nullptr;
-  const bool transposed = transposed_.count(path) > 0;
-  at::Tensor original;
-  if (fused) {
-    ASSIGN_OR_RETURN(original, experts_.Weight(ctx, path));
-  } else {
-    ASSIGN_OR_RETURN(at::Tensor w, ctx.model().GetTensor(WeightPath(path)));
-    original = transposed ? w.detach().t().contiguous() : w.detach().clone();
-  }
-  // A module no calibration token reached (never called, or called with
-  // empty inputs: an MoE expert the router never picks) has no statistics:
-  // its H is all zeros, from which GPTQ would zero the whole weight (every
-  // column "dead"). It is quantized round-to-nearest from its own weights.
-  const int64_t tokens = pending != nullptr ? pending->tokens : 0;
-  at::Tensor h;
-  hessian_readers_left_ = 0;
-  if (tokens > 0 && pending->hessian != nullptr) {
-    h = pending->hessian->hessian();
-    // Note [Shared Hessians]: the Linears still to be compressed with it.
-    hessian_readers_left_ = pending->hessian.use_count() - 1;
-    pending->hessian.reset();
-  }
-  ASSIGN_OR_RETURN(global_scale_, FusedGlobalScale(ctx, path));
-  WeightQuantOutcome outcome;
-  if (tokens > 0) {
-    ASSIGN_OR_RETURN(outcome, QuantizeWeight(path, original, h));
-  } else {
-    ASSIGN_OR_RETURN(outcome, QuantizeWithoutData(path, original));
-  }
-  ModuleRecord& r = ctx.results().Module(path);
-  if (const LeafModule* leaf = ctx.FindLeaf(path)) r.type = leaf->type;
-  if (fused) r.type = "torch.nn.modules.linear.Linear";
-  if (pending != nullptr) r.subgraph = pending->subgraph;
-  r.calibration_tokens = tokens;
-  r.weight_method = tokens > 0 ? method() : "rtn";
-  if (tokens == 0) {
-    std::string why = absl::StrCat(
-        pending == nullptr ? "never called during calibration"
-                           : "called only with empty inputs (0 tokens)",
-        ": no calibration data; quantized round-to-nearest from its own "
-        "weights",
-        NeedsHessian() ? absl::StrCat(" instead of ", method()) : "",
-        ", output error not measured");
-    r.notes.push_back(why);
-    ctx.Warn(absl::StrCat(name(), ": ", path, ": ", why));
-  }
-  r.weight_scheme = options_.typed.has_value()
-                        ? options_.typed->weights->ToString()
-                        : options_.scheme.ToString();
-  r.weight_quantization = TypedRecord();
-  r.weight_scale = outcome.scale;
-  r.weight_zero_point = outcome.zero_point;
-  r.weight_global_scale = outcome.global_scale;
-  r.weight_g_idx = outcome.g_idx;
-  r.gptq_loss = outcome.loss;
-  if (static_input_.has_value()) {
-    RETURN_IF_ERROR(RecordInput(ctx, path, pending, r));
-  }
-  if (h.defined()) {
-    ASSIGN_OR_RETURN(r.weight_error,
-                     RelativeOutputError(original, outcome.weight, h));
-    if (outcome.baseline_weight.defined()) {
-      ASSIGN_OR_RETURN(r.rtn_error, RelativeOutputError(
-                                        original, outcome.baseline_weight, h));
-    }
-  }
-  if (fused) {
-    RETURN_IF_ERROR(experts_.StageWeight(ctx, path, outcome.weight));
-  } else {
-    RETURN_IF_ERROR(ctx.UpdateTensor(
-        WeightPath(path),
-        transposed ? outcome.weight.t().contiguous() : outcome.weight));
-  }
-  if (!outcome.warning.empty()) {
-    r.notes.push_back(outcome.warning);
-    ctx.Warn(absl::StrCat(name(), ": ", path, ": ", outcome.warning));
-  }
-  r.compress_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  done_.insert(path);
-  return absl::OkStatus();
-}
-
 absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
                                                 const SubgraphInfo& subgraph) {
   if (Distributed()) {
@@ -430,11 +344,7 @@ absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,
   }
   shared_inputs_.clear();  // Only the pending modules hold the Hessians.
   CollectSiblingInputs();
-  // std::map: modules in path order, so results do not depend on call order.
-  for (auto& [path, pending] : pending_) {
-    RETURN_IF_ERROR(Compress(ctx, path, &pending));
-  }
-  pending_.clear();
+  RETURN_IF_ERROR(CompressPending(ctx));
   RETURN_IF_ERROR(RecordKvCache(ctx));
   // Experts the router sent no token to: round-to-nearest, now, while
   // their weights are loaded.
@@ -460,10 +370,7 @@ absl::Status WeightQuantModifier::OnRunEnd(RunContext& ctx) {
   }
   shared_inputs_.clear();
   CollectSiblingInputs();
-  for (auto& [path, pending] : pending_) {
-    RETURN_IF_ERROR(Compress(ctx, path, &pending));
-  }
-  pending_.clear();
+  RETURN_IF_ERROR(CompressPending(ctx));
   for (const std::string& path : selected_) {
     if (done_.count(path) > 0) continue;
     RETURN_IF_ERROR(Compress(ctx, path, nullptr));

@@ -39,7 +39,13 @@
 // unshared one. A Linear called twice on it in one batch (a module reused
 // on the same input) leaves the group with its own copy. Not for fused MoE
 // experts (one call, per-expert inputs) or data-parallel runs (the ranks'
-// sums are reduced in place, per module).
+// sums are reduced in place, per module). GPTQ then factors H once for
+// the group and, for typed schemes with per-row parameters (channel or
+// group strategies), solves the group as one weight: GPTQ treats rows
+// independently, so stacking q/k/v (or gate/up) along the output dimension
+// gives each the same result up to floating-point summation order, in one
+// column loop instead of one per Linear (the loop's per-column work is
+// small, so its count, not its width, sets the time).
 //
 // Note [Static input activations]: a compressed-tensors scheme whose input
 // activations are static (FP8: a per-tensor fp8 scale; NVFP4: the global
@@ -79,6 +85,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "modifiers/fused_experts.h"
 #include "modifiers/modifier.h"
 #include "quantization/gptq.h"
@@ -169,6 +176,9 @@ class WeightQuantModifier : public Modifier {
   // Inputs a Linear did not accumulate because a sibling's shared Hessian
   // holds them already (Note [Shared Hessians]), over the run.
   int64_t shared_hessian_reads() const { return shared_hessian_reads_; }
+  // Linears solved together with others sharing their Hessian
+  // (QuantizeTogether), over the run.
+  int64_t solved_together() const { return solved_together_; }
 
  protected:
   // During QuantizeWeight: how many other Linears will be quantized with the
@@ -185,6 +195,15 @@ class WeightQuantModifier : public Modifier {
   virtual absl::StatusOr<WeightQuantOutcome> QuantizeWeight(
       absl::string_view path, const at::Tensor& weight,
       const at::Tensor& hessian) = 0;
+  // Note [Shared Hessians]: true when QuantizeTogether can solve the
+  // Linears that share a Hessian at once (they are then never given to
+  // QuantizeWeight); its weights must not need a global scale.
+  virtual bool SolvesTogether() const { return false; }
+  // The outcomes of the Linears `paths` (weights [out_i, in]) sharing
+  // `hessian`, in that order.
+  virtual absl::StatusOr<std::vector<WeightQuantOutcome>> QuantizeTogether(
+      const std::vector<std::string>& paths,
+      const std::vector<at::Tensor>& weights, const at::Tensor& hessian);
 
   const WeightQuantOptions& options() const { return options_; }
 
@@ -210,8 +229,31 @@ class WeightQuantModifier : public Modifier {
     std::optional<quantization::ActivationObserver> input;
     int64_t input_batches = 0;
   };
+  // A module's weight (as quantized: [out, in]) and statistics, taken from
+  // its pending entry (null: it has none) for compressing it.
+  struct Prepared {
+    at::Tensor original;
+    at::Tensor hessian;  // Undefined without inputs.
+    int64_t tokens = 0;
+    bool fused = false;       // A fused MoE expert's slice.
+    bool transposed = false;  // A Conv1D's.
+    absl::Time start;
+  };
+  absl::StatusOr<Prepared> Prepare(RunContext& ctx, const std::string& path,
+                                   Pending* pending);
+  // Quantizes the module at `path` and records it (weight_quant_compress.cc).
   absl::Status Compress(RunContext& ctx, const std::string& path,
                         Pending* pending);
+  // Every module of pending_, in path order (groups sharing a Hessian
+  // together when SolvesTogether()), then clears it.
+  absl::Status CompressPending(RunContext& ctx);
+  absl::Status CompressTogether(RunContext& ctx,
+                                const std::vector<std::string>& paths);
+  // Writes `outcome` into the model and its record; `share` of the time
+  // since p.start is the module's.
+  absl::Status Record(RunContext& ctx, const std::string& path,
+                      Pending* pending, const Prepared& p,
+                      WeightQuantOutcome outcome, double share);
   // Adds `x`, an input of the selected Linear at `path`, to its
   // statistics.
   absl::Status AddInput(RunContext& ctx, const std::string& path,
@@ -287,6 +329,7 @@ class WeightQuantModifier : public Modifier {
   };
   std::map<const ir::Node*, SharedInput> shared_inputs_;
   int64_t shared_hessian_reads_ = 0;
+  int64_t solved_together_ = 0;
   int64_t hessian_readers_left_ = 0;
   // Note [KV cache]: by attention module path.
   struct KvPending {

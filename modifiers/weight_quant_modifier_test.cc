@@ -1,5 +1,5 @@
-// The weight quantizers and the observer driven hook by hook on the traced
-// Llama fixture, against quantization/'s functions on the same tensors.
+// The weight quantizers driven hook by hook on the traced Llama fixture,
+// against quantization/'s functions on the same tensors.
 // Their runs inside pipelines are pipelines/pipeline_test.cc.
 
 #include "modifiers/weight_quant_modifier.h"
@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "modifiers/observer_modifier.h"
 #include "modifiers/testing/traced_llama.h"
 #include "quantization/quantize.h"
 #include "util/progress.h"
@@ -62,38 +61,6 @@ TEST(RtnModifierTest, QuantizesTargetsAsQuantizeRtnAndLeavesTheIgnored) {
   EXPECT_TRUE(at::equal(r.weight_scale, want.params.scale));
   EXPECT_FALSE(results.modules.contains("lm_head") &&
                !results.modules.at("lm_head").weight_method.empty());
-}
-
-TEST(ObserverTest, RecordsTheInputRangeOverBatches) {
-  runtime::GraphModule gm = TraceLlamaFixture();
-  util::Progress progress = util::Progress::Silent();
-  CalibrationResults results;
-  RunContext ctx(&gm, &results, /*num_batches=*/2, &progress);
-  ObserverOptions o;
-  o.modules.targets = {kDown};
-  o.kind = ObserverKind::kMinMax;
-  o.observe = ObservedTensor::kInput;
-  Observer observer(o);
-  const SubgraphInfo info = WholeModel(ctx);
-  ASSERT_OK(observer.OnRunStart(ctx));
-  ASSERT_OK(observer.OnSubgraphStart(ctx, info));
-  const LeafModule* leaf = ctx.FindLeaf(kDown);
-  ASSERT_NE(leaf, nullptr);
-  const int64_t in = Weight(gm, kDown).size(1);
-  const std::vector<at::Tensor> xs = {
-      at::linspace(-2, 3, 2 * in).view({2, in}),
-      at::linspace(-5, 1, 2 * in).view({2, in})};
-  for (int64_t b = 0; b < 2; ++b) {
-    std::vector<c10::IValue> inputs = {xs[b]};
-    ASSERT_TRUE(observer.WantsModule(kDown, leaf->type));
-    ASSERT_OK(observer.OnModuleCall(ctx, CallOf(*leaf, inputs, b)));
-  }
-  ASSERT_OK(observer.OnSubgraphEnd(ctx, info));
-  const ActivationRange& range = results.modules.at(kDown).input;
-  EXPECT_EQ(range.observer, "minmax");
-  EXPECT_FLOAT_EQ(range.min, -5);
-  EXPECT_FLOAT_EQ(range.max, 3);
-  EXPECT_EQ(range.batches, 2);
 }
 
 }  // namespace

@@ -206,8 +206,9 @@ TEST(PipelineTest, ThreePipelinesGiveIdenticalScalesWithoutPropagation) {
 }
 
 // Note [Shared Hessians] in weight_quant_modifier.h: q/k/v (and gate/up) share
-// one accumulated Hessian (and, for compressed-tensors schemes, its factor);
-// each gets the GPTQ result it gets alone, bit for bit.
+// one accumulated Hessian (and, for compressed-tensors schemes, one GPTQ
+// solve of their stacked weights); each gets the GPTQ result it gets alone,
+// bit for bit here.
 class SharedHessianTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(SharedHessianTest, EachLinearGetsItsOwnResult) {
@@ -215,6 +216,7 @@ TEST_P(SharedHessianTest, EachLinearGetsItsOwnResult) {
   const LoadedForCalibration& llama = Fixture("llama");
   CalibrationData data = Data(llama, 6, /*seed=*/5, /*batch_size=*/2);
   int64_t shared_reads = 0;
+  int64_t solved_together = 0;
   auto run = [&](std::vector<std::string> targets,
                  CalibrationResults& results) {
     auto gm = std::make_unique<runtime::GraphModule>(CloneOf(llama));
@@ -234,12 +236,16 @@ TEST_P(SharedHessianTest, EachLinearGetsItsOwnResult) {
     options.propagate_error = false;  // Each Linear's inputs: the original.
     EXPECT_OK(RunPipeline(*gm, data, {&gptq}, results, options));
     shared_reads = gptq.shared_hessian_reads();
+    solved_together = gptq.solved_together();
     return gm;
   };
   CalibrationResults all;
   std::unique_ptr<runtime::GraphModule> shared = run({"re:.*_proj$"}, all);
   // 2 layers x 3 batches x (k, v after q; up after gate).
   EXPECT_EQ(shared_reads, 2 * 3 * 3);
+  // Compressed-tensors schemes solve each group as one weight: 2 layers x
+  // (q, k, v; gate, up).
+  EXPECT_EQ(solved_together, typed ? 2 * 5 : 0);
   // The first Linear of each group makes the Hessian, the later ones join
   // it: check one of each, each alone.
   for (const char* name : {"q_proj", "v_proj", "gate_proj", "up_proj"}) {

@@ -203,6 +203,7 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       w = at::gather(w, -1, inverse.unsqueeze(-2).expand({-1, rows, -1}));
     }
     result.loss = losses.sum(1)[0].item<double>();
+    result.row_losses = losses[0];
     result.weight = w[0].to(weight.scalar_type());
     return result;
   });

@@ -42,8 +42,9 @@ struct TypedGptqOptions {
 };
 
 struct TypedGptqResult {
-  at::Tensor weight;  // [out, in], the input's dtype.
-  double loss = 0;    // sum of error^2 / 2, as llm-compressor logs it.
+  at::Tensor weight;      // [out, in], the input's dtype.
+  double loss = 0;        // sum of error^2 / 2, as llm-compressor logs it.
+  at::Tensor row_losses;  // fp32 [out]: each output row's share of `loss`.
   bool fell_back_to_rtn = false;
   std::string warning;
 };

@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -130,6 +131,83 @@ c10::IValue TakeResult(const NodePlan& p, torch::jit::Stack& stack) {
   return v;
 }
 
+using NodeHooks = std::vector<std::pair<Interpreter::HookId, NodeHook>>;
+using ModuleHooks = std::vector<std::pair<Interpreter::HookId, ModuleHook>>;
+
+void FireNode(const NodeHooks& hooks, const NodePlan& p,
+              absl::Span<const c10::IValue> in, const c10::IValue* out) {
+  for (const auto& [id, hook] : hooks) hook(*p.node, in, out);
+}
+
+// A call_module step: the submodule's forward between the node hooks and
+// the module hooks (which see the module object). Throws as LibTorch does.
+c10::IValue CallModule(const NodePlan& p, const c10::IValue& root_value,
+                       const NodeHooks& node_hooks,
+                       const ModuleHooks& module_hooks, Frame& f) {
+  c10::IValue module = WalkSlots(root_value, p.attr_slots);
+  const c10::ClassType* type = module.toObjectRef().type().get();
+  torch::jit::Function* forward =
+      type == p.module_type ? p.forward : type->findMethod("forward");
+  TORCH_CHECK(forward != nullptr, "module has no forward method");
+  f.stack.clear();
+  f.stack.push_back(module);
+  for (const Operand& o : p.operands) {
+    f.stack.push_back(Materialize(o, f.env));
+  }
+  const bool node_hooked = !node_hooks.empty();
+  const bool module_hooked = !module_hooks.empty();
+  std::optional<torch::jit::Module> hooked_module;
+  if (node_hooked || module_hooked) {
+    f.hook_inputs.assign(f.stack.begin() + 1, f.stack.end());
+    if (node_hooked) FireNode(node_hooks, p, f.hook_inputs, nullptr);
+    if (module_hooked) {
+      hooked_module.emplace(module.toObject());
+      for (const auto& [id, hook] : module_hooks) {
+        hook(*p.node, *hooked_module, f.hook_inputs, nullptr);
+      }
+    }
+  }
+  forward->run(f.stack);
+  c10::IValue out = std::move(f.stack.back());
+  f.stack.clear();
+  if (module_hooked) {
+    for (const auto& [id, hook] : module_hooks) {
+      hook(*p.node, *hooked_module, f.hook_inputs, &out);
+    }
+  }
+  return out;
+}
+
+// A call_method step: the named method of the object in the first operand.
+absl::StatusOr<c10::IValue> CallMethod(const NodePlan& p,
+                                       const NodeHooks& node_hooks, Frame& f) {
+  f.stack.clear();
+  for (const Operand& o : p.operands) {
+    f.stack.push_back(Materialize(o, f.env));
+  }
+  const c10::IValue& self = f.stack[0];
+  if (!self.isObject()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        p.node->Describe(), ": call_method on a ", self.type()->repr_str(),
+        " (only objects have methods here)"));
+  }
+  torch::jit::Function* method =
+      self.toObjectRef().type()->findMethod(p.node->target());
+  if (method == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        p.node->Describe(), ": ", ShortTypeName(*self.toObjectRef().type()),
+        " has no method '", p.node->target(), "'"));
+  }
+  if (!node_hooks.empty()) {
+    f.hook_inputs.assign(f.stack.begin() + 1, f.stack.end());
+    FireNode(node_hooks, p, f.hook_inputs, nullptr);
+  }
+  method->run(f.stack);
+  c10::IValue out = std::move(f.stack.back());
+  f.stack.clear();
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<c10::IValue> Interpreter::Plan::Execute(
@@ -146,7 +224,6 @@ absl::StatusOr<c10::IValue> Interpreter::Plan::Execute(
   f.env.resize(num_slots);
   f.stack.reserve(16);
   const bool node_hooked = !node_hooks.empty();
-  const bool module_hooked = !module_hooks.empty();
   const c10::IValue root_value = root._ivalue();
   int64_t live = 0;
   int64_t peak = 0;
@@ -156,7 +233,7 @@ absl::StatusOr<c10::IValue> Interpreter::Plan::Execute(
 
   auto fire_node = [&](const NodePlan& p, absl::Span<const c10::IValue> in,
                        const c10::IValue* out) {
-    for (const auto& [id, hook] : node_hooks) hook(*p.node, in, out);
+    FireNode(node_hooks, p, in, out);
   };
 
   try {
@@ -197,64 +274,13 @@ absl::StatusOr<c10::IValue> Interpreter::Plan::Execute(
           out = *std::move(item);
           break;
         }
-        case Step::kCallModule: {
-          c10::IValue module = WalkSlots(root_value, p.attr_slots);
-          const c10::ClassType* type = module.toObjectRef().type().get();
-          torch::jit::Function* forward =
-              type == p.module_type ? p.forward : type->findMethod("forward");
-          TORCH_CHECK(forward != nullptr, "module has no forward method");
-          f.stack.clear();
-          f.stack.push_back(module);
-          for (const Operand& o : p.operands) {
-            f.stack.push_back(Materialize(o, f.env));
-          }
-          std::optional<torch::jit::Module> hooked_module;
-          if (node_hooked || module_hooked) {
-            f.hook_inputs.assign(f.stack.begin() + 1, f.stack.end());
-            fire_node(p, f.hook_inputs, nullptr);
-            if (module_hooked) {
-              hooked_module.emplace(module.toObject());
-              for (const auto& [id, hook] : module_hooks) {
-                hook(*p.node, *hooked_module, f.hook_inputs, nullptr);
-              }
-            }
-          }
-          forward->run(f.stack);
-          out = std::move(f.stack.back());
-          f.stack.clear();
-          if (module_hooked) {
-            for (const auto& [id, hook] : module_hooks) {
-              hook(*p.node, *hooked_module, f.hook_inputs, &out);
-            }
-          }
+        case Step::kCallModule:
+          out = CallModule(p, root_value, node_hooks, module_hooks, f);
           break;
-        }
         case Step::kCallMethod: {
-          f.stack.clear();
-          for (const Operand& o : p.operands) {
-            f.stack.push_back(Materialize(o, f.env));
-          }
-          const c10::IValue& self = f.stack[0];
-          if (!self.isObject()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                p.node->Describe(), ": call_method on a ",
-                self.type()->repr_str(), " (only objects have methods here)"));
-          }
-          torch::jit::Function* method =
-              self.toObjectRef().type()->findMethod(p.node->target());
-          if (method == nullptr) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(p.node->Describe(), ": ",
-                             ShortTypeName(*self.toObjectRef().type()),
-                             " has no method '", p.node->target(), "'"));
-          }
-          if (node_hooked) {
-            f.hook_inputs.assign(f.stack.begin() + 1, f.stack.end());
-            fire_node(p, f.hook_inputs, nullptr);
-          }
-          method->run(f.stack);
-          out = std::move(f.stack.back());
-          f.stack.clear();
+          absl::StatusOr<c10::IValue> called = CallMethod(p, node_hooks, f);
+          if (!called.ok()) return called.status();
+          out = *std::move(called);
           break;
         }
         case Step::kOutput:

@@ -311,6 +311,96 @@ double Field(const Json& object, const char* key) {
   return v != nullptr && v->is_number() ? v->get<double>() : NAN;
 }
 
+// One calibration of the demo's model: GPTQ or round-to-nearest W4A16.
+struct DemoRun {
+  const char* name;
+  const char* title;
+  const char* recipe;
+  std::string dir;
+  std::string report;
+  int64_t samples;
+  std::optional<pipelines::CalibrateOutcome> outcome;
+};
+
+// Calibrates `ckpt` as `run` says, into a compressed-tensors checkpoint
+// with its weights streamed layer by layer.
+absl::Status CalibrateDemoRun(const std::string& ckpt,
+                              const c10::Device& device,
+                              util::Progress& progress, std::ostream& text,
+                              DemoRun& run) {
+  const absl::Time t = absl::Now();
+  text << "== tracecut calibrate " << ckpt << " (" << run.name
+       << " W4A16: int4 weights, symmetric, group 128) --synthetic="
+       << run.samples << " -o " << run.dir
+       << (device.is_cpu()
+               ? std::string()
+               : absl::StrCat(" --device=", runtime::DeviceName(device)))
+       << "\n"
+       << std::flush;
+  pipelines::CalibrateOptions o;
+  o.model_path = ckpt;
+  ASSIGN_OR_RETURN(
+      o.recipe,
+      pipelines::ParseRecipe(run.recipe, absl::StrCat(run.name, " recipe")));
+  o.recipe_source = absl::StrCat("(built-in ", run.name, " W4A16 g128)");
+  o.synthetic_samples = run.samples;
+  o.synthetic_seq_len = 32;
+  o.batch_size = 8;
+  o.output_format =
+      pipelines::CalibrateOptions::OutputFormat::kCompressedTensors;
+  o.output_path = run.dir;
+  o.report_path = run.report;
+  o.progress = &progress;
+  o.device = device;
+  ASSIGN_OR_RETURN(run.outcome, pipelines::Calibrate(o));
+  text << "wrote " << run.dir << " " << Elapsed(t) << "\n\n";
+  return absl::OkStatus();
+}
+
+// Loads the original and both outputs with transformers and prints their
+// final-logit errors; returns the comparison's "outputs" object.
+absl::StatusOr<Json> CompareDemoOutputs(const std::string& python,
+                                        const std::string& demo_script,
+                                        const std::string& ckpt,
+                                        const std::string& out_dir,
+                                        const DemoRun (&runs)[2],
+                                        std::ostream& text, Io& io) {
+  const absl::Time t = absl::Now();
+  const std::string errors_path = absl::StrCat(out_dir, "/logit_errors.json");
+  text << "== transformers: AutoModelForCausalLM.from_pretrained(...) of the "
+          "original and both outputs\n"
+       << std::flush;
+  RETURN_IF_ERROR(
+      RunChild({python, demo_script, "compare", ckpt, runs[0].dir, runs[1].dir,
+                absl::StrCat("--json-out=", errors_path)},
+               "loading the outputs with transformers", io));
+  ASSIGN_OR_RETURN(std::string errors_text, util::ReadFile(errors_path));
+  ASSIGN_OR_RETURN(Json errors, util::ParseJson(errors_text, errors_path));
+  const Json* outputs = util::FindMember(errors, "outputs");
+  if (outputs == nullptr) {
+    return absl::InternalError(absl::StrCat(errors_path, " has no outputs"));
+  }
+  double rel[2] = {NAN, NAN};
+  for (int i = 0; i < 2; ++i) {
+    const Json* e = util::FindMember(*outputs, runs[i].dir);
+    if (e == nullptr) {
+      return absl::InternalError(
+          absl::StrCat(errors_path, " has no result for ", runs[i].dir));
+    }
+    rel[i] = Field(*e, "relative_error");
+    text << absl::StrFormat(
+        "%s W4A16 g128, loaded by transformers: final-logit relative error "
+        "%.4f, top-1 token agreement %.1f%%\n",
+        runs[i].title, rel[i], 100 * Field(*e, "top1_agreement"));
+  }
+  text << (rel[0] < rel[1]
+               ? absl::StrFormat("GPTQ's error is %.2fx lower than RTN's",
+                                 rel[1] / rel[0])
+               : std::string("GPTQ did not beat RTN on this data"))
+       << " (8 x 32 held-out tokens) " << Elapsed(t) << "\n\n";
+  return *outputs;
+}
+
 absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   if (args.Has("model")) {
     return UsageError(
@@ -373,18 +463,9 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   // compressed-tensors checkpoint, the weights streamed layer by layer.
   const bool live = &io.err == &std::cerr && isatty(STDERR_FILENO) != 0;
   util::Progress progress(&io.err, live);
-  struct Run {
-    const char* name;
-    const char* title;
-    const char* recipe;
-    std::string dir;
-    std::string report;
-    int64_t samples;
-    std::optional<pipelines::CalibrateOutcome> outcome;
-  };
   // Round-to-nearest's weights do not depend on data: one batch, only for
   // its report.
-  Run runs[] = {
+  DemoRun runs[] = {
       {"gptq",
        "GPTQ",
        kGptqRecipe,
@@ -400,33 +481,8 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
        std::min<int64_t>(samples, 8),
        {}},
   };
-  for (Run& run : runs) {
-    t = absl::Now();
-    text << "== tracecut calibrate " << ckpt << " (" << run.name
-         << " W4A16: int4 weights, symmetric, group 128) --synthetic="
-         << run.samples << " -o " << run.dir
-         << (device->is_cpu()
-                 ? std::string()
-                 : absl::StrCat(" --device=", runtime::DeviceName(*device)))
-         << "\n"
-         << std::flush;
-    pipelines::CalibrateOptions o;
-    o.model_path = ckpt;
-    ASSIGN_OR_RETURN(
-        o.recipe,
-        pipelines::ParseRecipe(run.recipe, absl::StrCat(run.name, " recipe")));
-    o.recipe_source = absl::StrCat("(built-in ", run.name, " W4A16 g128)");
-    o.synthetic_samples = run.samples;
-    o.synthetic_seq_len = 32;
-    o.batch_size = 8;
-    o.output_format =
-        pipelines::CalibrateOptions::OutputFormat::kCompressedTensors;
-    o.output_path = run.dir;
-    o.report_path = run.report;
-    o.progress = &progress;
-    o.device = *device;
-    ASSIGN_OR_RETURN(run.outcome, pipelines::Calibrate(o));
-    text << "wrote " << run.dir << " " << Elapsed(t) << "\n\n";
+  for (DemoRun& run : runs) {
+    RETURN_IF_ERROR(CalibrateDemoRun(ckpt, *device, progress, text, run));
   }
 
   // 5. The page: GPTQ's report (it holds RTN's error per module too).
@@ -449,37 +505,8 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
 
   // 6. Both outputs loaded by transformers (compressed-tensors decompresses
   // the packed weights); final logits against the original model's.
-  t = absl::Now();
-  const std::string errors_path = absl::StrCat(out_dir, "/logit_errors.json");
-  text << "== transformers: AutoModelForCausalLM.from_pretrained(...) of the "
-          "original and both outputs\n"
-       << std::flush;
-  RETURN_IF_ERROR(
-      RunChild({python, demo_script, "compare", ckpt, runs[0].dir, runs[1].dir,
-                absl::StrCat("--json-out=", errors_path)},
-               "loading the outputs with transformers", io));
-  ASSIGN_OR_RETURN(std::string errors_text, util::ReadFile(errors_path));
-  ASSIGN_OR_RETURN(Json errors, util::ParseJson(errors_text, errors_path));
-  const Json* outputs = util::FindMember(errors, "outputs");
-  double rel[2] = {NAN, NAN};
-  for (int i = 0; i < 2; ++i) {
-    const Json* e =
-        outputs != nullptr ? util::FindMember(*outputs, runs[i].dir) : nullptr;
-    if (e == nullptr) {
-      return absl::InternalError(
-          absl::StrCat(errors_path, " has no result for ", runs[i].dir));
-    }
-    rel[i] = Field(*e, "relative_error");
-    text << absl::StrFormat(
-        "%s W4A16 g128, loaded by transformers: final-logit relative error "
-        "%.4f, top-1 token agreement %.1f%%\n",
-        runs[i].title, rel[i], 100 * Field(*e, "top1_agreement"));
-  }
-  text << (rel[0] < rel[1]
-               ? absl::StrFormat("GPTQ's error is %.2fx lower than RTN's",
-                                 rel[1] / rel[0])
-               : std::string("GPTQ did not beat RTN on this data"))
-       << " (8 x 32 held-out tokens) " << Elapsed(t) << "\n\n";
+  ASSIGN_OR_RETURN(Json outputs, CompareDemoOutputs(python, demo_script, ckpt,
+                                                    out_dir, runs, text, io));
 
   text << "outputs in " << out_dir << "/ " << Elapsed(demo_start) << "\n"
        << "  llama/                      the generated checkpoint, its "
@@ -498,7 +525,7 @@ absl::Status RunMainDemo(const ParsedArgs& args, Io& io) {
   summary["html_report"] = Json(html_path);
   Json results = Json::object();
   for (int i = 0; i < 2; ++i) {
-    Json e = *util::FindMember(*outputs, runs[i].dir);
+    Json e = *util::FindMember(outputs, runs[i].dir);
     e["model"] = Json(runs[i].dir);
     e["report"] = Json(runs[i].report);
     results[runs[i].name] = std::move(e);

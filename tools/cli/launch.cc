@@ -103,6 +103,68 @@ std::string DescribeExit(int status) {
   return absl::StrCat("exit status ", WEXITSTATUS(status));
 }
 
+// The launcher's environment with rank `r`'s c10d variables in place of
+// any it had.
+std::vector<std::string> RankEnvironment(int r, int nproc, int port) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view v(*e);
+    if (absl::StartsWith(v, "RANK=") || absl::StartsWith(v, "WORLD_SIZE=") ||
+        absl::StartsWith(v, "LOCAL_RANK=") ||
+        absl::StartsWith(v, "LOCAL_WORLD_SIZE=") ||
+        absl::StartsWith(v, "MASTER_ADDR=") ||
+        absl::StartsWith(v, "MASTER_PORT=")) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  env.push_back(absl::StrCat("RANK=", r));
+  env.push_back(absl::StrCat("LOCAL_RANK=", r));
+  env.push_back(absl::StrCat("WORLD_SIZE=", nproc));
+  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", nproc));
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back(absl::StrCat("MASTER_PORT=", port));
+  return env;
+}
+
+// The rank whose failure stopped the run: one that failed on its own rather
+// than through a collective that saw another rank go (those say "another
+// rank died"); `first_failed` when every one did. Sets `message` to its
+// last error line.
+int FailureCause(const std::vector<Rank>& ranks, int first_failed,
+                 std::string& message) {
+  message = LastMessage(ReadFile(ranks[first_failed].log));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].stopped_by_us) continue;
+    const int st = ranks[r].status;
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+    std::string m = LastMessage(ReadFile(ranks[r].log));
+    if (!absl::StrContains(m, "another rank died")) {
+      message = std::move(m);
+      return static_cast<int>(r);
+    }
+  }
+  return first_failed;
+}
+
+// How many ranks kept a checkpoint: ranks keep theirs in
+// RUN_DIR/rank-R-of-N/state.pt.NNNNN.
+int CheckpointedRanks(const std::string& run_dir, int nproc) {
+  if (run_dir.empty()) return 0;
+  std::error_code ec;
+  int checkpointed = 0;
+  for (int r = 0; r < nproc; ++r) {
+    const std::string dir = absl::StrCat(run_dir, "/rank-", r, "-of-", nproc);
+    for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+      if (absl::StartsWith(f.path().filename().string(), "state.pt")) {
+        ++checkpointed;
+        break;
+      }
+    }
+  }
+  return checkpointed;
+}
+
 }  // namespace
 
 bool IsLaunchedRank() {
@@ -140,24 +202,7 @@ absl::Status LaunchLocalRanks(int nproc,
   const pid_t launcher = ::getpid();
   for (int r = 0; r < nproc; ++r) {
     ranks[r].log = absl::StrCat(log_dir, "/rank-", r, ".log");
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      absl::string_view v(*e);
-      if (absl::StartsWith(v, "RANK=") || absl::StartsWith(v, "WORLD_SIZE=") ||
-          absl::StartsWith(v, "LOCAL_RANK=") ||
-          absl::StartsWith(v, "LOCAL_WORLD_SIZE=") ||
-          absl::StartsWith(v, "MASTER_ADDR=") ||
-          absl::StartsWith(v, "MASTER_PORT=")) {
-        continue;
-      }
-      env.emplace_back(v);
-    }
-    env.push_back(absl::StrCat("RANK=", r));
-    env.push_back(absl::StrCat("LOCAL_RANK=", r));
-    env.push_back(absl::StrCat("WORLD_SIZE=", nproc));
-    env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", nproc));
-    env.push_back("MASTER_ADDR=127.0.0.1");
-    env.push_back(absl::StrCat("MASTER_PORT=", *port));
+    std::vector<std::string> env = RankEnvironment(r, nproc, *port);
     std::vector<char*> envp;
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -243,43 +288,18 @@ absl::Status LaunchLocalRanks(int nproc,
     std::filesystem::remove_all(log_dir);
     return absl::OkStatus();
   }
-  // The cause: a rank that failed on its own rather than through a
-  // collective that saw another rank go (those say "another rank died").
-  int cause = first_failed;
-  std::string message = LastMessage(ReadFile(ranks[cause].log));
-  for (int r = 0; r < nproc; ++r) {
-    if (ranks[r].stopped_by_us) continue;
-    const int st = ranks[r].status;
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
-    std::string m = LastMessage(ReadFile(ranks[r].log));
-    if (!absl::StrContains(m, "another rank died")) {
-      cause = r;
-      message = m;
-      break;
-    }
-  }
+  std::string message;
+  const int cause = FailureCause(ranks, first_failed, message);
   std::error_code ec;
   for (const std::string& path : created) {
     std::filesystem::remove_all(path, ec);
   }
   std::filesystem::remove_all(log_dir, ec);
-  // Ranks keep their checkpoints in RUN_DIR/rank-R-of-N/state.pt.NNNNN;
-  // the run can continue when every rank kept one.
-  int checkpointed = 0;
-  if (!run_dir.empty()) {
-    for (int r = 0; r < nproc; ++r) {
-      const std::string dir = absl::StrCat(run_dir, "/rank-", r, "-of-", nproc);
-      for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
-        if (absl::StartsWith(f.path().filename().string(), "state.pt")) {
-          ++checkpointed;
-          break;
-        }
-      }
-    }
-    // What killed ranks left (lock files, a checkpoint of some ranks only).
-    if (checkpointed < nproc && run_dir_created) {
-      std::filesystem::remove_all(run_dir, ec);
-    }
+  // The run can continue when every rank kept a checkpoint.
+  const int checkpointed = CheckpointedRanks(run_dir, nproc);
+  // What killed ranks left (lock files, a checkpoint of some ranks only).
+  if (!run_dir.empty() && checkpointed < nproc && run_dir_created) {
+    std::filesystem::remove_all(run_dir, ec);
   }
   std::string resume;
   if (checkpointed == nproc && !absl::StrContains(message, "--resume")) {

@@ -204,6 +204,8 @@ class Importer {
                                      int node);
 
   absl::Status EmitNode(int i, Method& m);
+  // Assigns node `i`'s call `expr` to locals for the names it outputs.
+  absl::Status BindOutputs(int i, const std::string& expr, Method& m);
 
   std::vector<Frame> FramesOf(int node) const {
     const auto& meta = graph_.get_nodes()[node].get_metadata();

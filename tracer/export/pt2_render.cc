@@ -85,6 +85,44 @@ bool IsDroppedAssert(absl::string_view target) {
          absl::StrContains(target, "._assert_tensor_metadata");
 }
 
+// The tensor names a list output binds ("" for a None element).
+std::vector<std::string> ListOutputNames(const schema::Argument& a) {
+  std::vector<std::string> names;
+  if (a.tag() == ArgTag::AS_TENSORS) {
+    for (const auto& t : a.get_as_tensors()) names.push_back(t.get_name());
+  } else if (a.tag() == ArgTag::AS_OPTIONAL_TENSORS) {
+    for (const auto& t : a.get_as_optional_tensors()) {
+      names.push_back(t.tag() == schema::OptionalTensorArgument::Tag::AS_TENSOR
+                          ? t.get_as_tensor().get_name()
+                          : "");
+    }
+  }
+  return names;
+}
+
+// The name a single output binds, or "" for a constant.
+std::string OutputName(const schema::Argument& a) {
+  switch (a.tag()) {
+    case ArgTag::AS_TENSOR:
+      return a.get_as_tensor().get_name();
+    case ArgTag::AS_SYM_INT:
+      return a.get_as_sym_int().tag() == schema::SymIntArgument::Tag::AS_NAME
+                 ? a.get_as_sym_int().get_as_name()
+                 : "";
+    case ArgTag::AS_SYM_BOOL:
+      return a.get_as_sym_bool().tag() == schema::SymBoolArgument::Tag::AS_NAME
+                 ? a.get_as_sym_bool().get_as_name()
+                 : "";
+    case ArgTag::AS_SYM_FLOAT:
+      return a.get_as_sym_float().tag() ==
+                     schema::SymFloatArgument::Tag::AS_NAME
+                 ? a.get_as_sym_float().get_as_name()
+                 : "";
+    default:
+      return "";
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> Importer::Render(const schema::Argument& a,
@@ -321,7 +359,11 @@ absl::Status Importer::EmitNode(int i, Method& m) {
                                      "', which tracecut does not import"));
   }
 
-  const auto& outs = n.get_outputs();
+  return BindOutputs(i, expr, m);
+}
+
+absl::Status Importer::BindOutputs(int i, const std::string& expr, Method& m) {
+  const auto& outs = graph_.get_nodes()[i].get_outputs();
   auto bind_list = [&](const std::string& list,
                        const std::vector<std::string>& names) {
     for (size_t k = 0; k < names.size(); ++k) {
@@ -331,42 +373,6 @@ absl::Status Importer::EmitNode(int i, Method& m) {
       m.env[names[k]] = local;
     }
   };
-  auto names_of = [&](const schema::Argument& a) {
-    std::vector<std::string> names;
-    if (a.tag() == ArgTag::AS_TENSORS) {
-      for (const auto& t : a.get_as_tensors()) names.push_back(t.get_name());
-    } else if (a.tag() == ArgTag::AS_OPTIONAL_TENSORS) {
-      for (const auto& t : a.get_as_optional_tensors()) {
-        names.push_back(t.tag() ==
-                                schema::OptionalTensorArgument::Tag::AS_TENSOR
-                            ? t.get_as_tensor().get_name()
-                            : "");
-      }
-    }
-    return names;
-  };
-  auto single_name = [&](const schema::Argument& a) -> std::string {
-    switch (a.tag()) {
-      case ArgTag::AS_TENSOR:
-        return a.get_as_tensor().get_name();
-      case ArgTag::AS_SYM_INT:
-        return a.get_as_sym_int().tag() == schema::SymIntArgument::Tag::AS_NAME
-                   ? a.get_as_sym_int().get_as_name()
-                   : "";
-      case ArgTag::AS_SYM_BOOL:
-        return a.get_as_sym_bool().tag() ==
-                       schema::SymBoolArgument::Tag::AS_NAME
-                   ? a.get_as_sym_bool().get_as_name()
-                   : "";
-      case ArgTag::AS_SYM_FLOAT:
-        return a.get_as_sym_float().tag() ==
-                       schema::SymFloatArgument::Tag::AS_NAME
-                   ? a.get_as_sym_float().get_as_name()
-                   : "";
-      default:
-        return "";
-    }
-  };
   if (outs.empty()) {
     m.Add(expr);
   } else if (outs.size() == 1 &&
@@ -374,9 +380,9 @@ absl::Status Importer::EmitNode(int i, Method& m) {
               outs[0].tag() == ArgTag::AS_OPTIONAL_TENSORS)) {
     std::string r = m.NewLocal('r');
     m.Add(absl::StrCat(r, " = ", expr));
-    bind_list(r, names_of(outs[0]));
+    bind_list(r, ListOutputNames(outs[0]));
   } else if (outs.size() == 1) {
-    std::string name = single_name(outs[0]);
+    std::string name = OutputName(outs[0]);
     std::string local = m.NewLocal('t');
     m.Add(absl::StrCat(local, " = ", expr));
     if (!name.empty()) m.env[name] = local;
@@ -388,10 +394,10 @@ absl::Status Importer::EmitNode(int i, Method& m) {
           outs[k].tag() == ArgTag::AS_OPTIONAL_TENSORS) {
         std::string sub = m.NewLocal('r');
         m.Add(absl::StrCat(sub, " = ", r, "[", k, "]"));
-        bind_list(sub, names_of(outs[k]));
+        bind_list(sub, ListOutputNames(outs[k]));
         continue;
       }
-      std::string name = single_name(outs[k]);
+      std::string name = OutputName(outs[k]);
       if (name.empty()) continue;
       std::string local = m.NewLocal('t');
       m.Add(absl::StrCat(local, " = ", r, "[", k, "]"));
