@@ -9,9 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tracer/load.h"
-#include "tracer/tracer.h"
-#include "util/testing/runfiles.h"
+#include "tracer/testing/traced_fixture.h"
 #include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
@@ -19,35 +17,10 @@ namespace tracecut::output {
 namespace {
 
 using ::testing::HasSubstr;
-using ::tracecut::util::testing::Runfile;
+using ::tracecut::tracer::testing::TracedFixture;
+using ::tracecut::tracer::testing::TraceFixture;
 using ::tracecut::util::testing::StatusIs;
 using ::tracecut::util::testing::TempDir;
-
-struct Traced {
-  torch::jit::Module original;
-  runtime::GraphModule gm;
-  std::vector<c10::IValue> inputs;
-};
-
-Traced TraceLlama() {
-  absl::StatusOr<tracer::LoadedModel> model =
-      tracer::LoadModel(Runfile("tests/fixtures/llama.pt"));
-  EXPECT_OK(model);
-  absl::StatusOr<tracer::TraceOptions> options =
-      tracer::WithModelFiles(*model, tracer::TraceOptions());
-  EXPECT_OK(options);
-  absl::StatusOr<runtime::GraphModule> gm =
-      tracer::Trace(model->module, *options);
-  EXPECT_OK(gm);
-  auto inputs = tracer::ResolveExampleInputs(model->module, *options);
-  EXPECT_OK(inputs);
-  // What calibrate carries into the output (config.json).
-  gm->mutable_extra_files() = model->extra_files;
-  if (model->config.has_value()) {
-    gm->mutable_extra_files()["config.json"] = model->config->text();
-  }
-  return {model->module, std::move(gm).value(), inputs->values};
-}
 
 at::Tensor Logits(torch::jit::Module m, std::vector<c10::IValue> inputs) {
   c10::IValue out = m.forward(inputs);
@@ -61,18 +34,18 @@ bool Exists(const std::string& path) {
 }
 
 TEST(OutputWriterTest, TorchScriptComputesWhatTheModelComputes) {
-  Traced t = TraceLlama();
+  TracedFixture t = TraceFixture("tests/fixtures/llama.pt");
   const std::string path = TempDir("output_ts") + "/model.pt";
   ASSERT_OK(TorchScriptOutput(path)->Write(t.gm, {}));
   torch::jit::Module saved = torch::jit::load(path);
-  EXPECT_TRUE(at::equal(Logits(saved, t.inputs), Logits(t.original, t.inputs)));
+  EXPECT_TRUE(at::equal(Logits(saved, t.inputs), Logits(t.module, t.inputs)));
 }
 
 // The compressed-tensors writer is WriteCompressedTensors: a model nothing
 // quantized is refused and nothing is written (calibrations that quantize
 // are checked end to end, e.g. //tests/hf:compressed_tensors_test).
 TEST(OutputWriterTest, CompressedTensorsOfAnUnquantizedModelWritesNothing) {
-  Traced t = TraceLlama();
+  TracedFixture t = TraceFixture("tests/fixtures/llama.pt");
   CompressedOutputOptions o;
   o.output_dir = TempDir("output_ct") + "/out";
   EXPECT_THAT(CompressedTensorsOutput(o)->Write(t.gm, {}),
@@ -82,7 +55,7 @@ TEST(OutputWriterTest, CompressedTensorsOfAnUnquantizedModelWritesNothing) {
 }
 
 TEST(OutputWriterTest, OutputOverSomethingElseIsRefusedAndLeftAlone) {
-  Traced t = TraceLlama();
+  TracedFixture t = TraceFixture("tests/fixtures/llama.pt");
   CompressedOutputOptions o;
   o.output_dir = TempDir("output_refused") + "/notes.txt";
   std::ofstream(o.output_dir) << "mine";

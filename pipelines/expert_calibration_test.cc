@@ -16,43 +16,22 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/interpreter.h"
-#include "tracer/load.h"
-#include "tracer/tracer.h"
-#include "util/testing/runfiles.h"
+#include "tracer/testing/traced_fixture.h"
 #include "util/testing/status_matchers.h"
 
 namespace tracecut::pipelines {
 namespace {
 
 using ::testing::HasSubstr;
-using ::tracecut::util::testing::Runfile;
-
-struct Traced {
-  runtime::GraphModule gm;
-  std::vector<c10::IValue> inputs;
-};
-
-Traced TraceMoe() {
-  absl::StatusOr<tracer::LoadedModel> model =
-      tracer::LoadModel(Runfile("tests/fixtures/moe_starved.pt"));
-  EXPECT_OK(model);
-  absl::StatusOr<tracer::TraceOptions> options =
-      tracer::WithModelFiles(*model, tracer::TraceOptions());
-  EXPECT_OK(options);
-  absl::StatusOr<runtime::GraphModule> gm =
-      tracer::Trace(model->module, *options);
-  EXPECT_OK(gm);
-  auto inputs = tracer::ResolveExampleInputs(model->module, *options);
-  EXPECT_OK(inputs);
-  return {std::move(gm).value(), inputs->values};
-}
+using ::tracecut::tracer::testing::TracedFixture;
+using ::tracecut::tracer::testing::TraceFixture;
 
 std::string Expert(int layer, int e) {
   return absl::StrCat("model.layers.", layer, ".block_sparse_moe.experts.", e);
 }
 
 TEST(ExpertCalibrationTest, FindsEveryExpertInGraphOrder) {
-  Traced t = TraceMoe();
+  TracedFixture t = TraceFixture("tests/fixtures/moe_starved.pt");
   ASSERT_OK_AND_ASSIGN(std::vector<ExpertRegion> regions,
                        FindExpertRegions(t.gm.graph()));
   ASSERT_EQ(regions.size(), 8u);  // 2 layers x 4 experts.
@@ -69,7 +48,7 @@ TEST(ExpertCalibrationTest, FindsEveryExpertInGraphOrder) {
 }
 
 TEST(ExpertCalibrationTest, AModuleThatIsNoTokenWiseExpertIsRefusedByName) {
-  Traced t = TraceMoe();
+  TracedFixture t = TraceFixture("tests/fixtures/moe_starved.pt");
   // The whole MoE block reads the hidden states without a row gather.
   absl::StatusOr<std::vector<ExpertRegion>> regions = FindExpertRegions(
       t.gm.graph(), "re:model\\.layers\\.0\\.block_sparse_moe");
@@ -82,7 +61,7 @@ TEST(ExpertCalibrationTest, AModuleThatIsNoTokenWiseExpertIsRefusedByName) {
 // RunOnAllTokens then runs every expert, expert 3 included, on all the
 // block's tokens, which the expert interpreters' hooks see.
 TEST(ExpertCalibrationTest, RunsEveryExpertOnAllTokens) {
-  Traced t = TraceMoe();
+  TracedFixture t = TraceFixture("tests/fixtures/moe_starved.pt");
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<AllExpertsRunner> runner,
                        AllExpertsRunner::Create(t.gm.graph(), t.gm.module()));
   ASSERT_FALSE(runner->empty());

@@ -1,31 +1,13 @@
 #include "modifiers/testing/traced_llama.h"
 
-#include <gtest/gtest.h>
+#include <vector>
 
-#include <utility>
-
-#include "tracer/load.h"
-#include "tracer/tracer.h"
-#include "util/testing/runfiles.h"
+#include "tracer/testing/traced_fixture.h"
 
 namespace tracecut::modifiers::testing {
 
 runtime::GraphModule TraceLlamaFixture() {
-  absl::StatusOr<tracer::LoadedModel> model =
-      tracer::LoadModel(util::testing::Runfile("tests/fixtures/llama.pt"));
-  if (!model.ok()) ADD_FAILURE() << model.status();
-  absl::StatusOr<tracer::TraceOptions> options =
-      tracer::WithModelFiles(*model, tracer::TraceOptions());
-  if (!options.ok()) ADD_FAILURE() << options.status();
-  absl::StatusOr<runtime::GraphModule> gm =
-      tracer::Trace(model->module, *options);
-  if (!gm.ok()) ADD_FAILURE() << gm.status();
-  // What a calibration carries along (its config.json, as calibrate does).
-  gm->mutable_extra_files() = model->extra_files;
-  if (model->config.has_value()) {
-    gm->mutable_extra_files()["config.json"] = model->config->text();
-  }
-  return std::move(gm).value();
+  return tracer::testing::TraceFixture("tests/fixtures/llama.pt").gm;
 }
 
 SubgraphInfo WholeModel(const RunContext& ctx) {
