@@ -238,8 +238,7 @@ def compare_awq_searches(ours, theirs, name):
     worst = max(worst, abs(best - t_best) / t_best)
   share = same / len(ours)
   print(f"{name}: {same} of {len(ours)} mappings pick llm-compressor's grid "
-        f"ratio ({share:.0%}; bound 90 %); best losses within {worst:.3%} "
-        f"(bound 1 %)")
+        f"ratio ({share:.0%}; bound 90 %); best losses within {worst:.3%}")
   return share, worst
 
 
