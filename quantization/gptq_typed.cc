@@ -1,7 +1,11 @@
 #include "quantization/gptq_typed.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 
@@ -34,6 +38,52 @@ at::Tensor PerColumn(const at::Tensor& p, const QuantizationArgs& args,
       return p.index_select(1, g_idx).index_select(0, row_idx);
     }
   }
+}
+
+// One block's four [rows, width] fp32 buffers (contiguous).
+struct BlockBuffers {
+  float* w;
+  float* q;
+  float* err;
+  float* losses;
+};
+
+// gptq_block_update for an integer scheme, one row at a time: within a
+// block each row has its own scales and sees only its own errors, so rows
+// run in parallel without a tensor op per column (which costs more than
+// the arithmetic at these sizes). The operations are the tensor loop's in
+// its order, each rounded where it rounds (the dequantized value in the
+// scale's dtype S, the error's product before the subtraction: the library
+// builds with -ffp-contract=off), so the result has the same bits; the
+// test runs both.
+template <typename S>
+void IntegerColumns(BlockBuffers b, const float* hinv, int64_t hinv_stride,
+                    const S* scale, const float* zero_point,
+                    int64_t param_stride, int64_t rows, int64_t width,
+                    float q_min, float q_max) {
+  at::parallel_for(0, rows, /*grain_size=*/16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* w = b.w + r * width;
+      const S* s = scale + r * param_stride;
+      const float* z = zero_point ? zero_point + r * param_stride : nullptr;
+      for (int64_t i = 0; i < width; ++i) {
+        const float x = w[i];
+        float scaled = x / static_cast<float>(s[i]);
+        if (z) scaled += z[i];
+        const float rounded =
+            std::nearbyint(std::min(std::max(scaled, q_min), q_max));
+        S dequant = static_cast<S>(rounded);
+        if (z) dequant = dequant - static_cast<S>(z[i]);
+        const float q = static_cast<float>(static_cast<S>(dequant * s[i]));
+        const float* h = hinv + i * hinv_stride;
+        const float error = (x - q) / h[i];
+        b.q[r * width + i] = q;
+        b.err[r * width + i] = error;
+        b.losses[r * width + i] = error * error;
+        for (int64_t j = i; j < width; ++j) w[j] -= error * h[j];
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -168,6 +218,20 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
     column_args.group_size.reset();
     column_args.block_structure.reset();
 
+    // Integer schemes run the column loop row by row on raw pointers
+    // (IntegerColumns); the others, and a forced reference run, as tensors.
+    const bool by_rows = options.row_kernel && args.type == QuantType::kInt &&
+                         !q.global_scale.defined() && w.device().is_cpu() &&
+                         hinv.is_contiguous() &&
+                         (eff.scalar_type() == at::kFloat ||
+                          eff.scalar_type() == at::kBFloat16 ||
+                          eff.scalar_type() == at::kHalf);
+    float q_min = 0, q_max = 0;
+    if (by_rows) {
+      auto [lo, hi] = QuantRange(args, w.device());
+      q_min = lo.item().toFloat();
+      q_max = hi.item().toFloat();
+    }
     at::Tensor losses = at::zeros({1, rows}, w.options());
     for (int64_t i1 = 0; i1 < cols; i1 += options.block_size) {
       const int64_t i2 = std::min(i1 + options.block_size, cols);
@@ -176,22 +240,37 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       at::Tensor err1 = at::zeros_like(w1);
       at::Tensor losses1 = at::zeros_like(w1);
       at::Tensor hinv1 = hinv.slice(1, i1, i2).slice(2, i1, i2);
-      for (int64_t i = 0; i < i2 - i1; ++i) {  // gptq_block_update
-        at::Tensor col = w1.select(2, i);      // [1, rows]
-        QParams cq;
-        cq.scale = eff.select(2, i1 + i).transpose(0, 1);
-        if (zp.defined()) cq.zero_point = zp.select(2, i1 + i).transpose(0, 1);
-        at::Tensor qc =
-            internal::ProcessQuantization(col.transpose(0, 1), cq, column_args,
-                                          std::nullopt, true, true)
-                .transpose(0, 1);
-        at::Tensor diagonal = hinv1.select(1, i).select(1, i);  // [1]
-        at::Tensor error = (col - qc) / diagonal.unsqueeze(1);
-        q1.select(2, i).copy_(qc);
-        err1.select(2, i).copy_(error);
-        losses1.select(2, i).copy_(error.square());
-        w1.slice(2, i).sub_(error.unsqueeze(-1) *
-                            hinv1.select(1, i).slice(1, i).unsqueeze(1));
+      if (by_rows) {
+        AT_DISPATCH_FLOATING_TYPES_AND2(
+            at::kBFloat16, at::kHalf, eff.scalar_type(), "gptq_columns", [&] {
+              IntegerColumns<scalar_t>(
+                  {w1.data_ptr<float>(), q1.data_ptr<float>(),
+                   err1.data_ptr<float>(), losses1.data_ptr<float>()},
+                  hinv.data_ptr<float>() + i1 * cols + i1, cols,
+                  eff.data_ptr<scalar_t>() + i1,
+                  zp.defined() ? zp.data_ptr<float>() + i1 : nullptr, cols,
+                  rows, i2 - i1, q_min, q_max);
+            });
+      } else {
+        for (int64_t i = 0; i < i2 - i1; ++i) {  // gptq_block_update
+          at::Tensor col = w1.select(2, i);      // [1, rows]
+          QParams cq;
+          cq.scale = eff.select(2, i1 + i).transpose(0, 1);
+          if (zp.defined()) {
+            cq.zero_point = zp.select(2, i1 + i).transpose(0, 1);
+          }
+          at::Tensor qc = internal::ProcessQuantization(col.transpose(0, 1),
+                                                        cq, column_args,
+                                                        std::nullopt, true, true)
+                              .transpose(0, 1);
+          at::Tensor diagonal = hinv1.select(1, i).select(1, i);  // [1]
+          at::Tensor error = (col - qc) / diagonal.unsqueeze(1);
+          q1.select(2, i).copy_(qc);
+          err1.select(2, i).copy_(error);
+          losses1.select(2, i).copy_(error.square());
+          w1.slice(2, i).sub_(error.unsqueeze(-1) *
+                              hinv1.select(1, i).slice(1, i).unsqueeze(1));
+        }
       }
       w.slice(2, i1, i2).copy_(q1);
       losses += at::sum(losses1, {2}) / 2;

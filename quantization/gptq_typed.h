@@ -39,6 +39,9 @@ namespace tracecut::quantization {
 struct TypedGptqOptions {
   double dampening_frac = 0.01;  // percdamp.
   int64_t block_size = 128;
+  // Integer schemes on the CPU: the column loop row by row (same bits as
+  // the tensor loop, several times faster); false runs the tensor loop.
+  bool row_kernel = true;
 };
 
 struct TypedGptqResult {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "quantization/fake_quant.h"
@@ -84,6 +85,45 @@ TEST(TypedGptq, AnIndefiniteHessianFallsBackAndBadShapesAreRefused) {
   EXPECT_THAT(TypedGptq(w, at::eye(7), *q, args, {}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("Hessian [in, in]")));
+}
+
+// The integer schemes' row kernel against the tensor loop it replaces: the
+// same bits for every weight, loss and row loss, with scales in fp32, bf16
+// and fp16, asymmetric zero points, act order, dead columns, a block size
+// that does not divide the columns, and stacked rows.
+TEST(TypedGptq, RowKernelGivesTheTensorLoopsBits) {
+  at::manual_seed(2);
+  for (const char* preset : {"W4A16", "W4A16_ASYM", "W8A16", "W8A8"}) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (bool act_order : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(preset, " ", c10::toString(dtype),
+                                  act_order ? " act order" : ""));
+        QuantizationArgs args = Weights(preset);
+        if (act_order) args.actorder = ActOrder::kWeight;
+        at::Tensor w = (at::randn({48, 96}) * 0.05).to(dtype);
+        at::Tensor x = at::randn({300, 96}).mm(at::randn({96, 96}) * 0.4 +
+                                               at::eye(96));
+        x.select(1, 5).zero_();  // A dead column.
+        at::Tensor h = x.t().mm(x) * (2.0 / 300);
+        absl::StatusOr<QParams> q = WeightQParams(w, args);
+        ASSERT_THAT(q, IsOk());
+        TypedGptqOptions rows, tensors;
+        rows.block_size = tensors.block_size = 40;
+        tensors.row_kernel = false;
+        absl::StatusOr<TypedGptqResult> a = TypedGptq(w, h, *q, args, rows);
+        absl::StatusOr<TypedGptqResult> b = TypedGptq(w, h, *q, args, tensors);
+        ASSERT_THAT(a, IsOk());
+        ASSERT_THAT(b, IsOk());
+        EXPECT_TRUE(a->weight.equal(b->weight));
+        EXPECT_TRUE(a->row_losses.equal(b->row_losses));
+        EXPECT_EQ(a->loss, b->loss);
+        // Not vacuous: GPTQ moved weights off round-to-nearest.
+        absl::StatusOr<at::Tensor> rtn = FakeQuantize(w, *q, args);
+        ASSERT_THAT(rtn, IsOk());
+        EXPECT_FALSE(a->weight.equal(*rtn));
+      }
+    }
+  }
 }
 
 }  // namespace
