@@ -63,7 +63,8 @@ absl::Status WeightQuantModifier::Compress(RunContext& ctx,
 }
 
 absl::Status WeightQuantModifier::CompressPending(RunContext& ctx) {
-  // Linears that share a Hessian, by it, in path order.
+  // Linears that share a Hessian, by it, in path order; then each one's
+  // group.
   std::map<const quantization::HessianAccumulator*, std::vector<std::string>>
       sharing;
   if (SolvesTogether()) {
@@ -73,19 +74,22 @@ absl::Status WeightQuantModifier::CompressPending(RunContext& ctx) {
       }
     }
   }
+  std::map<std::string, const std::vector<std::string>*> group_of;
+  for (const auto& [hessian, paths] : sharing) {
+    if (paths.size() < 2) continue;
+    for (const std::string& path : paths) group_of[path] = &paths;
+  }
   // std::map: modules in path order, so results do not depend on call
   // order; a group at its first member.
   std::set<std::string> solved;  // With their group.
   for (auto& [path, pending] : pending_) {
     if (solved.count(path) > 0) continue;
-    auto group = pending.hessian != nullptr
-                     ? sharing.find(pending.hessian.get())
-                     : sharing.end();
-    if (group == sharing.end()) {
+    auto group = group_of.find(path);
+    if (group == group_of.end()) {
       RETURN_IF_ERROR(Compress(ctx, path, &pending));
     } else {
-      RETURN_IF_ERROR(CompressTogether(ctx, group->second));
-      solved.insert(group->second.begin(), group->second.end());
+      RETURN_IF_ERROR(CompressTogether(ctx, *group->second));
+      solved.insert(group->second->begin(), group->second->end());
     }
   }
   pending_.clear();
@@ -163,14 +167,14 @@ absl::Status WeightQuantModifier::Record(RunContext& ctx,
     RETURN_IF_ERROR(RecordInput(ctx, path, pending, r));
   }
   if (p.hessian.defined()) {
-    ASSIGN_OR_RETURN(
-        r.weight_error,
-        RelativeOutputError(p.original, outcome.weight, p.hessian));
+    std::vector<at::Tensor> quantized = {outcome.weight};
     if (outcome.baseline_weight.defined()) {
-      ASSIGN_OR_RETURN(
-          r.rtn_error,
-          RelativeOutputError(p.original, outcome.baseline_weight, p.hessian));
+      quantized.push_back(outcome.baseline_weight);
     }
+    ASSIGN_OR_RETURN(std::vector<double> errors,
+                     RelativeOutputErrors(p.original, quantized, p.hessian));
+    r.weight_error = errors[0];
+    if (errors.size() > 1) r.rtn_error = errors[1];
   }
   if (p.fused) {
     RETURN_IF_ERROR(experts_.StageWeight(ctx, path, outcome.weight));

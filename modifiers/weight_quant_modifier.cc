@@ -56,19 +56,24 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
 
 }  // namespace
 
-absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
-                                           const at::Tensor& quantized,
-                                           const at::Tensor& hessian) {
-  return runtime::TorchCall("output error", [&]() -> absl::StatusOr<double> {
-    at::Tensor w = weight.detach().to(at::kFloat);
-    at::Tensor h = hessian.detach().to(at::kFloat);
-    at::Tensor dw = w - quantized.detach().to(at::kFloat);
-    double num = (dw.mm(h) * dw).sum().item<double>();
-    double den = (w.mm(h) * w).sum().item<double>();
-    if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
-    if (den <= 0) return num <= 0 ? 0.0 : kNaN;
-    return std::sqrt(num / den);
-  });
+absl::StatusOr<std::vector<double>> RelativeOutputErrors(
+    const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
+    const at::Tensor& hessian) {
+  return runtime::TorchCall(
+      "output error", [&]() -> absl::StatusOr<std::vector<double>> {
+        at::Tensor w = weight.detach().to(at::kFloat);
+        at::Tensor h = hessian.detach().to(at::kFloat);
+        const double den = (w.mm(h) * w).sum().item<double>();
+        std::vector<double> errors;
+        for (const at::Tensor& q : quantized) {
+          at::Tensor dw = w - q.detach().to(at::kFloat);
+          double num = (dw.mm(h) * dw).sum().item<double>();
+          if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
+          errors.push_back(den <= 0 ? (num <= 0 ? 0.0 : kNaN)
+                                    : std::sqrt(num / den));
+        }
+        return errors;
+      });
 }
 
 WeightQuantModifier::WeightQuantModifier(WeightQuantOptions options)

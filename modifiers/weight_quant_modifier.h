@@ -150,11 +150,13 @@ std::optional<int64_t> ConfigInt(const runtime::GraphModule& model,
 // bfloat16, float16, float32); none without one.
 std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 
-// sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq, in fp32; 0 when both
-// traces are 0.
-absl::StatusOr<double> RelativeOutputError(const at::Tensor& weight,
-                                           const at::Tensor& quantized,
-                                           const at::Tensor& hessian);
+// sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq for each Wq of
+// `quantized`, in fp32; 0 when both traces are 0. tr(W H W^T) is computed
+// once: on large Linears these [out, in] x [in, in] products cost more
+// than GPTQ's solve.
+absl::StatusOr<std::vector<double>> RelativeOutputErrors(
+    const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
+    const at::Tensor& hessian);
 
 class WeightQuantModifier : public Modifier {
  public:
