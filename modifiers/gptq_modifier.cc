@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,28 @@
 #include "util/status_macros.h"
 
 namespace tracecut::modifiers {
+namespace {
+
+// Note [Output error from the errors] (gptq_typed.h): rows [begin, end) of
+// GPTQ's own output error, for `weight` when GPTQ ran on an exact copy of
+// it (`typed`, its cast to the scheme's dtype, lost nothing); else NaN.
+absl::StatusOr<double> KnownError(const quantization::TypedGptqResult& r,
+                                  int64_t begin, int64_t end,
+                                  const at::Tensor& weight,
+                                  const at::Tensor& typed,
+                                  const std::string& where) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  if (!r.row_output_errors.defined()) return kNaN;
+  return runtime::TorchCall(where, [&]() -> double {
+    if (typed.scalar_type() != weight.scalar_type() &&
+        !typed.to(weight.scalar_type()).equal(weight)) {
+      return kNaN;
+    }
+    return r.row_output_errors.slice(0, begin, end).sum().item<double>();
+  });
+}
+
+}  // namespace
 
 using ::tracecut::quantization::GptqQuantize;
 using ::tracecut::quantization::GptqResult;
@@ -109,8 +132,9 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
                                SharedFactor{hessian, *std::move(f)})
              .first;
   }
-  absl::StatusOr<quantization::TypedGptqResult> r = quantization::TypedGptq(
-      TypedWeight(weight), it->second.factor, q, args, o);
+  const at::Tensor typed = TypedWeight(weight);
+  absl::StatusOr<quantization::TypedGptqResult> r =
+      quantization::TypedGptq(typed, it->second.factor, q, args, o);
   if (hessian_readers_left() == 0) factors_.erase(it);
   if (!r.ok()) {
     return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
@@ -120,6 +144,9 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
   out.weight = r->weight.to(weight.scalar_type());
   out.loss = r->loss;
   out.warning = r->warning;
+  ASSIGN_OR_RETURN(out.known_error,
+                   KnownError(*r, 0, weight.size(0), weight, typed,
+                              absl::StrCat("gptq: ", path)));
   return out;
 }
 
@@ -178,6 +205,9 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
       o_i.loss = r->row_losses.slice(0, row, row + rows).sum().item<double>();
       return absl::OkStatus();
     }));
+    ASSIGN_OR_RETURN(
+        o_i.known_error,
+        KnownError(*r, row, row + rows, weights[i], stacked[i], where));
     o_i.warning = r->warning;
     row += rows;
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "modifiers/testing/traced_llama.h"
 #include "quantization/gptq.h"
+#include "quantization/quant_args.h"
 #include "util/progress.h"
 #include "util/testing/status_matchers.h"
 
@@ -70,6 +71,64 @@ TEST(GptqModifierTest, WritesGptqOfTheHessianOfWhatItSaw) {
   EXPECT_EQ(r.weight_method, "gptq");
   EXPECT_EQ(r.calibration_tokens, 3 * 2 * 5);
   EXPECT_TRUE(at::equal(r.weight_g_idx, want.g_idx));
+}
+
+// Note [Output error from the errors]: GPTQ's reported output error comes
+// from its own errors, not a product, and equals the product's
+// (pipeline_test checks that Linears solved together report what each
+// solved alone does).
+TEST(GptqModifierTest, ReportsTheProductsOutputErrorWithoutTheProduct) {
+  runtime::GraphModule gm = TraceLlamaFixture();
+  util::Progress progress = util::Progress::Silent();
+  CalibrationResults results;
+  RunContext ctx(&gm, &results, /*num_batches=*/3, &progress);
+  const std::vector<std::string> paths = {
+      "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+      "model.layers.0.self_attn.v_proj", kDown};
+  std::vector<at::Tensor> originals;
+  for (const std::string& path : paths) {
+    ASSERT_OK_AND_ASSIGN(at::Tensor w,
+                         gm.GetTensor(absl::StrCat(path, ".weight")));
+    originals.push_back(w.clone());
+  }
+  GptqModifierOptions o;
+  ASSERT_OK_AND_ASSIGN(quantization::QuantizationScheme w4a16,
+                       quantization::PresetScheme("W4A16", paths));
+  w4a16.weights->group_size = 16;
+  o.weights.typed = w4a16;
+  o.weights.modules.targets = paths;
+  GptqModifier gptq(o);
+  const SubgraphInfo info = WholeModel(ctx);
+  ASSERT_OK(gptq.OnRunStart(ctx));
+  ASSERT_OK(gptq.OnSubgraphStart(ctx, info));
+  std::vector<quantization::HessianAccumulator> want_h;
+  for (const at::Tensor& w : originals) want_h.emplace_back(w.size(1));
+  at::manual_seed(4);
+  for (int64_t b = 0; b < 3; ++b) {
+    const at::Tensor x = at::randn({2, 5, originals[0].size(1)});
+    const at::Tensor y = at::randn({2, 5, originals[3].size(1)});
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const LeafModule* leaf = ctx.FindLeaf(paths[i]);
+      ASSERT_NE(leaf, nullptr);
+      const at::Tensor& in = i < 3 ? x : y;
+      ASSERT_OK(want_h[i].Add(in));
+      std::vector<c10::IValue> inputs = {in};
+      ASSERT_OK(gptq.OnModuleCall(ctx, CallOf(*leaf, inputs, b)));
+    }
+  }
+  ASSERT_OK(gptq.OnSubgraphEnd(ctx, info));
+  ASSERT_OK(gptq.OnRunEnd(ctx));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    SCOPED_TRACE(paths[i]);
+    ASSERT_OK_AND_ASSIGN(at::Tensor got,
+                         gm.GetTensor(absl::StrCat(paths[i], ".weight")));
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<double> want,
+        RelativeOutputErrors(originals[i], {got}, want_h[i].hessian()));
+    const double reported = results.modules.at(paths[i]).weight_error;
+    EXPECT_GT(want[0], 0);
+    EXPECT_NEAR(reported, want[0], 1e-5 * want[0]);
+  }
 }
 
 }  // namespace

@@ -58,16 +58,19 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
 
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
-    const at::Tensor& hessian) {
+    const at::Tensor& hessian, const std::vector<double>& known) {
   return runtime::TorchCall(
       "output error", [&]() -> absl::StatusOr<std::vector<double>> {
         at::Tensor w = weight.detach().to(at::kFloat);
         at::Tensor h = hessian.detach().to(at::kFloat);
         const double den = (w.mm(h) * w).sum().item<double>();
         std::vector<double> errors;
-        for (const at::Tensor& q : quantized) {
-          at::Tensor dw = w - q.detach().to(at::kFloat);
-          double num = (dw.mm(h) * dw).sum().item<double>();
+        for (size_t i = 0; i < quantized.size(); ++i) {
+          double num = i < known.size() ? known[i] : kNaN;
+          if (!std::isfinite(num)) {
+            at::Tensor dw = w - quantized[i].detach().to(at::kFloat);
+            num = (dw.mm(h) * dw).sum().item<double>();
+          }
           if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
           errors.push_back(den <= 0 ? (num <= 0 ? 0.0 : kNaN)
                                     : std::sqrt(num / den));

@@ -75,6 +75,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -138,6 +139,9 @@ struct WeightQuantOutcome {
   double loss = 0;          // Method-specific; NaN when none.
   // A weight to compare against on the same inputs (GPTQ: RTN's).
   at::Tensor baseline_weight;
+  // tr((W - weight) H (W - weight)^T) when the method knows it without a
+  // product (GPTQ, Note [Output error from the errors]); else NaN.
+  double known_error = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
 
@@ -152,11 +156,13 @@ std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 
 // sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq for each Wq of
 // `quantized`, in fp32; 0 when both traces are 0. tr(W H W^T) is computed
-// once: each is an [out, in] x [in, in] product, which on large Linears
-// (in = 5632: ~65 GFLOP) is a cost on the order of GPTQ's solve.
+// once; `known`, when given, holds tr(dW H dW^T) for each Wq where the
+// method knows it (finite), so that its [out, in] x [in, in] product is
+// skipped: on large Linears (in = 5632: ~65 GFLOP) each product costs as
+// much as a third of GPTQ's solve.
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
-    const at::Tensor& hessian);
+    const at::Tensor& hessian, const std::vector<double>& known = {});
 
 class WeightQuantModifier : public Modifier {
  public:

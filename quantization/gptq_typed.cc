@@ -116,6 +116,7 @@ absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
     if (f.dead.any().item<bool>()) diag.masked_fill_(f.dead, 1.0);
     at::Tensor h0 = h[0];
     at::Tensor damp = at::mean(at::diag(h0)) * dampening_frac;
+    f.damp = damp.item<double>();
     at::diagonal(h0).add_(damp);
     auto [factor, info] = at::linalg_cholesky_ex(h0);
     if (info.item<int>() == 0) {
@@ -198,6 +199,7 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
           "quantized round-to-nearest";
     }
     const at::Tensor& hinv = factor.hinv;
+    const at::Tensor w0 = w.clone();  // W', for the output error.
 
     // column_scale_window over all columns: each column's scale (global
     // scale folded in) and zero point.
@@ -220,12 +222,12 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
 
     // Integer schemes run the column loop row by row on raw pointers
     // (IntegerColumns); the others, and a forced reference run, as tensors.
-    const bool by_rows = options.row_kernel && args.type == QuantType::kInt &&
-                         !q.global_scale.defined() && w.device().is_cpu() &&
-                         hinv.is_contiguous() &&
-                         (eff.scalar_type() == at::kFloat ||
-                          eff.scalar_type() == at::kBFloat16 ||
-                          eff.scalar_type() == at::kHalf);
+    const bool by_rows =
+        options.row_kernel && args.type == QuantType::kInt &&
+        !q.global_scale.defined() && w.device().is_cpu() &&
+        hinv.is_contiguous() &&
+        (eff.scalar_type() == at::kFloat ||
+         eff.scalar_type() == at::kBFloat16 || eff.scalar_type() == at::kHalf);
     float q_min = 0, q_max = 0;
     if (by_rows) {
       auto [lo, hi] = QuantRange(args, w.device());
@@ -259,9 +261,9 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
           if (zp.defined()) {
             cq.zero_point = zp.select(2, i1 + i).transpose(0, 1);
           }
-          at::Tensor qc = internal::ProcessQuantization(col.transpose(0, 1),
-                                                        cq, column_args,
-                                                        std::nullopt, true, true)
+          at::Tensor qc = internal::ProcessQuantization(
+                              col.transpose(0, 1), cq, column_args,
+                              std::nullopt, true, true)
                               .transpose(0, 1);
           at::Tensor diagonal = hinv1.select(1, i).select(1, i);  // [1]
           at::Tensor error = (col - qc) / diagonal.unsqueeze(1);
@@ -276,6 +278,13 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       losses += at::sum(losses1, {2}) / 2;
       at::Tensor w_err = at::bmm(err1, hinv.slice(1, i1, i2).slice(2, i2));
       w.slice(2, i2).sub_(w_err);
+    }
+    if (!factor.fell_back_to_rtn) {  // Note [Output error from the errors].
+      at::Tensor dw = (w0 - w)[0].to(at::kDouble);
+      at::Tensor sq = dw.square();
+      result.row_output_errors =
+          losses[0].to(at::kDouble) * 2 - sq.sum(1) * factor.damp -
+          sq.masked_fill(factor.dead.logical_not(), 0).sum(1);
     }
     if (perm.defined()) {
       at::Tensor inverse = at::argsort(perm, /*dim=*/-1, /*descending=*/false);

@@ -22,6 +22,14 @@
 //   block's, divided by the global scale for tensor_group, as
 //   column_scale_window does), in fp32; its error (w - q) / Hinv_ii updates
 //   the rest of the block at once and later columns once per block.
+// * Note [Output error from the errors]: with Hinv = U^T U and the errors
+//   E (row r, column j: (w - q) / U_jj), W' - Q = E U, where W' is W with
+//   the dead columns zeroed and H' the Hessian they factored (dead H_jj = 1,
+//   damped by d). Since U H' U^T = I, tr((W' - Q) H' (W' - Q)^T) = |E|^2:
+//   the output error GPTQ minimizes is known without a product. Undamped
+//   and on the original W (dead columns have zero rows in H): |E|^2 -
+//   d |W' - Q|^2 - |(W' - Q)[:, dead]|^2, per row. The [out, in] x [in, in]
+//   product it replaces costs as much as a third of the solve.
 // The result is returned in the weight's dtype (llm-compressor's final cast),
 // so it lies on the scheme's grid: FakeQuantize(result, q) == result.
 
@@ -48,6 +56,10 @@ struct TypedGptqResult {
   at::Tensor weight;      // [out, in], the input's dtype.
   double loss = 0;        // sum of error^2 / 2, as llm-compressor logs it.
   at::Tensor row_losses;  // fp32 [out]: each output row's share of `loss`.
+  // fp64 [out]: each row's share of tr((W - Q) H (W - Q)^T), H undamped,
+  // from GPTQ's own errors (Note [Output error from the errors]); undefined
+  // when it fell back to round-to-nearest.
+  at::Tensor row_output_errors;
   bool fell_back_to_rtn = false;
   std::string warning;
 };
@@ -59,6 +71,7 @@ struct HessianFactor {
   at::Tensor perm;  // [1, in] column order (actorder), or undefined.
   at::Tensor dead;  // [1, in] bool, in that order: H_ii == 0.
   at::Tensor hinv;  // [1, in, in] upper Cholesky factor of H^-1, in order.
+  double damp = 0;  // What was added to the diagonal.
   bool fell_back_to_rtn = false;  // Not positive definite: Hinv = I.
 };
 absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,

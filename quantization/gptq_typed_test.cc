@@ -87,6 +87,39 @@ TEST(TypedGptq, AnIndefiniteHessianFallsBackAndBadShapesAreRefused) {
                        HasSubstr("Hessian [in, in]")));
 }
 
+// Note [Output error from the errors]: the per-row errors add up to the
+// product tr((W - Q) H (W - Q)^T) GPTQ minimizes, also with a dead column,
+// act order, and a singular Hessian (fewer tokens than columns, where the
+// damping term is largest against the error).
+TEST(TypedGptq, OutputErrorFromItsOwnErrorsIsTheProduct) {
+  at::manual_seed(3);
+  for (const char* preset :
+       {"W4A16", "W4A16_ASYM", "FP8_DYNAMIC", "NVFP4A16"}) {
+    for (int64_t tokens : {400, 48}) {
+      for (bool act_order : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(preset, " tokens ", tokens,
+                                  act_order ? " act order" : ""));
+        QuantizationArgs args = Weights(preset);
+        if (act_order) args.actorder = ActOrder::kWeight;
+        at::Tensor w = at::randn({24, 64}) * 0.05;
+        at::Tensor x =
+            at::randn({tokens, 64}).mm(at::randn({64, 64}) * 0.4 + at::eye(64));
+        x.select(1, 9).zero_();
+        at::Tensor h = x.t().mm(x) * (2.0 / tokens);
+        absl::StatusOr<QParams> q = WeightQParams(w, args);
+        ASSERT_THAT(q, IsOk());
+        absl::StatusOr<TypedGptqResult> r = TypedGptq(w, h, *q, args, {});
+        ASSERT_THAT(r, IsOk());
+        ASSERT_TRUE(r->row_output_errors.defined());
+        const double want = OutputError(w, r->weight, h);
+        const double got = r->row_output_errors.sum().item<double>();
+        EXPECT_GT(want, 0);
+        EXPECT_NEAR(got, want, 1e-5 * want);
+      }
+    }
+  }
+}
+
 // The integer schemes' row kernel against the tensor loop it replaces: the
 // same bits for every weight, loss and row loss, with scales in fp32, bf16
 // and fp16, asymmetric zero points, act order, dead columns, a block size
@@ -101,8 +134,8 @@ TEST(TypedGptq, RowKernelGivesTheTensorLoopsBits) {
         QuantizationArgs args = Weights(preset);
         if (act_order) args.actorder = ActOrder::kWeight;
         at::Tensor w = (at::randn({48, 96}) * 0.05).to(dtype);
-        at::Tensor x = at::randn({300, 96}).mm(at::randn({96, 96}) * 0.4 +
-                                               at::eye(96));
+        at::Tensor x =
+            at::randn({300, 96}).mm(at::randn({96, 96}) * 0.4 + at::eye(96));
         x.select(1, 5).zero_();  // A dead column.
         at::Tensor h = x.t().mm(x) * (2.0 / 300);
         absl::StatusOr<QParams> q = WeightQParams(w, args);
