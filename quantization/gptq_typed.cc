@@ -199,7 +199,7 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
           "quantized round-to-nearest";
     }
     const at::Tensor& hinv = factor.hinv;
-    const at::Tensor w0 = w.clone();  // W', for the output error.
+    at::Tensor w0 = w.clone();  // W', for the output error.
 
     // column_scale_window over all columns: each column's scale (global
     // scale folded in) and zero point.
@@ -280,11 +280,15 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       w.slice(2, i2).sub_(w_err);
     }
     if (!factor.fell_back_to_rtn) {  // Note [Output error from the errors].
-      at::Tensor dw = (w0 - w)[0].to(at::kDouble);
-      at::Tensor sq = dw.square();
-      result.row_output_errors =
-          losses[0].to(at::kDouble) * 2 - sq.sum(1) * factor.damp -
-          sq.masked_fill(factor.dead.logical_not(), 0).sum(1);
+      at::Tensor sq = w0.sub_(w).square_()[0];  // (W' - Q)^2 in w0's place.
+      at::Tensor e = losses[0].to(at::kDouble) * 2 -
+                     sq.sum(1).to(at::kDouble) * factor.damp;
+      if (factor.dead.any().item<bool>()) {
+        e -= sq.index_select(1, factor.dead[0].nonzero().squeeze(1))
+                 .sum(1)
+                 .to(at::kDouble);
+      }
+      result.row_output_errors = e;
     }
     if (perm.defined()) {
       at::Tensor inverse = at::argsort(perm, /*dim=*/-1, /*descending=*/false);
