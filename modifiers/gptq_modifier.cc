@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,22 +16,38 @@
 namespace tracecut::modifiers {
 namespace {
 
-// Note [Output error from the errors] (gptq_typed.h): rows [begin, end) of
-// GPTQ's own output error, for `weight` when GPTQ ran on an exact copy of
-// it (`typed`, its cast to the scheme's dtype, lost nothing); else NaN.
-absl::StatusOr<double> KnownError(const quantization::TypedGptqResult& r,
-                                  int64_t begin, int64_t end,
-                                  const at::Tensor& weight,
-                                  const at::Tensor& typed,
-                                  const std::string& where) {
-  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-  if (!r.row_output_errors.defined()) return kNaN;
-  return runtime::TorchCall(where, [&]() -> double {
+// Note [Output error from the errors] (gptq_typed.h): `out`'s output
+// errors' traces without [out, in] x [in, in] products (GPTQ's from rows
+// [begin, begin + out) of its errors, the weight's own and round-to-
+// nearest's from the factor), when they hold for `weight` itself: GPTQ ran
+// on `typed`, its cast to the scheme's dtype, which must lose nothing.
+// Otherwise they stay NaN and Record computes the products.
+absl::Status SetKnownErrors(const quantization::TypedGptqResult& r,
+                            const quantization::HessianFactor& factor,
+                            int64_t begin, const at::Tensor& weight,
+                            const at::Tensor& typed, WeightQuantOutcome& out,
+                            const std::string& where) {
+  if (!r.row_output_errors.defined()) return absl::OkStatus();
+  return runtime::TorchCall(where, [&]() -> absl::Status {
     if (typed.scalar_type() != weight.scalar_type() &&
         !typed.to(weight.scalar_type()).equal(weight)) {
-      return kNaN;
+      return absl::OkStatus();
     }
-    return r.row_output_errors.slice(0, begin, end).sum().item<double>();
+    const int64_t rows = weight.size(0);
+    const at::Tensor w = weight.to(at::kFloat);
+    const at::Tensor x =
+        out.baseline_weight.defined()
+            ? at::cat({w, w - out.baseline_weight.to(at::kFloat)})
+            : w;
+    ASSIGN_OR_RETURN(at::Tensor forms,
+                     quantization::FactorQuadraticForms(factor, x));
+    out.known_error =
+        r.row_output_errors.slice(0, begin, begin + rows).sum().item<double>();
+    out.known_weight_trace = forms.slice(0, 0, rows).sum().item<double>();
+    if (out.baseline_weight.defined()) {
+      out.known_baseline_error = forms.slice(0, rows).sum().item<double>();
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -132,21 +147,19 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
                                SharedFactor{hessian, *std::move(f)})
              .first;
   }
+  const std::string where = absl::StrCat("gptq: ", path);
   const at::Tensor typed = TypedWeight(weight);
   absl::StatusOr<quantization::TypedGptqResult> r =
       quantization::TypedGptq(typed, it->second.factor, q, args, o);
-  if (hessian_readers_left() == 0) factors_.erase(it);
-  if (!r.ok()) {
-    return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
-  }
+  if (!r.ok()) return util::Annotate(r.status(), where);
   WeightQuantOutcome out = rtn;
   out.baseline_weight = rtn.weight;
   out.weight = r->weight.to(weight.scalar_type());
   out.loss = r->loss;
   out.warning = r->warning;
-  ASSIGN_OR_RETURN(out.known_error,
-                   KnownError(*r, 0, weight.size(0), weight, typed,
-                              absl::StrCat("gptq: ", path)));
+  RETURN_IF_ERROR(
+      SetKnownErrors(*r, it->second.factor, 0, weight, typed, out, where));
+  if (hessian_readers_left() == 0) factors_.erase(it);
   return out;
 }
 
@@ -205,9 +218,8 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
       o_i.loss = r->row_losses.slice(0, row, row + rows).sum().item<double>();
       return absl::OkStatus();
     }));
-    ASSIGN_OR_RETURN(
-        o_i.known_error,
-        KnownError(*r, row, row + rows, weights[i], stacked[i], where));
+    RETURN_IF_ERROR(
+        SetKnownErrors(*r, *factor, row, weights[i], stacked[i], o_i, where));
     o_i.warning = r->warning;
     row += rows;
   }

@@ -11,7 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "modifiers/testing/traced_llama.h"
+#include "quantization/fake_quant.h"
 #include "quantization/gptq.h"
+#include "quantization/observers.h"
 #include "quantization/quant_args.h"
 #include "util/progress.h"
 #include "util/testing/status_matchers.h"
@@ -123,11 +125,19 @@ TEST(GptqModifierTest, ReportsTheProductsOutputErrorWithoutTheProduct) {
     ASSERT_OK_AND_ASSIGN(at::Tensor got,
                          gm.GetTensor(absl::StrCat(paths[i], ".weight")));
     ASSERT_OK_AND_ASSIGN(
+        quantization::QParams q,
+        quantization::WeightQParams(originals[i], *w4a16.weights));
+    ASSERT_OK_AND_ASSIGN(
+        at::Tensor rtn,
+        quantization::FakeQuantize(originals[i], q, *w4a16.weights));
+    ASSERT_OK_AND_ASSIGN(
         std::vector<double> want,
-        RelativeOutputErrors(originals[i], {got}, want_h[i].hessian()));
-    const double reported = results.modules.at(paths[i]).weight_error;
+        RelativeOutputErrors(originals[i], {got, rtn}, want_h[i].hessian()));
+    const ModuleRecord& r = results.modules.at(paths[i]);
     EXPECT_GT(want[0], 0);
-    EXPECT_NEAR(reported, want[0], 1e-5 * want[0]);
+    EXPECT_LT(want[0], want[1]);
+    EXPECT_NEAR(r.weight_error, want[0], 1e-5 * want[0]);
+    EXPECT_NEAR(r.rtn_error, want[1], 1e-5 * want[1]);
   }
 }
 

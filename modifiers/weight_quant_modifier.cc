@@ -58,12 +58,15 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
 
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
-    const at::Tensor& hessian, const std::vector<double>& known) {
+    const at::Tensor& hessian, const std::vector<double>& known,
+    double known_trace) {
   return runtime::TorchCall(
       "output error", [&]() -> absl::StatusOr<std::vector<double>> {
         at::Tensor w = weight.detach().to(at::kFloat);
         at::Tensor h = hessian.detach().to(at::kFloat);
-        const double den = (w.mm(h) * w).sum().item<double>();
+        const double den = std::isfinite(known_trace)
+                               ? known_trace
+                               : (w.mm(h) * w).sum().item<double>();
         std::vector<double> errors;
         for (size_t i = 0; i < quantized.size(); ++i) {
           double num = i < known.size() ? known[i] : kNaN;

@@ -139,9 +139,12 @@ struct WeightQuantOutcome {
   double loss = 0;          // Method-specific; NaN when none.
   // A weight to compare against on the same inputs (GPTQ: RTN's).
   at::Tensor baseline_weight;
-  // tr((W - weight) H (W - weight)^T) when the method knows it without a
-  // product (GPTQ, Note [Output error from the errors]); else NaN.
+  // tr((W - weight) H (W - weight)^T), the same for baseline_weight, and
+  // tr(W H W^T), when the method knows them without a product (GPTQ, Note
+  // [Output error from the errors]); else NaN.
   double known_error = std::numeric_limits<double>::quiet_NaN();
+  double known_baseline_error = std::numeric_limits<double>::quiet_NaN();
+  double known_weight_trace = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
 
@@ -156,13 +159,14 @@ std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 
 // sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq for each Wq of
 // `quantized`, in fp32; 0 when both traces are 0. tr(W H W^T) is computed
-// once; `known`, when given, holds tr(dW H dW^T) for each Wq where the
-// method knows it (finite), so that its [out, in] x [in, in] product is
-// skipped: on large Linears (in = 5632: ~65 GFLOP) each product costs as
-// much as a third of GPTQ's solve.
+// once. `known` (tr(dW H dW^T) for each Wq) and `known_trace` (tr(W H
+// W^T)) hold what the method knows without a product (finite values), so
+// that its [out, in] x [in, in] product is skipped: on large Linears (in =
+// 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve.
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
-    const at::Tensor& hessian, const std::vector<double>& known = {});
+    const at::Tensor& hessian, const std::vector<double>& known = {},
+    double known_trace = std::numeric_limits<double>::quiet_NaN());
 
 class WeightQuantModifier : public Modifier {
  public:

@@ -29,7 +29,10 @@
 //   the output error GPTQ minimizes is known without a product. Undamped
 //   and on the original W (dead columns have zero rows in H): |E|^2 -
 //   d |W' - Q|^2 - |(W' - Q)[:, dead]|^2, per row. The [out, in] x [in, in]
-//   product it replaces costs as much as a third of the solve.
+//   product it replaces costs as much as a third of the solve. Any other
+//   X's tr(X H X^T) (the weight's own, round-to-nearest's error) is
+//   |X' U^-1|^2 - d |X'|^2 (X' = X with dead columns zeroed): a triangular
+//   solve, half a product's work (FactorQuadraticForms).
 // The result is returned in the weight's dtype (llm-compressor's final cast),
 // so it lies on the scheme's grid: FakeQuantize(result, q) == result.
 
@@ -77,6 +80,13 @@ struct HessianFactor {
 absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
                                                ActOrder actorder,
                                                double dampening_frac);
+
+// tr(x_r H x_r^T) for each row x_r of `x` [n, in] (columns in their
+// original order), fp64 [n], from the factor of H (Note [Output error from
+// the errors]); FailedPrecondition when the factor fell back to the
+// identity.
+absl::StatusOr<at::Tensor> FactorQuadraticForms(const HessianFactor& factor,
+                                                const at::Tensor& x);
 
 // `weight` [out, in] with its parameters `q` (WeightQParams of the same
 // weight) and the Hessian [in, in] of its inputs. InvalidArgument for
