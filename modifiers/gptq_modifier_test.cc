@@ -127,9 +127,8 @@ TEST(GptqModifierTest, ReportsTheProductsOutputErrorWithoutTheProduct) {
     ASSERT_OK_AND_ASSIGN(
         quantization::QParams q,
         quantization::WeightQParams(originals[i], *w4a16.weights));
-    ASSERT_OK_AND_ASSIGN(
-        at::Tensor rtn,
-        quantization::FakeQuantize(originals[i], q, *w4a16.weights));
+    ASSERT_OK_AND_ASSIGN(at::Tensor rtn, quantization::FakeQuantize(
+                                             originals[i], q, *w4a16.weights));
     ASSERT_OK_AND_ASSIGN(
         std::vector<double> want,
         RelativeOutputErrors(originals[i], {got, rtn}, want_h[i].hessian()));
