@@ -18,10 +18,10 @@ namespace {
 
 // Note [Output error from the errors] (gptq_typed.h): `out`'s output
 // errors' traces without [out, in] x [in, in] products (GPTQ's from rows
-// [begin, begin + out) of its errors, the weight's own and round-to-
-// nearest's from the factor), when they hold for `weight` itself: GPTQ ran
-// on `typed`, its cast to the scheme's dtype, which must lose nothing.
-// Otherwise they stay NaN and Record computes the products.
+// [begin, begin + out) of its errors, round-to-nearest's from the factor),
+// when they hold for `weight` itself: GPTQ ran on `typed`, its cast to the
+// scheme's dtype, which must lose nothing. Otherwise they stay NaN and
+// Record computes the products.
 absl::Status SetKnownErrors(const quantization::TypedGptqResult& r,
                             const quantization::HessianFactor& factor,
                             int64_t begin, const at::Tensor& weight,
@@ -33,19 +33,16 @@ absl::Status SetKnownErrors(const quantization::TypedGptqResult& r,
         !typed.to(weight.scalar_type()).equal(weight)) {
       return absl::OkStatus();
     }
-    const int64_t rows = weight.size(0);
-    const at::Tensor w = weight.to(at::kFloat);
-    const at::Tensor x =
-        out.baseline_weight.defined()
-            ? at::cat({w, w - out.baseline_weight.to(at::kFloat)})
-            : w;
-    ASSIGN_OR_RETURN(at::Tensor forms,
-                     quantization::FactorQuadraticForms(factor, x));
     out.known_error =
-        r.row_output_errors.slice(0, begin, begin + rows).sum().item<double>();
-    out.known_weight_trace = forms.slice(0, 0, rows).sum().item<double>();
+        r.row_output_errors.slice(0, begin, begin + weight.size(0))
+            .sum()
+            .item<double>();
     if (out.baseline_weight.defined()) {
-      out.known_baseline_error = forms.slice(0, rows).sum().item<double>();
+      ASSIGN_OR_RETURN(at::Tensor forms,
+                       quantization::FactorQuadraticForms(
+                           factor, weight.to(at::kFloat) -
+                                       out.baseline_weight.to(at::kFloat)));
+      out.known_baseline_error = forms.sum().item<double>();
     }
     return absl::OkStatus();
   });

@@ -106,6 +106,13 @@ TEST(GptqModifierTest, ReportsTheProductsOutputErrorWithoutTheProduct) {
   std::vector<quantization::HessianAccumulator> want_h;
   for (const at::Tensor& w : originals) want_h.emplace_back(w.size(1));
   at::manual_seed(4);
+  // With their modules and outputs, as the pipeline calls it: the weights'
+  // traces come from the outputs (Note [Output energy]).
+  std::vector<torch::jit::Module> modules;
+  for (const std::string& path : paths) {
+    ASSERT_OK_AND_ASSIGN(torch::jit::Module m, gm.GetSubmodule(path));
+    modules.push_back(m);
+  }
   for (int64_t b = 0; b < 3; ++b) {
     const at::Tensor x = at::randn({2, 5, originals[0].size(1)});
     const at::Tensor y = at::randn({2, 5, originals[3].size(1)});
@@ -115,8 +122,21 @@ TEST(GptqModifierTest, ReportsTheProductsOutputErrorWithoutTheProduct) {
       const at::Tensor& in = i < 3 ? x : y;
       ASSERT_OK(want_h[i].Add(in));
       std::vector<c10::IValue> inputs = {in};
-      ASSERT_OK(gptq.OnModuleCall(ctx, CallOf(*leaf, inputs, b)));
+      const c10::IValue out = at::linear(in, originals[i]);
+      ModuleCall call = CallOf(*leaf, inputs, b);
+      call.module = &modules[i];
+      call.output = &out;
+      ASSERT_OK(gptq.OnModuleCall(ctx, call));
     }
+  }
+  // A weight changed in place after its calls (as a smoothing modifier
+  // would): its outputs' energy no longer applies, the product is used.
+  {
+    ASSERT_OK_AND_ASSIGN(at::Tensor w,
+                         gm.GetTensor(absl::StrCat(kDown, ".weight")));
+    at::NoGradGuard no_grad;
+    w.add_(at::randn_like(w) * 0.02);
+    originals[3] = w.clone();
   }
   ASSERT_OK(gptq.OnSubgraphEnd(ctx, info));
   ASSERT_OK(gptq.OnRunEnd(ctx));

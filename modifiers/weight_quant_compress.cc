@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "modifiers/weight_quant_modifier.h"
+#include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
 namespace tracecut::modifiers {
@@ -41,6 +42,20 @@ absl::StatusOr<WeightQuantModifier::Prepared> WeightQuantModifier::Prepare(
   hessian_readers_left_ = 0;
   if (p.tokens > 0 && pending->hessian != nullptr) {
     p.hessian = pending->hessian->hessian();
+    // Note [Output energy].
+    if (!p.fused && pending->energy_valid && pending->output_energy.defined() &&
+        pending->hessian->num_samples() > 0) {
+      ASSIGN_OR_RETURN(at::Tensor w,
+                       ctx.model().GetTensor(absl::StrCat(path, ".weight")));
+      if (w.unsafeGetTensorImpl() == pending->energy_weight &&
+          !w.is_inference() && w._version() == pending->energy_weight_version) {
+        ASSIGN_OR_RETURN(double energy, runtime::TorchCall(path, [&] {
+                           return pending->output_energy.item<double>();
+                         }));
+        p.weight_trace =
+            energy * 2.0 / static_cast<double>(pending->hessian->num_samples());
+      }
+    }
     // Note [Shared Hessians]: the Linears still to be compressed with it.
     hessian_readers_left_ = pending->hessian.use_count() - 1;
     pending->hessian.reset();
@@ -175,7 +190,7 @@ absl::Status WeightQuantModifier::Record(RunContext& ctx,
                      RelativeOutputErrors(
                          p.original, quantized, p.hessian,
                          {outcome.known_error, outcome.known_baseline_error},
-                         outcome.known_weight_trace));
+                         p.weight_trace));
     r.weight_error = errors[0];
     if (errors.size() > 1) r.rtn_error = errors[1];
   }

@@ -329,12 +329,68 @@ absl::Status WeightQuantModifier::AddInput(RunContext& ctx,
                               name(), ": the input of ", path,
                               " (Linear) in calibration batch ", call.batch));
     }
+    RETURN_IF_ERROR(AddOutputEnergy(path, call, p));
   }
   if (x.dim() > 0) p.tokens += x.numel() / std::max<int64_t>(1, x.size(-1));
   if (static_input_.has_value()) {
     return ObserveInput(path, x, call.batch, p);
   }
   return absl::OkStatus();
+}
+
+// Note [Output energy]
+// ---------------------
+// The output error's denominator tr(W H W^T) is, with H = 2/N sum x x^T
+// over the N samples a Linear saw, 2/N sum |x W^T|^2 = 2/N sum |y - b|^2:
+// the energy of the outputs the calibration pass computed anyway, instead
+// of an [out, in] x [in, in] product. It holds for the weight that computed
+// them, so Prepare uses it only when the module's weight is still that
+// tensor, unmodified (its version counter), and only for the Linear's own
+// calls with floating outputs of fp32 or wider (a bf16 output is rounded).
+absl::Status WeightQuantModifier::AddOutputEnergy(const std::string& path,
+                                                  const ModuleCall& call,
+                                                  Pending& p) const {
+  if (!p.energy_valid) return absl::OkStatus();
+  p.energy_valid = false;
+  if (Distributed() || call.path != path || call.output == nullptr ||
+      !call.output->isTensor() || call.module == nullptr ||
+      !call.module->hasattr("weight") ||
+      !call.module->attr("weight").isTensor()) {
+    return absl::OkStatus();
+  }
+  const at::Tensor& y = call.output->toTensor();
+  const at::Tensor weight = call.module->attr("weight").toTensor();
+  if (weight.is_inference() ||
+      (y.scalar_type() != at::kFloat && y.scalar_type() != at::kDouble)) {
+    return absl::OkStatus();
+  }
+  at::Tensor bias;
+  if (call.module->hasattr("bias")) {
+    const c10::IValue b = call.module->attr("bias");
+    if (b.isTensor()) {
+      bias = b.toTensor();
+    } else if (!b.isNone()) {
+      return absl::OkStatus();
+    }
+  }
+  if (y.dim() < 1 ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != y.size(-1)))) {
+    return absl::OkStatus();
+  }
+  if (p.energy_weight != nullptr &&
+      (p.energy_weight != weight.unsafeGetTensorImpl() ||
+       p.energy_weight_version != weight._version())) {
+    return absl::OkStatus();
+  }
+  return runtime::TorchCall(path, [&]() -> absl::Status {
+    at::Tensor e =
+        at::sum((bias.defined() ? y - bias : y).square(), at::kDouble);
+    p.output_energy = p.output_energy.defined() ? p.output_energy + e : e;
+    p.energy_weight = weight.unsafeGetTensorImpl();
+    p.energy_weight_version = weight._version();
+    p.energy_valid = true;
+    return absl::OkStatus();
+  });
 }
 
 absl::Status WeightQuantModifier::OnSubgraphEnd(RunContext& ctx,

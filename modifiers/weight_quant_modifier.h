@@ -139,12 +139,11 @@ struct WeightQuantOutcome {
   double loss = 0;          // Method-specific; NaN when none.
   // A weight to compare against on the same inputs (GPTQ: RTN's).
   at::Tensor baseline_weight;
-  // tr((W - weight) H (W - weight)^T), the same for baseline_weight, and
-  // tr(W H W^T), when the method knows them without a product (GPTQ, Note
-  // [Output error from the errors]); else NaN.
+  // tr((W - weight) H (W - weight)^T) and the same for baseline_weight,
+  // when the method knows them without a product (GPTQ, Note [Output error
+  // from the errors]); else NaN.
   double known_error = std::numeric_limits<double>::quiet_NaN();
   double known_baseline_error = std::numeric_limits<double>::quiet_NaN();
-  double known_weight_trace = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
 
@@ -240,12 +239,21 @@ class WeightQuantModifier : public Modifier {
     // Note [Static input activations].
     std::optional<quantization::ActivationObserver> input;
     int64_t input_batches = 0;
+    // Note [Output energy]: the sum over its calls of |y - bias|^2 (fp64,
+    // on the outputs' device) and the weight (TensorImpl, version) that
+    // computed them; invalid after a call it cannot use.
+    at::Tensor output_energy;
+    const void* energy_weight = nullptr;
+    int64_t energy_weight_version = -1;
+    bool energy_valid = true;
   };
   // A module's weight (as quantized: [out, in]) and statistics, taken from
   // its pending entry (null: it has none) for compressing it.
   struct Prepared {
     at::Tensor original;
     at::Tensor hessian;  // Undefined without inputs.
+    // tr(W H W^T) from the outputs (Note [Output energy]), else NaN.
+    double weight_trace = std::numeric_limits<double>::quiet_NaN();
     int64_t tokens = 0;
     bool fused = false;       // A fused MoE expert's slice.
     bool transposed = false;  // A Conv1D's.
@@ -268,6 +276,9 @@ class WeightQuantModifier : public Modifier {
                       WeightQuantOutcome outcome, double share);
   // Adds `x`, an input of the selected Linear at `path`, to its
   // statistics.
+  // Note [Output energy]: adds the call's output to p's energy.
+  absl::Status AddOutputEnergy(const std::string& path, const ModuleCall& call,
+                               Pending& p) const;
   absl::Status AddInput(RunContext& ctx, const std::string& path,
                         const at::Tensor& x, const ModuleCall& call);
   bool Distributed() const;

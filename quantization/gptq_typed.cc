@@ -146,11 +146,11 @@ absl::StatusOr<at::Tensor> FactorQuadraticForms(const HessianFactor& factor,
   return runtime::TorchCall("output error", [&] {
     at::Tensor xp = x.to(at::kFloat);
     if (factor.perm.defined()) xp = xp.index_select(1, factor.perm[0]);
-    xp = xp.masked_fill(factor.dead, 0);
+    if (factor.dead.any().item<bool>()) xp = xp.masked_fill(factor.dead, 0);
     // X' U^-1: solve Z U = X' (U upper triangular).
     at::Tensor z = at::linalg_solve_triangular(factor.hinv[0], xp,
                                                /*upper=*/true, /*left=*/false);
-    return z.square().sum(1).to(at::kDouble) -
+    return z.square_().sum(1).to(at::kDouble) -
            xp.square().sum(1).to(at::kDouble) * factor.damp;
   });
 }
@@ -223,7 +223,6 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
           "quantized round-to-nearest";
     }
     const at::Tensor& hinv = factor.hinv;
-    at::Tensor w0 = w.clone();  // W', for the output error.
 
     // column_scale_window over all columns: each column's scale (global
     // scale folded in) and zero point.
@@ -303,16 +302,19 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       at::Tensor w_err = at::bmm(err1, hinv.slice(1, i1, i2).slice(2, i2));
       w.slice(2, i2).sub_(w_err);
     }
+    eff.reset();
+    zp.reset();
     if (!factor.fell_back_to_rtn) {  // Note [Output error from the errors].
-      at::Tensor sq = w0.sub_(w).square_()[0];  // (W' - Q)^2 in w0's place.
-      at::Tensor e = losses[0].to(at::kDouble) * 2 -
-                     sq.sum(1).to(at::kDouble) * factor.damp;
-      if (factor.dead.any().item<bool>()) {
-        e -= sq.index_select(1, factor.dead[0].nonzero().squeeze(1))
-                 .sum(1)
-                 .to(at::kDouble);
+      // W' - Q, with W' made again from `weight` now that the loop's
+      // buffers are gone (Q is 0 where W' is: on dead columns).
+      at::Tensor d = weight.to(at::kFloat).unsqueeze(0);
+      if (perm.defined()) {
+        d = at::gather(d, -1, perm.unsqueeze(-2).expand({-1, rows, -1}));
       }
-      result.row_output_errors = e;
+      d = (d - w).masked_fill_(factor.dead.unsqueeze(1), 0)[0];
+      result.row_output_errors =
+          losses[0].to(at::kDouble) * 2 -
+          d.square_().sum(1).to(at::kDouble) * factor.damp;
     }
     if (perm.defined()) {
       at::Tensor inverse = at::argsort(perm, /*dim=*/-1, /*descending=*/false);

@@ -27,8 +27,9 @@
 //   the dead columns zeroed and H' the Hessian they factored (dead H_jj = 1,
 //   damped by d). Since U H' U^T = I, tr((W' - Q) H' (W' - Q)^T) = |E|^2:
 //   the output error GPTQ minimizes is known without a product. Undamped
-//   and on the original W (dead columns have zero rows in H): |E|^2 -
-//   d |W' - Q|^2 - |(W' - Q)[:, dead]|^2, per row. The [out, in] x [in, in]
+//   and on the original W (dead columns have zero rows in H; Q is 0 there,
+//   as W' is, since U has zeros off their diagonal): |E|^2 - d |W' - Q|^2,
+//   per row. The [out, in] x [in, in]
 //   product it replaces costs as much as a third of the solve. Any other
 //   X's tr(X H X^T) (the weight's own, round-to-nearest's error) is
 //   |X' U^-1|^2 - d |X'|^2 (X' = X with dead columns zeroed): a triangular
