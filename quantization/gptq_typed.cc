@@ -119,14 +119,22 @@ absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
     f.damp = damp.item<double>();
     at::diagonal(h0).add_(damp);
     auto [factor, info] = at::linalg_cholesky_ex(h0);
+    const auto options = h0.options();
+    // Each [in, in] matrix is released when the next is made: at most two
+    // are held at once (an MLP's in = 5632: 127 MB each).
+    diag.reset();
+    h0.reset();
+    h.reset();
     if (info.item<int>() == 0) {
-      h0.copy_(at::linalg_cholesky(at::cholesky_inverse(factor),
-                                   /*upper=*/true));
+      at::Tensor inverse = at::cholesky_inverse(factor);
+      factor.reset();
+      at::Tensor upper = at::linalg_cholesky(inverse, /*upper=*/true);
+      inverse.reset();
+      f.hinv = upper.contiguous().unsqueeze(0);
     } else {
-      h0.copy_(at::eye(cols, h0.options()));
+      f.hinv = at::eye(cols, options).unsqueeze(0);
       f.fell_back_to_rtn = true;
     }
-    f.hinv = h;
     return f;
   });
 }
