@@ -6,7 +6,8 @@
 
 One seeded bf16 LlamaForCausalLM (hidden --hidden, intermediate 2.75x,
 heads of 64, half as many KV heads, vocab 8000) from a config, exported once
-(`tracecut export`, timed); 32 x 128 seeded tokens. Then --rounds times, one
+(`tracecut export --meta`, timed: calibrate streams the weights from the
+safetensors); 32 x 128 seeded tokens. Then --rounds times, one
 process after the other, each under /usr/bin/time -v with --threads intra-op
 threads (OMP_NUM_THREADS and, for tracecut, --threads):
   ours: tracecut calibrate CKPT --recipe=gptq W4A16 preset (every Linear but
@@ -108,9 +109,11 @@ def main():
   if not os.path.isdir(ckpt):
     subprocess.run([py, "-c", MAKE, ckpt, str(a.hidden), str(a.layers),
                     tests_hf], check=True, env=env)
+  # --meta, as the README's flow: the .pt2 holds the graph and calibrate
+  # streams each decoder layer's weights from the safetensors.
   export_s, export_gib = timed(
-      [a.tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")],
-      env)
+      [a.tracecut, "export", ckpt, "--meta", "-o",
+       os.path.join(ckpt, "model.pt2")], env)
   recipe = os.path.join(a.out_dir, "gptq_w4a16.textproto")
   with open(recipe, "w") as f:
     f.write('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '
