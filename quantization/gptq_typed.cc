@@ -307,8 +307,10 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       }
       w.slice(2, i1, i2).copy_(q1);
       losses += at::sum(losses1, {2}) / 2;
-      at::Tensor w_err = at::bmm(err1, hinv.slice(1, i1, i2).slice(2, i2));
-      w.slice(2, i2).sub_(w_err);
+      // In place: the same bits as bmm then sub_ (one rounding of the
+      // product, then the subtraction), without the [rows, rest] product.
+      w.slice(2, i2).baddbmm_(err1, hinv.slice(1, i1, i2).slice(2, i2),
+                              /*beta=*/1, /*alpha=*/-1);
     }
     eff.reset();
     zp.reset();
