@@ -286,10 +286,11 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   timing.compress_seconds = absl::ToDoubleSeconds(t2 - t1);
 
   // Without a weight change the calibration pass's outputs are exactly
-  // what a propagation pass would compute.
+  // what a propagation pass would compute; outputs no later subgraph reads
+  // (the last subgraph's: the logits) need no pass either.
   bool propagated = false;
   if (options_.propagate_error) {
-    if (changed) {
+    if (changed && !step.keep_outputs.empty()) {
       RETURN_IF_ERROR(
           RunBatches(i, "propagate", /*store=*/true, nullptr, nullptr));
       propagated = true;
