@@ -26,11 +26,11 @@ absl::StatusOr<WeightQuantModifier::Prepared> WeightQuantModifier::Prepare(
   p.start = absl::Now();
   p.fused = experts_.FindLinear(path) != nullptr;
   p.transposed = transposed_.count(path) > 0;
+  at::Tensor w;  // The model's own tensor (not for fused experts).
   if (p.fused) {
     ASSIGN_OR_RETURN(p.original, experts_.Weight(ctx, path));
   } else {
-    ASSIGN_OR_RETURN(at::Tensor w,
-                     ctx.model().GetTensor(absl::StrCat(path, ".weight")));
+    ASSIGN_OR_RETURN(w, ctx.model().GetTensor(absl::StrCat(path, ".weight")));
     p.original =
         p.transposed ? w.detach().t().contiguous() : w.detach().clone();
   }
@@ -42,19 +42,19 @@ absl::StatusOr<WeightQuantModifier::Prepared> WeightQuantModifier::Prepare(
   hessian_readers_left_ = 0;
   if (p.tokens > 0 && pending->hessian != nullptr) {
     p.hessian = pending->hessian->hessian();
-    // Note [Output energy].
-    if (!p.fused && pending->energy_valid && pending->output_energy.defined() &&
-        pending->hessian->num_samples() > 0) {
-      ASSIGN_OR_RETURN(at::Tensor w,
-                       ctx.model().GetTensor(absl::StrCat(path, ".weight")));
-      if (w.unsafeGetTensorImpl() == pending->energy_weight &&
-          !w.is_inference() && w._version() == pending->energy_weight_version) {
-        ASSIGN_OR_RETURN(double energy, runtime::TorchCall(path, [&] {
-                           return pending->output_energy.item<double>();
-                         }));
-        p.weight_trace =
-            energy * 2.0 / static_cast<double>(pending->hessian->num_samples());
-      }
+    // Note [Output energy]: only while the weight is the tensor that
+    // computed the outputs (AddOutputEnergy took no inference tensor, so
+    // the same TensorImpl has a version counter), unmodified since.
+    if (w.defined() && pending->energy_valid &&
+        pending->output_energy.defined() &&
+        pending->hessian->num_samples() > 0 &&
+        w.unsafeGetTensorImpl() == pending->energy_weight &&
+        w._version() == pending->energy_weight_version) {
+      ASSIGN_OR_RETURN(double energy, runtime::TorchCall(path, [&] {
+                         return pending->output_energy.item<double>();
+                       }));
+      p.weight_trace =
+          energy * 2.0 / static_cast<double>(pending->hessian->num_samples());
     }
     // Note [Shared Hessians]: the Linears still to be compressed with it.
     hessian_readers_left_ = pending->hessian.use_count() - 1;

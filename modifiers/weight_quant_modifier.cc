@@ -62,18 +62,22 @@ absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     double known_trace) {
   return runtime::TorchCall(
       "output error", [&]() -> absl::StatusOr<std::vector<double>> {
-        at::Tensor w = weight.detach().to(at::kFloat);
-        at::Tensor h = hessian.detach().to(at::kFloat);
-        const double den = std::isfinite(known_trace)
-                               ? known_trace
-                               : (w.mm(h) * w).sum().item<double>();
+        // fp32 copies only for the products still to compute.
+        at::Tensor w, h;
+        auto quadratic = [&](const at::Tensor& x) {
+          if (!w.defined()) {
+            w = weight.detach().to(at::kFloat);
+            h = hessian.detach().to(at::kFloat);
+          }
+          const at::Tensor d = x.defined() ? w - x.detach().to(at::kFloat) : w;
+          return (d.mm(h) * d).sum().item<double>();
+        };
+        const double den =
+            std::isfinite(known_trace) ? known_trace : quadratic(at::Tensor());
         std::vector<double> errors;
         for (size_t i = 0; i < quantized.size(); ++i) {
           double num = i < known.size() ? known[i] : kNaN;
-          if (!std::isfinite(num)) {
-            at::Tensor dw = w - quantized[i].detach().to(at::kFloat);
-            num = (dw.mm(h) * dw).sum().item<double>();
-          }
+          if (!std::isfinite(num)) num = quadratic(quantized[i]);
           if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
           errors.push_back(den <= 0 ? (num <= 0 ? 0.0 : kNaN)
                                     : std::sqrt(num / den));
@@ -351,7 +355,7 @@ absl::Status WeightQuantModifier::AddOutputEnergy(const std::string& path,
                                                   const ModuleCall& call,
                                                   Pending& p) const {
   if (!p.energy_valid) return absl::OkStatus();
-  p.energy_valid = false;
+  p.energy_valid = false;  // Until this call's output is added, below.
   if (Distributed() || call.path != path || call.output == nullptr ||
       !call.output->isTensor() || call.module == nullptr ||
       !call.module->hasattr("weight") ||

@@ -274,11 +274,11 @@ class WeightQuantModifier : public Modifier {
   absl::Status Record(RunContext& ctx, const std::string& path,
                       Pending* pending, const Prepared& p,
                       WeightQuantOutcome outcome, double share);
-  // Adds `x`, an input of the selected Linear at `path`, to its
-  // statistics.
   // Note [Output energy]: adds the call's output to p's energy.
   absl::Status AddOutputEnergy(const std::string& path, const ModuleCall& call,
                                Pending& p) const;
+  // Adds `x`, an input of the selected Linear at `path`, to its
+  // statistics.
   absl::Status AddInput(RunContext& ctx, const std::string& path,
                         const at::Tensor& x, const ModuleCall& call);
   bool Distributed() const;

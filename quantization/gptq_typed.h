@@ -29,11 +29,10 @@
 //   the output error GPTQ minimizes is known without a product. Undamped
 //   and on the original W (dead columns have zero rows in H; Q is 0 there,
 //   as W' is, since U has zeros off their diagonal): |E|^2 - d |W' - Q|^2,
-//   per row. The [out, in] x [in, in]
-//   product it replaces costs as much as a third of the solve. Any other
-//   X's tr(X H X^T) (the weight's own, round-to-nearest's error) is
-//   |X' U^-1|^2 - d |X'|^2 (X' = X with dead columns zeroed): a triangular
-//   solve, half a product's work (FactorQuadraticForms).
+//   per row, instead of an [out, in] x [in, in] product. Any other X's
+//   tr(X H X^T) (round-to-nearest's error) is |X' U^-1|^2 - d |X'|^2 (X' =
+//   X with dead columns zeroed): a triangular solve, half a product's work
+//   (FactorQuadraticForms).
 // The result is returned in the weight's dtype (llm-compressor's final cast),
 // so it lies on the scheme's grid: FakeQuantize(result, q) == result.
 
