@@ -3,6 +3,7 @@
 // that describes them (compressed_output_internal.h).
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "partition/partitioner.h"
 #include "quantization/compressors.h"
 #include "quantization/fake_quant.h"
+#include "quantization/int_codes.h"
 #include "quantization/quant_args.h"
 #include "quantization/quantize.h"
 #include "runtime/torch_status.h"
@@ -157,10 +159,15 @@ absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
   // points (llm-compressor's GPTQ too; compressed-tensors stores their
   // re-quantized codes, as here). More than 1 % means the weight changed
   // after it was quantized.
-  ASSIGN_OR_RETURN(at::Tensor codes, quantization::Quantize(w, q, args));
-  ASSIGN_OR_RETURN(at::Tensor again,
-                   quantization::Dequantize(codes, real, args));
-  const int64_t off = again.to(w.scalar_type()).ne(w).sum().item<int64_t>();
+  ASSIGN_OR_RETURN(std::optional<int64_t> counted,
+                   quantization::CountOffGrid(w, q, real.scale, args));
+  if (!counted.has_value()) {
+    ASSIGN_OR_RETURN(at::Tensor codes, quantization::Quantize(w, q, args));
+    ASSIGN_OR_RETURN(at::Tensor again,
+                     quantization::Dequantize(codes, real, args));
+    counted = again.to(w.scalar_type()).ne(w).sum().item<int64_t>();
+  }
+  const int64_t off = *counted;
   if (off * 100 > w.numel()) {
     return bad(absl::StrCat(
         "its weight is not on the scheme's grid (", off, " of ", w.numel(),

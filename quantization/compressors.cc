@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "quantization/int_codes.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -207,9 +209,14 @@ absl::StatusOr<Tensors> CompressWeight(const at::Tensor& weight,
   const bool keep_zp = !args.symmetric && q.zero_point.defined();
   switch (format) {
     case CompressionFormat::kPackQuantized: {
-      ASSIGN_OR_RETURN(at::Tensor codes, Quantize(weight, q, args, at::kChar));
-      ASSIGN_OR_RETURN(at::Tensor packed, PackToInt32(codes, args.num_bits));
-      out.emplace_back("weight_packed", packed);
+      ASSIGN_OR_RETURN(std::optional<at::Tensor> packed,
+                       PackedIntCodes(weight, q, args));
+      if (!packed.has_value()) {
+        ASSIGN_OR_RETURN(at::Tensor codes,
+                         Quantize(weight, q, args, at::kChar));
+        ASSIGN_OR_RETURN(packed, PackToInt32(codes, args.num_bits));
+      }
+      out.emplace_back("weight_packed", *packed);
       out.emplace_back("weight_scale", q.scale);
       out.emplace_back("weight_shape",
                        at::tensor(weight.sizes().vec(), at::kLong));

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/finite.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -197,15 +198,16 @@ absl::Status CheckFinite(const at::Tensor& t, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", c10::toString(t.scalar_type()), " is not floating point"));
   }
-  return runtime::TorchCall(what, [&]() -> absl::Status {
-    if (at::isnan(t).any().item<bool>()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": contains NaN"));
-    }
-    if (at::isinf(t).any().item<bool>()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": contains Inf"));
-    }
-    return absl::OkStatus();
-  });
+  ASSIGN_OR_RETURN(const int64_t nan,
+                   runtime::FirstNonFinite(t, /*allow_infinite=*/true));
+  if (nan >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": contains NaN"));
+  }
+  ASSIGN_OR_RETURN(const int64_t inf, runtime::FirstNonFinite(t));
+  if (inf >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": contains Inf"));
+  }
+  return absl::OkStatus();
 }
 
 std::pair<at::Tensor, at::Tensor> QuantRange(const QuantizationArgs& args,

@@ -16,9 +16,17 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace tracecut::runtime {
+
+// The row-major index of the first NaN (or, with allow_infinite false,
+// +-inf) in `t`; -1 when there is none, for an undefined tensor and for
+// non-floating dtypes. Contiguous CPU tensors of 2- to 8-byte floats are
+// scanned in place by their bits (no mask tensor), others in chunks.
+absl::StatusOr<int64_t> FirstNonFinite(const at::Tensor& t,
+                                       bool allow_infinite = false);
 
 // InvalidArgument "WHAT has NaN at [i, j] (element k of N)" for the first
 // NaN (or, with allow_infinite false, +-inf) in row-major order; OK for an
