@@ -42,6 +42,7 @@ its sibling modules, imported from the script's directory:
                               tied parameters and checkpoint_layout
   tracecut_export_program.py  export: torch.export / torch.jit.trace
   tracecut_export_output.py   check_output and the atomic write_output
+  tracecut_export_cache.py    the export cache of --meta exports
   tracecut_export_errors.py   ExportError
 """
 
@@ -58,7 +59,8 @@ from tracecut_export_inputs import (input_specs, make_inputs, output_names,
 from tracecut_export_layout import (checkpoint_files, checkpoint_layout,
                                     resolve_inside)
 from tracecut_export_model import build_model, check_config_values
-from tracecut_export_output import check_output, write_output
+import tracecut_export_cache as export_cache
+from tracecut_export_output import check_output, write_bytes, write_output
 from tracecut_export_program import export
 
 __all__ = [
@@ -97,6 +99,11 @@ def main(argv=None):
                  help="seeded random weights instead of the checkpoint's")
   p.add_argument("--seed", type=int, default=0,
                  help="seed of --random-weights (default 0)")
+  p.add_argument("--no-cache", action="store_true",
+                 help="export even when the export cache holds an export of "
+                 "the same inputs (--meta exports are cached under "
+                 "$TRACECUT_CACHE_DIR/export, default "
+                 "~/.cache/tracecut/export)")
   a = p.parse_args(argv)
   if a.batch < 1 or a.seq_len < 1:
     p.error("--batch and --seq-len must be >= 1")
@@ -107,9 +114,12 @@ def main(argv=None):
   signal.signal(signal.SIGTERM, _on_signal)
   code, message = EXIT_ERROR, None
   try:
-    export(a.model, a.output, a.torchscript, a.batch, a.seq_len, a.class_name,
-           a.random_weights, a.seed, a.meta)
-    code, message = 0, f"wrote {a.output}"
+    message = _export_cached(a)
+    if message is None:
+      export(a.model, a.output, a.torchscript, a.batch, a.seq_len,
+             a.class_name, a.random_weights, a.seed, a.meta)
+      message = f"wrote {a.output}"
+    code = 0
   except ExportError as e:
     message = str(e)
   except Stopped as e:
@@ -130,6 +140,26 @@ def main(argv=None):
     message = f"cannot export '{a.model}': {type(e).__name__}: {_first_line(e)}"
   print(f"tracecut export: {message}".replace("\n", " "), file=sys.stderr)
   return code
+
+
+def _export_cached(a):
+  """A --meta export of a checkpoint directory from the export cache
+  (tracecut_export_cache.py): the message to print, or None when the
+  export must run (and is then cached)."""
+  if not a.meta or a.torchscript or a.random_weights or a.no_cache:
+    return None
+  check_output(a.output, a.model)
+  key = export_cache.cache_key(a.model, a.batch, a.seq_len, a.class_name)
+  data = export_cache.fetch(key)
+  if data is None:
+    export(a.model, a.output, False, a.batch, a.seq_len, a.class_name,
+           False, a.seed, True)
+    export_cache.store(key, a.output)
+    return f"wrote {a.output}"
+  write_bytes(data, a.output)
+  return (f"wrote {a.output} (from the export cache: the same config, "
+          "safetensors layout, exporter and packages as an earlier export; "
+          "--no-cache exports again)")
 
 
 class Stopped(BaseException):

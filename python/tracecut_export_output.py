@@ -85,7 +85,12 @@ def write_output(program, output, files, torchscript):
     torch.jit.save(program, buffer, _extra_files=files)
   else:
     torch.export.save(program, buffer, extra_files=files)
-  data = buffer.getbuffer()
+  write_bytes(buffer.getbuffer(), output)
+
+
+def write_bytes(data, output):
+  """Writes `data` beside `output` and renames it into place (what
+  write_output does with a program's bytes)."""
   _remove_stale_temporaries(output)
   tmp = os.path.join(os.path.dirname(os.path.abspath(output)),
                      f".{os.path.basename(output)}.{os.getpid()}.tmp.pt2")

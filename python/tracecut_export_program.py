@@ -80,6 +80,17 @@ def _export_dynamic(model, kwargs, specs):
     return torch.export.export(model, (), kwargs, strict=False)
 
 
+def _config_text(config):
+  """config.json as transformers writes it, without the directory it was
+  read from (`_name_or_path`, which save_pretrained leaves out too): a
+  --meta export then depends on the checkpoint's contents only
+  (tracecut_export_cache.py), and an output's config.json does not name
+  where its input was."""
+  data = json.loads(config.to_json_string(use_diff=False))
+  data.pop("_name_or_path", None)
+  return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def _no_split_modules(model):
   """The model class's _no_split_modules as a list, in a fixed order."""
   names = model._no_split_modules or []
@@ -106,7 +117,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   if meta:
     _check_meta_names(model, source, shapes, tied, layout)
   files = {
-      "config.json": config.to_json_string(use_diff=False),
+      "config.json": _config_text(config),
       # "outputs" is filled in once they are known.
       "tracecut_inputs.json": None,
       "tracecut_model.json": json.dumps({

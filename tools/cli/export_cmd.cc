@@ -56,7 +56,8 @@ absl::Status RunExport(const ParsedArgs& args, Io& io) {
       argv.push_back(absl::StrCat("--", flag, "=", *v));
     }
   }
-  for (const char* flag : {"torchscript", "random-weights", "meta"}) {
+  for (const char* flag :
+       {"torchscript", "random-weights", "meta", "no-cache"}) {
     if (args.Has(flag)) argv.push_back(absl::StrCat("--", flag));
   }
   io.out.flush();
@@ -74,7 +75,8 @@ Subcommand ExportCommand() {
   c.name = "export";
   c.synopsis =
       "HF_DIR_OR_MODEL_ID -o OUT.pt2 [--meta] [--torchscript] [--batch=N] "
-      "[--seq-len=N] [--class=NAME] [--random-weights] [--seed=N]";
+      "[--seq-len=N] [--class=NAME] [--random-weights] [--seed=N] "
+      "[--no-cache]";
   c.summary =
       "Export a Hugging Face transformers model to a torch.export .pt2.";
   c.description =
@@ -87,7 +89,13 @@ Subcommand ExportCommand() {
       "`tracecut trace|partition|calibrate|transform|debug OUT.pt2` need "
       "nothing else. Writing OUT.pt2 into the checkpoint directory lets the "
       "directory itself be the MODEL argument. A model torch.export cannot "
-      "export gets one error naming the module and source line.";
+      "export gets one error naming the module and source line. A --meta "
+      "export of a checkpoint directory is cached under "
+      "$TRACECUT_CACHE_DIR/export (default ~/.cache/tracecut/export), keyed "
+      "by the SHA-256 of what it depends on (config.json, custom code, the "
+      "safetensors' names, dtypes and shapes, the exporter and the Python "
+      "packages; not the weights): exporting the same checkpoint again, or "
+      "another fine-tune of the same model, copies it in milliseconds.";
   c.flags = {
       FlagSpec::Value("output", "OUT.pt2", "where to write the program")
           .Short('o'),
@@ -107,6 +115,9 @@ Subcommand ExportCommand() {
                      "seeded random weights instead of the checkpoint's "
                      "(for configs without weights)"),
       FlagSpec::Value("seed", "N", "seed of --random-weights (0)"),
+      FlagSpec::Bool("no-cache",
+                     "export even when the export cache holds the same "
+                     "export"),
   };
   c.min_positional = 1;
   c.max_positional = 1;
