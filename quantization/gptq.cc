@@ -1,17 +1,20 @@
 #include "quantization/gptq.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "quantization/quantize.h"
+#include "runtime/finite.h"
 #include "runtime/torch_status.h"
 #include "util/status_macros.h"
 
@@ -257,6 +260,24 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
 
 }  // namespace
 
+namespace {
+
+// Note [Symmetric accumulation]: (first column, width) of each block;
+// one block below 2 * kMinSymmetricBlock columns, at most 8.
+constexpr int64_t kMinSymmetricBlock = 512;
+
+std::vector<std::pair<int64_t, int64_t>> SymmetricBlocks(int64_t columns) {
+  const int64_t count = std::clamp<int64_t>(columns / kMinSymmetricBlock, 1, 8);
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t begin = columns * b / count;
+    blocks.emplace_back(begin, columns * (b + 1) / count - begin);
+  }
+  return blocks;
+}
+
+}  // namespace
+
 HessianAccumulator::HessianAccumulator(int64_t columns)
     : columns_(columns),
       hessian_(at::zeros(
@@ -309,7 +330,8 @@ absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
     }
     at::Tensor x =
         inputs.reshape({tokens, columns_}).to(hessian_.device(), at::kFloat);
-    if (!at::isfinite(x).all().item<bool>()) {
+    ASSIGN_OR_RETURN(const int64_t bad, runtime::FirstNonFinite(x));
+    if (bad >= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("layer inputs ", internal::DescribeTensor(inputs),
                        " have NaN or infinite entries"));
@@ -317,20 +339,59 @@ absl::Status HessianAccumulator::Add(const at::Tensor& inputs) {
     // Allocations first, then the in-place updates: an allocation failure
     // leaves the accumulator as it was.
     const int64_t total = num_samples_ + samples;
-    if (summing_) {
-      hessian_.addmm_(x.t(), x);
-      num_samples_ = total;
-      num_tokens_ += tokens;
-      return absl::OkStatus();
+    if (!summing_) x = x * std::sqrt(2.0 / static_cast<double>(total));
+    const double keep =
+        static_cast<double>(num_samples_) / static_cast<double>(total);
+    // Note [Symmetric accumulation]: the whole matrix is one block.
+    const std::vector<std::pair<int64_t, int64_t>> blocks =
+        hessian_.device().is_cpu()
+            ? SymmetricBlocks(columns_)
+            : std::vector<std::pair<int64_t, int64_t>>{{0, columns_}};
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const auto [ri, ni] = blocks[i];
+      for (size_t j = i; j < blocks.size(); ++j) {
+        const auto [rj, nj] = blocks[j];
+        at::Tensor h = hessian_.narrow(0, ri, ni).narrow(1, rj, nj);
+        if (!summing_) h.mul_(keep);
+        h.addmm_(x.narrow(1, ri, ni).t(), x.narrow(1, rj, nj));
+      }
     }
-    x = x * std::sqrt(2.0 / static_cast<double>(total));
-    hessian_.mul_(static_cast<double>(num_samples_) /
-                  static_cast<double>(total));
-    hessian_.addmm_(x.t(), x);
+    lower_stale_ = lower_stale_ || blocks.size() > 1;
     num_samples_ = total;
     num_tokens_ += tokens;
     return absl::OkStatus();
   });
+}
+
+const at::Tensor& HessianAccumulator::hessian() const {
+  if (!lower_stale_) return hessian_;
+  // Below the diagonal blocks, each element from its mirror image above,
+  // in tiles (both reads and writes stay in cache lines). The diagonal
+  // blocks keep what their products gave. CPU fp32 contiguous, no
+  // allocation: it cannot fail.
+  const std::vector<std::pair<int64_t, int64_t>> blocks =
+      SymmetricBlocks(columns_);
+  float* h = hessian_.data_ptr<float>();
+  const int64_t n = columns_;
+  constexpr int64_t kTile = 64;
+  at::parallel_for(
+      0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t j = b0; j < b1; ++j) {  // Block row j, columns of i < j.
+          const auto [rj, nj] = blocks[j];
+          const int64_t lower_end = rj;  // Columns [0, rj) are below block j.
+          for (int64_t r0 = rj; r0 < rj + nj; r0 += kTile) {
+            for (int64_t c0 = 0; c0 < lower_end; c0 += kTile) {
+              const int64_t r1 = std::min(rj + nj, r0 + kTile);
+              const int64_t c1 = std::min(lower_end, c0 + kTile);
+              for (int64_t r = r0; r < r1; ++r) {
+                for (int64_t c = c0; c < c1; ++c) h[r * n + c] = h[c * n + r];
+              }
+            }
+          }
+        }
+      });
+  lower_stale_ = false;
+  return hessian_;
 }
 
 absl::StatusOr<GptqResult> GptqQuantize(const at::Tensor& weight,

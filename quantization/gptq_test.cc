@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -97,6 +98,48 @@ TEST(HessianAccumulatorTest, RunningAverageOverSamples) {
   at::Tensor want = 2.0 / 3.0 * at::matmul(all.t(), all);
   EXPECT_EQ(acc.hessian().scalar_type(), at::kFloat);
   EXPECT_TRUE(at::allclose(acc.hessian(), want, 1e-5, 1e-5));
+}
+
+// Note [Symmetric accumulation]: 1300 columns are two blocks of 650 (not
+// a multiple of the tile), 4100 are eight. The updated blocks get the
+// whole-matrix update's operations (compared with it at 1e-6: the same
+// bits where the GEMM's summation order agrees), the lower blocks are
+// their mirror images exactly, and reading the Hessian twice, or between
+// Adds, changes nothing. Summing accumulators (data-parallel) alike.
+TEST(HessianAccumulatorTest, SymmetricBlocksGiveTheWholeUpdate) {
+  at::manual_seed(3);
+  for (int64_t columns : {int64_t{1300}, int64_t{4100}}) {
+    for (bool summing : {false, true}) {
+      SCOPED_TRACE(columns);
+      HessianAccumulator acc = summing ? HessianAccumulator::Summing(columns)
+                                       : HessianAccumulator(columns);
+      at::Tensor want = at::zeros({columns, columns});
+      int64_t n = 0;
+      for (int step = 0; step < 3; ++step) {
+        at::Tensor x = at::randn({2, 64, columns});
+        ASSERT_OK(acc.Add(x));
+        at::Tensor flat = x.reshape({-1, columns});
+        n += 2;
+        if (summing) {
+          want.addmm_(flat.t(), flat);
+        } else {  // The whole-matrix update (gptq.cc before the blocks).
+          flat = flat * std::sqrt(2.0 / static_cast<double>(n));
+          want.mul_(static_cast<double>(n - 2) / static_cast<double>(n));
+          want.addmm_(flat.t(), flat);
+        }
+        if (step == 1) {
+          ASSERT_TRUE(at::equal(acc.hessian(), acc.hessian().t()));
+        }
+      }
+      const at::Tensor& h = acc.hessian();
+      EXPECT_TRUE(at::equal(h, h.t()));
+      EXPECT_TRUE(at::allclose(h, want, 1e-6, 1e-6))
+          << (h - want).abs().max().item<float>();
+      EXPECT_TRUE(at::equal(acc.hessian(), h));
+      HessianAccumulator copy = acc.Clone();
+      EXPECT_TRUE(at::equal(copy.hessian(), h));
+    }
+  }
 }
 
 TEST(HessianAccumulatorTest, HalfInputsAccumulateInFp32) {
