@@ -17,16 +17,14 @@ namespace tracecut::modifiers {
 namespace {
 
 // Note [Output error from the errors] (gptq_typed.h): `out`'s output
-// errors' traces without [out, in] x [in, in] products (GPTQ's from rows
-// [begin, begin + out) of its errors, round-to-nearest's from the factor),
-// when they hold for `weight` itself: GPTQ ran on `typed`, its cast to the
-// scheme's dtype, which must lose nothing. Otherwise they stay NaN and
-// Record computes the products.
-absl::Status SetKnownErrors(const quantization::TypedGptqResult& r,
-                            const quantization::HessianFactor& factor,
-                            int64_t begin, const at::Tensor& weight,
-                            const at::Tensor& typed, WeightQuantOutcome& out,
-                            const std::string& where) {
+// error's trace without an [out, in] x [in, in] product (from rows [begin,
+// begin + out) of GPTQ's errors), when it holds for `weight` itself: GPTQ
+// ran on `typed`, its cast to the scheme's dtype, which must lose nothing.
+// Otherwise it stays NaN and Record computes the product.
+absl::Status SetKnownError(const quantization::TypedGptqResult& r,
+                           int64_t begin, const at::Tensor& weight,
+                           const at::Tensor& typed, WeightQuantOutcome& out,
+                           const std::string& where) {
   if (!r.row_output_errors.defined()) return absl::OkStatus();
   return runtime::TorchCall(where, [&]() -> absl::Status {
     if (typed.scalar_type() != weight.scalar_type() &&
@@ -37,13 +35,6 @@ absl::Status SetKnownErrors(const quantization::TypedGptqResult& r,
         r.row_output_errors.slice(0, begin, begin + weight.size(0))
             .sum()
             .item<double>();
-    if (out.baseline_weight.defined()) {
-      ASSIGN_OR_RETURN(at::Tensor forms,
-                       quantization::FactorQuadraticForms(
-                           factor, weight.to(at::kFloat) -
-                                       out.baseline_weight.to(at::kFloat)));
-      out.known_baseline_error = forms.sum().item<double>();
-    }
     return absl::OkStatus();
   });
 }
@@ -154,8 +145,7 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
   out.weight = r->weight.to(weight.scalar_type());
   out.loss = r->loss;
   out.warning = r->warning;
-  RETURN_IF_ERROR(
-      SetKnownErrors(*r, it->second.factor, 0, weight, typed, out, where));
+  RETURN_IF_ERROR(SetKnownError(*r, 0, weight, typed, out, where));
   if (hessian_readers_left() == 0) factors_.erase(it);
   return out;
 }
@@ -215,8 +205,7 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
       o_i.loss = r->row_losses.slice(0, row, row + rows).sum().item<double>();
       return absl::OkStatus();
     }));
-    RETURN_IF_ERROR(
-        SetKnownErrors(*r, *factor, row, weights[i], stacked[i], o_i, where));
+    RETURN_IF_ERROR(SetKnownError(*r, row, weights[i], stacked[i], o_i, where));
     o_i.warning = r->warning;
     row += rows;
   }

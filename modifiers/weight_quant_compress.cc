@@ -186,11 +186,10 @@ absl::Status WeightQuantModifier::Record(RunContext& ctx,
     if (outcome.baseline_weight.defined()) {
       quantized.push_back(outcome.baseline_weight);
     }
-    ASSIGN_OR_RETURN(std::vector<double> errors,
-                     RelativeOutputErrors(
-                         p.original, quantized, p.hessian,
-                         {outcome.known_error, outcome.known_baseline_error},
-                         p.weight_trace));
+    ASSIGN_OR_RETURN(
+        std::vector<double> errors,
+        RelativeOutputErrors(p.original, quantized, p.hessian,
+                             {outcome.known_error}, p.weight_trace));
     r.weight_error = errors[0];
     if (errors.size() > 1) r.rtn_error = errors[1];
   }

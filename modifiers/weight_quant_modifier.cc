@@ -62,22 +62,23 @@ absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     double known_trace) {
   return runtime::TorchCall(
       "output error", [&]() -> absl::StatusOr<std::vector<double>> {
-        // fp32 copies only for the products still to compute.
-        at::Tensor w, h;
-        auto quadratic = [&](const at::Tensor& x) {
-          if (!w.defined()) {
-            w = weight.detach().to(at::kFloat);
-            h = hessian.detach().to(at::kFloat);
-          }
-          const at::Tensor d = x.defined() ? w - x.detach().to(at::kFloat) : w;
-          return (d.mm(h) * d).sum().item<double>();
+        // An fp32 copy only for the products still to compute.
+        at::Tensor w;
+        auto quadratic = [&](const at::Tensor& x) -> absl::StatusOr<double> {
+          if (!w.defined()) w = weight.detach().to(at::kFloat);
+          return quantization::SymmetricQuadraticForm(
+              x.defined() ? w - x.detach().to(at::kFloat) : w, hessian);
         };
-        const double den =
-            std::isfinite(known_trace) ? known_trace : quadratic(at::Tensor());
+        double den = known_trace;
+        if (!std::isfinite(den)) {
+          ASSIGN_OR_RETURN(den, quadratic({}));
+        }
         std::vector<double> errors;
         for (size_t i = 0; i < quantized.size(); ++i) {
           double num = i < known.size() ? known[i] : kNaN;
-          if (!std::isfinite(num)) num = quadratic(quantized[i]);
+          if (!std::isfinite(num)) {
+            ASSIGN_OR_RETURN(num, quadratic(quantized[i]));
+          }
           if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
           errors.push_back(den <= 0 ? (num <= 0 ? 0.0 : kNaN)
                                     : std::sqrt(num / den));

@@ -139,11 +139,9 @@ struct WeightQuantOutcome {
   double loss = 0;          // Method-specific; NaN when none.
   // A weight to compare against on the same inputs (GPTQ: RTN's).
   at::Tensor baseline_weight;
-  // tr((W - weight) H (W - weight)^T) and the same for baseline_weight,
-  // when the method knows them without a product (GPTQ, Note [Output error
-  // from the errors]); else NaN.
+  // tr((W - weight) H (W - weight)^T) when the method knows it without a
+  // product (GPTQ, Note [Output error from the errors]); else NaN.
   double known_error = std::numeric_limits<double>::quiet_NaN();
-  double known_baseline_error = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
 
@@ -161,7 +159,8 @@ std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 // once. `known` (tr(dW H dW^T) for each Wq) and `known_trace` (tr(W H
 // W^T)) hold what the method knows without a product (finite values), so
 // that its [out, in] x [in, in] product is skipped: on large Linears (in =
-// 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve.
+// 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve. The
+// others are quantization::SymmetricQuadraticForm's (about half a product).
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
     const at::Tensor& hessian, const std::vector<double>& known = {},

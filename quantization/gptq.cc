@@ -394,6 +394,34 @@ const at::Tensor& HessianAccumulator::hessian() const {
   return hessian_;
 }
 
+absl::StatusOr<double> SymmetricQuadraticForm(const at::Tensor& x,
+                                              const at::Tensor& h) {
+  if (x.dim() != 2 || h.dim() != 2 || h.size(0) != h.size(1) ||
+      x.size(1) != h.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a quadratic form needs x [rows, n] and H [n, n], got ",
+        internal::DescribeTensor(x), " and ", internal::DescribeTensor(h)));
+  }
+  return runtime::TorchCall("output error", [&]() -> double {
+    const at::Tensor xf = x.detach().to(at::kFloat);
+    const at::Tensor hf = h.detach().to(at::kFloat);
+    const std::vector<std::pair<int64_t, int64_t>> blocks =
+        SymmetricBlocks(h.size(0));
+    double total = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const auto [ri, ni] = blocks[i];
+      for (size_t j = i; j < blocks.size(); ++j) {
+        const auto [rj, nj] = blocks[j];
+        at::Tensor part =
+            xf.narrow(1, ri, ni).mm(hf.narrow(0, ri, ni).narrow(1, rj, nj));
+        const double sum = part.mul_(xf.narrow(1, rj, nj)).sum().item<double>();
+        total += i == j ? sum : 2 * sum;
+      }
+    }
+    return total;
+  });
+}
+
 absl::StatusOr<GptqResult> GptqQuantize(const at::Tensor& weight,
                                         const at::Tensor& hessian,
                                         const GptqOptions& options) {

@@ -125,6 +125,14 @@ class HessianAccumulator {
   mutable bool lower_stale_ = false;
 };
 
+// tr(x H x^T) for x [rows, n] and a symmetric H [n, n] (a Hessian): the
+// output energy of weights x, or of a weight error. The products of Note
+// [Symmetric accumulation]'s blocks on and above the diagonal only (those
+// above counted twice): 9/16 of [rows, n] x [n, n]'s work for 8 blocks.
+// fp32 products, summed in fp64 across blocks.
+absl::StatusOr<double> SymmetricQuadraticForm(const at::Tensor& x,
+                                              const at::Tensor& h);
+
 struct GptqOptions {
   QuantScheme scheme;
   double dampening_frac = 0.01;  // percdamp; >= 0.

@@ -142,6 +142,36 @@ TEST(HessianAccumulatorTest, SymmetricBlocksGiveTheWholeUpdate) {
   }
 }
 
+// tr(x H x^T) from the blocks on and above the diagonal: the whole
+// product's value (fp64 reference) for one, two and eight blocks, a weight
+// error whose Hessian has a dead column, and bad shapes refused.
+TEST(SymmetricQuadraticFormTest, IsTheWholeProduct) {
+  at::manual_seed(4);
+  for (int64_t n : {int64_t{96}, int64_t{1300}, int64_t{4100}}) {
+    SCOPED_TRACE(n);
+    at::Tensor in = at::randn({256, n});
+    in.select(1, 7).zero_();
+    const at::Tensor h = in.t().mm(in) * (2.0 / 256);
+    const at::Tensor x = at::randn({40, n}) * 0.01;
+    const at::Tensor xd = x.to(at::kDouble);
+    const double want = (xd.mm(h.to(at::kDouble)) * xd).sum().item<double>();
+    absl::StatusOr<double> got = SymmetricQuadraticForm(x, h);
+    ASSERT_OK(got.status());
+    EXPECT_NEAR(*got, want, 1e-5 * want);
+    absl::StatusOr<double> bf16 =
+        SymmetricQuadraticForm(x.to(at::kBFloat16), h);
+    ASSERT_OK(bf16.status());
+    EXPECT_NEAR(*bf16, want, 1e-2 * want);
+  }
+  EXPECT_EQ(SymmetricQuadraticForm(at::randn({4, 8}), at::randn({7, 7}))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      SymmetricQuadraticForm(at::randn({8}), at::randn({8, 8})).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HessianAccumulatorTest, HalfInputsAccumulateInFp32) {
   at::manual_seed(2);
   at::Tensor x = at::randn({64, 16}).to(at::kHalf);

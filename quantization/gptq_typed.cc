@@ -139,30 +139,6 @@ absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
   });
 }
 
-absl::StatusOr<at::Tensor> FactorQuadraticForms(const HessianFactor& factor,
-                                                const at::Tensor& x) {
-  if (factor.fell_back_to_rtn) {
-    return absl::FailedPreconditionError(
-        "the Hessian's factor is the identity (not positive definite)");
-  }
-  if (x.dim() != 2 || !factor.hinv.defined() ||
-      x.size(1) != factor.hinv.size(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quadratic forms need rows [n, in] of the factor's width, got ",
-        c10::str(x.sizes())));
-  }
-  return runtime::TorchCall("output error", [&] {
-    at::Tensor xp = x.to(at::kFloat);
-    if (factor.perm.defined()) xp = xp.index_select(1, factor.perm[0]);
-    if (factor.dead.any().item<bool>()) xp = xp.masked_fill(factor.dead, 0);
-    // X' U^-1: solve Z U = X' (U upper triangular).
-    at::Tensor z = at::linalg_solve_triangular(factor.hinv[0], xp,
-                                               /*upper=*/true, /*left=*/false);
-    return z.square_().sum(1).to(at::kDouble) -
-           xp.square().sum(1).to(at::kDouble) * factor.damp;
-  });
-}
-
 absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
                                           const at::Tensor& hessian,
                                           const QParams& q,

@@ -29,10 +29,7 @@
 //   the output error GPTQ minimizes is known without a product. Undamped
 //   and on the original W (dead columns have zero rows in H; Q is 0 there,
 //   as W' is, since U has zeros off their diagonal): |E|^2 - d |W' - Q|^2,
-//   per row, instead of an [out, in] x [in, in] product. Any other X's
-//   tr(X H X^T) (round-to-nearest's error) is |X' U^-1|^2 - d |X'|^2 (X' =
-//   X with dead columns zeroed): a triangular solve, half a product's work
-//   (FactorQuadraticForms).
+//   per row, instead of an [out, in] x [in, in] product.
 // The result is returned in the weight's dtype (llm-compressor's final cast),
 // so it lies on the scheme's grid: FakeQuantize(result, q) == result.
 
@@ -80,13 +77,6 @@ struct HessianFactor {
 absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
                                                ActOrder actorder,
                                                double dampening_frac);
-
-// tr(x_r H x_r^T) for each row x_r of `x` [n, in] (columns in their
-// original order), fp64 [n], from the factor of H (Note [Output error from
-// the errors]); FailedPrecondition when the factor fell back to the
-// identity.
-absl::StatusOr<at::Tensor> FactorQuadraticForms(const HessianFactor& factor,
-                                                const at::Tensor& x);
 
 // `weight` [out, in] with its parameters `q` (WeightQParams of the same
 // weight) and the Hessian [in, in] of its inputs. InvalidArgument for
