@@ -88,6 +88,36 @@ TEST(TypedGptq, AnIndefiniteHessianFallsBackAndBadShapesAreRefused) {
                        HasSubstr("Hessian [in, in]")));
 }
 
+// Note [Factor without ATen's wrappers]: the factor is the bits of ATen's
+// linalg_cholesky(cholesky_inverse(linalg_cholesky(H')), upper) on the
+// damped Hessian, for sizes that are not multiples of the tiles, with a
+// dead column; an indefinite Hessian falls back to round-to-nearest.
+TEST(FactorizeHessian, SameBitsAsAtensCalls) {
+  at::manual_seed(5);
+  for (int64_t n : {int64_t{1}, int64_t{70}, int64_t{300}, int64_t{1000}}) {
+    SCOPED_TRACE(n);
+    at::Tensor x = at::randn({2 * n + 8, n});
+    if (n > 1) x.select(1, n / 2).zero_();
+    const at::Tensor h = x.t().mm(x) * (2.0 / x.size(0));
+    absl::StatusOr<HessianFactor> f =
+        FactorizeHessian(h, ActOrder::kNone, 0.01);
+    ASSERT_THAT(f, IsOk());
+    ASSERT_FALSE(f->fell_back_to_rtn);
+    at::Tensor damped = h.clone();
+    at::Tensor diag = at::diagonal(damped);
+    diag.masked_fill_(diag == 0, 1.0);
+    diag.add_(at::mean(at::diag(damped)) * 0.01);
+    const at::Tensor want = at::linalg_cholesky(
+        at::cholesky_inverse(at::linalg_cholesky(damped)), /*upper=*/true);
+    EXPECT_TRUE(at::equal(f->hinv[0], want));
+  }
+  absl::StatusOr<HessianFactor> f =
+      FactorizeHessian(-at::eye(100), ActOrder::kNone, 0.01);
+  ASSERT_THAT(f, IsOk());
+  EXPECT_TRUE(f->fell_back_to_rtn);
+  EXPECT_TRUE(at::equal(f->hinv[0], at::eye(100)));
+}
+
 // Note [Output error from the errors]: the per-row errors add up to the
 // product tr((W - Q) H (W - Q)^T) GPTQ minimizes, also with a dead column,
 // act order, and a singular Hessian (fewer tokens than columns, where the
