@@ -258,10 +258,6 @@ absl::StatusOr<GptqResult> GptqQuantizeImpl(const at::Tensor& weight,
   return result;
 }
 
-}  // namespace
-
-namespace {
-
 // Note [Symmetric accumulation]: (first column, width) of each block;
 // one block below 2 * kMinSymmetricBlock columns, at most 8.
 constexpr int64_t kMinSymmetricBlock = 512;
