@@ -114,11 +114,18 @@ def main(argv=None):
   signal.signal(signal.SIGTERM, _on_signal)
   code, message = EXIT_ERROR, None
   try:
-    message = _export_cached(a)
-    if message is None:
+    key = _cache_key(a)
+    cached = export_cache.fetch(key)
+    if cached is None:
       export(a.model, a.output, a.torchscript, a.batch, a.seq_len,
              a.class_name, a.random_weights, a.seed, a.meta)
+      export_cache.store(key, a.output)
       message = f"wrote {a.output}"
+    else:
+      write_bytes(cached, a.output)
+      message = (f"wrote {a.output} (from the export cache: the same config, "
+                 "safetensors layout, exporter and packages as an earlier "
+                 "export; --no-cache exports again)")
     code = 0
   except ExportError as e:
     message = str(e)
@@ -142,24 +149,14 @@ def main(argv=None):
   return code
 
 
-def _export_cached(a):
-  """A --meta export of a checkpoint directory from the export cache
-  (tracecut_export_cache.py): the message to print, or None when the
-  export must run (and is then cached)."""
+def _cache_key(a):
+  """The export cache's key (tracecut_export_cache.py) for a --meta export
+  of a checkpoint directory, after the output checks a cached copy needs as
+  much as an export; None when the export is not cached."""
   if not a.meta or a.torchscript or a.random_weights or a.no_cache:
     return None
   check_output(a.output, a.model)
-  key = export_cache.cache_key(a.model, a.batch, a.seq_len, a.class_name)
-  data = export_cache.fetch(key)
-  if data is None:
-    export(a.model, a.output, False, a.batch, a.seq_len, a.class_name,
-           False, a.seed, True)
-    export_cache.store(key, a.output)
-    return f"wrote {a.output}"
-  write_bytes(data, a.output)
-  return (f"wrote {a.output} (from the export cache: the same config, "
-          "safetensors layout, exporter and packages as an earlier export; "
-          "--no-cache exports again)")
+  return export_cache.cache_key(a.model, a.batch, a.seq_len, a.class_name)
 
 
 class Stopped(BaseException):
