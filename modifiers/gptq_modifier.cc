@@ -39,6 +39,17 @@ absl::Status SetKnownError(const quantization::TypedGptqResult& r,
   });
 }
 
+// RTN's output error, the baseline GPTQ is compared with, measured now so
+// that RTN's weight is released before the solve.
+absl::Status MeasureBaseline(const at::Tensor& weight,
+                             const at::Tensor& hessian,
+                             WeightQuantOutcome& rtn) {
+  ASSIGN_OR_RETURN(rtn.known_baseline_error,
+                   OutputErrorNumerator(weight, rtn.weight, hessian));
+  rtn.weight.reset();
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 using ::tracecut::quantization::GptqQuantize;
@@ -116,6 +127,7 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
     const at::Tensor& hessian) {
   const quantization::QuantizationArgs& args = *options().typed->weights;
   ASSIGN_OR_RETURN(WeightQuantOutcome rtn, QuantizeTyped(path, weight));
+  RETURN_IF_ERROR(MeasureBaseline(weight, hessian, rtn));
   const quantization::QParams q{rtn.scale, rtn.zero_point, rtn.global_scale};
   quantization::TypedGptqOptions o;
   o.dampening_frac = gptq_.dampening_frac;
@@ -141,7 +153,6 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
       quantization::TypedGptq(typed, it->second.factor, q, args, o);
   if (!r.ok()) return util::Annotate(r.status(), where);
   WeightQuantOutcome out = rtn;
-  out.baseline_weight = rtn.weight;
   out.weight = r->weight.to(weight.scalar_type());
   out.loss = r->loss;
   out.warning = r->warning;
@@ -171,6 +182,7 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
   for (size_t i = 0; i < paths.size(); ++i) {
     ASSIGN_OR_RETURN(WeightQuantOutcome rtn,
                      QuantizeTyped(paths[i], weights[i]));
+    RETURN_IF_ERROR(MeasureBaseline(weights[i], hessian, rtn));
     stacked.push_back(TypedWeight(weights[i]));
     scales.push_back(rtn.scale);
     if (rtn.zero_point.defined()) zero_points.push_back(rtn.zero_point);
@@ -198,7 +210,6 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
   for (size_t i = 0; i < paths.size(); ++i) {
     const int64_t rows = weights[i].size(0);
     WeightQuantOutcome& o_i = out[i];
-    o_i.baseline_weight = o_i.weight;
     RETURN_IF_ERROR(runtime::TorchCall(where, [&]() -> absl::Status {
       o_i.weight =
           r->weight.slice(0, row, row + rows).to(weights[i].scalar_type());

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -31,8 +32,9 @@ absl::StatusOr<WeightQuantModifier::Prepared> WeightQuantModifier::Prepare(
     ASSIGN_OR_RETURN(p.original, experts_.Weight(ctx, path));
   } else {
     ASSIGN_OR_RETURN(w, ctx.model().GetTensor(absl::StrCat(path, ".weight")));
-    p.original =
-        p.transposed ? w.detach().t().contiguous() : w.detach().clone();
+    // No copy: RunContext::UpdateTensor replaces the model's tensor, it
+    // never writes into it, so `w` holds the original until Record.
+    p.original = p.transposed ? w.detach().t().contiguous() : w.detach();
   }
   // A module no calibration token reached (never called, or called with
   // empty inputs: an MoE expert the router never picks) has no statistics:
@@ -183,13 +185,15 @@ absl::Status WeightQuantModifier::Record(RunContext& ctx,
   }
   if (p.hessian.defined()) {
     std::vector<at::Tensor> quantized = {outcome.weight};
-    if (outcome.baseline_weight.defined()) {
+    std::vector<double> known = {outcome.known_error};
+    if (outcome.baseline_weight.defined() ||
+        std::isfinite(outcome.known_baseline_error)) {
       quantized.push_back(outcome.baseline_weight);
+      known.push_back(outcome.known_baseline_error);
     }
-    ASSIGN_OR_RETURN(
-        std::vector<double> errors,
-        RelativeOutputErrors(p.original, quantized, p.hessian,
-                             {outcome.known_error}, p.weight_trace));
+    ASSIGN_OR_RETURN(std::vector<double> errors,
+                     RelativeOutputErrors(p.original, quantized, p.hessian,
+                                          known, p.weight_trace));
     r.weight_error = errors[0];
     if (errors.size() > 1) r.rtn_error = errors[1];
   }

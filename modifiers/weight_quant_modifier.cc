@@ -56,6 +56,16 @@ absl::flat_hash_map<const void*, std::vector<std::string>> TensorsByStorage(
 
 }  // namespace
 
+absl::StatusOr<double> OutputErrorNumerator(const at::Tensor& weight,
+                                            const at::Tensor& quantized,
+                                            const at::Tensor& hessian) {
+  return runtime::TorchCall("output error", [&] {
+    return quantization::SymmetricQuadraticForm(
+        weight.detach().to(at::kFloat) - quantized.detach().to(at::kFloat),
+        hessian);
+  });
+}
+
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
     const at::Tensor& hessian, const std::vector<double>& known,

@@ -142,6 +142,10 @@ struct WeightQuantOutcome {
   // tr((W - weight) H (W - weight)^T) when the method knows it without a
   // product (GPTQ, Note [Output error from the errors]); else NaN.
   double known_error = std::numeric_limits<double>::quiet_NaN();
+  // The same for the baseline, when the method measured it (with
+  // OutputErrorNumerator) and released the baseline weight: GPTQ does so
+  // before its solve, which then holds one [out, in] matrix fewer.
+  double known_baseline_error = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
 
@@ -161,6 +165,11 @@ std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 // that its [out, in] x [in, in] product is skipped: on large Linears (in =
 // 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve. The
 // others are quantization::SymmetricQuadraticForm's (about half a product).
+// tr((W - Wq) H (W - Wq)^T) in fp32, as RelativeOutputErrors computes it.
+absl::StatusOr<double> OutputErrorNumerator(const at::Tensor& weight,
+                                            const at::Tensor& quantized,
+                                            const at::Tensor& hessian);
+
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
     const at::Tensor& hessian, const std::vector<double>& known = {},

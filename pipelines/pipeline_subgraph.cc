@@ -3,6 +3,7 @@
 // propagated, and its figures recorded.
 
 #include <ATen/ATen.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -266,6 +267,12 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   RETURN_IF_ERROR(calibrated);
   absl::Time t1 = absl::Now();
   timing.calibrate_seconds = absl::ToDoubleSeconds(t1 - t0);
+  // The calibration pass's batches are freed; their heap pages go back to
+  // the system before compression allocates its [in, in] and [out, in]
+  // matrices, as after propagation (WeightStream's trim): glibc keeps freed
+  // blocks under its raised mmap threshold, and the peak grew by ~30 MB a
+  // layer without these trims (hidden 2048; bench/RESULTS.md).
+  ::malloc_trim(0);
 
   progress_->Update(Point(i, "compress", 0, 0));
   // Whether a weight changed that later subgraphs must see (Note
@@ -284,6 +291,7 @@ absl::Status PartitionedRun::RunStep(int i, RunContext& ctx,
   progress_->EndStep(Point(i, "compress", 0, 0));
   absl::Time t2 = absl::Now();
   timing.compress_seconds = absl::ToDoubleSeconds(t2 - t1);
+  ::malloc_trim(0);
 
   // Without a weight change the calibration pass's outputs are exactly
   // what a propagation pass would compute; outputs no later subgraph reads

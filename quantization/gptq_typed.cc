@@ -90,64 +90,96 @@ void IntegerColumns(BlockBuffers b, const float* hinv, int64_t hinv_stride,
 }
 
 #if AT_BUILD_WITH_LAPACK()
+// Copies one strict triangle of the row-major n x n `m` onto the other
+// (the lower, r > c, onto the upper when `from_lower`), zeroing the source
+// when `zero_source`. In 64 x 64 tiles: each pair of mirrored elements
+// belongs to the tile of its smaller index, so threads never share one.
+void Reflect(float* m, int64_t n, bool from_lower, bool zero_source) {
+  constexpr int64_t kTile = 64;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t c0 = t0 * kTile; c0 < std::min(n, t1 * kTile); c0 += kTile) {
+      for (int64_t r0 = c0; r0 < n; r0 += kTile) {
+        for (int64_t r = r0; r < std::min(n, r0 + kTile); ++r) {
+          for (int64_t c = c0; c < std::min(r, c0 + kTile); ++c) {
+            float& lower = m[r * n + c];
+            float& upper = m[c * n + r];
+            if (from_lower) {
+              upper = lower;
+              if (zero_source) lower = 0.0F;
+            } else {
+              lower = upper;
+              if (zero_source) upper = 0.0F;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 // Note [Factor without ATen's wrappers]: H'^-1's upper Cholesky factor U
-// (row-major, zeros below the diagonal) from the damped H' in column-major
-// order (`a`, overwritten), by the LAPACK calls ATen's linalg_cholesky_ex,
-// cholesky_inverse and linalg_cholesky make on the CPU (potrf 'L', potri
-// 'L', potrf 'U' on a column-major copy) on the same inputs, so the same
-// bits; without their copies and triangle fills (tril_, triu_, the
-// inverse's reflection), which run with column-major strides and took a
-// third of the factorization's time on a [5632, 5632] Hessian. nullopt when
-// H' is not positive definite (ATen's info != 0: GPTQ falls back to
-// round-to-nearest); a failure after that throws, as ATen's calls do.
+// (row-major, zeros below the diagonal) from the damped H' (row-major, in
+// `a`, whose buffer becomes U's), by the LAPACK calls ATen's
+// linalg_cholesky_ex, cholesky_inverse and linalg_cholesky make on the CPU
+// (potrf 'L', potri 'L', potrf 'U' on a column-major copy) on the same
+// inputs, so the same bits; without their copies and triangle fills
+// (tril_, triu_, the inverse's reflection), which run with column-major
+// strides and took a third of the factorization's time on a [5632, 5632]
+// Hessian. In place: LAPACK reads one triangle of a column-major matrix,
+// which is the other triangle of the row-major one, so reflecting H''s
+// lower triangle gives LAPACK the column-major H' it read from ATen's copy,
+// and reflecting the result gives row-major U (the factorization held 3
+// [in, in] matrices at once with the copies, 381 MB for an MLP's
+// in = 5632; 2 now, with the caller's H). nullopt when H' is not positive
+// definite (ATen's info != 0: GPTQ falls back to round-to-nearest); a
+// failure after that throws, as ATen's calls do.
 std::optional<at::Tensor> UpperFactorOfInverse(at::Tensor a) {
   const int64_t n = a.size(0);
   TORCH_CHECK(n <= std::numeric_limits<int>::max() / std::max<int64_t>(n, 1),
               "GPTQ: a Hessian of ", n, " columns is too large for LAPACK");
+  TORCH_CHECK(a.is_contiguous() && a.scalar_type() == at::kFloat);
   float* m = a.data_ptr<float>();
   const int dim = static_cast<int>(n);
+  // Column-major (i, j) is m[i + j * n]: the lower triangle LAPACK reads
+  // ('L') is the row-major upper one.
+  Reflect(m, n, /*from_lower=*/true, /*zero_source=*/false);
   int info = 0;
   at::native::lapackCholesky<float>('L', dim, m, dim, &info);
   if (info != 0) return std::nullopt;
   at::native::lapackCholeskyInverse<float>('L', dim, m, dim, &info);
   TORCH_CHECK(info == 0, "cholesky_inverse: U(", info, ",", info,
               ") is zero, singular U.");
-  constexpr int64_t kTile = 64;
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  // The inverse's upper triangle from its lower (column-major (i, j) at
-  // m[i + j * n]), as cholesky_inverse completes it.
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t j0 = t0 * kTile; j0 < std::min(n, t1 * kTile); j0 += kTile) {
-      for (int64_t i0 = 0; i0 <= j0; i0 += kTile) {
-        for (int64_t j = j0; j < std::min(n, j0 + kTile); ++j) {
-          for (int64_t i = i0; i < std::min(j, i0 + kTile); ++i) {
-            m[i + j * n] = m[j + i * n];
-          }
-        }
-      }
-    }
-  });
+  // The inverse's column-major upper triangle from its lower, as
+  // cholesky_inverse completes it.
+  Reflect(m, n, /*from_lower=*/false, /*zero_source=*/false);
   at::native::lapackCholesky<float>('U', dim, m, dim, &info);
   TORCH_CHECK(info == 0,
               "linalg.cholesky: The factorization could not be completed "
               "because the input is not positive-definite (the leading minor "
               "of order ",
               info, " is not positive-definite).");
-  at::Tensor upper = at::empty({n, n}, a.options());
-  float* u = upper.data_ptr<float>();
   // Row-major U: U(i, j) = m[i + j * n] for j >= i, zero below.
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t i0 = t0 * kTile; i0 < std::min(n, t1 * kTile); i0 += kTile) {
-      for (int64_t j0 = 0; j0 < n; j0 += kTile) {
-        for (int64_t i = i0; i < std::min(n, i0 + kTile); ++i) {
-          for (int64_t j = j0; j < std::min(n, j0 + kTile); ++j) {
-            u[i * n + j] = j >= i ? m[i + j * n] : 0.0F;
-          }
-        }
-      }
+  Reflect(m, n, /*from_lower=*/true, /*zero_source=*/true);
+  return a;
+}
+
+// h[i][j] = source[perm[i]][perm[j]]: apply_activation_ordering's two
+// gathers in one copy, without the intermediate [in, in] matrix.
+at::Tensor PermutedCopy(const at::Tensor& source, const at::Tensor& perm) {
+  const int64_t n = source.size(0);
+  at::Tensor h = at::empty({n, n}, source.options());
+  const at::Tensor p = perm.to(at::kLong).contiguous();
+  const int64_t* idx = p.data_ptr<int64_t>();
+  const float* src = source.data_ptr<float>();
+  float* dst = h.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = src + idx[r] * n;
+      for (int64_t c = 0; c < n; ++c) dst[r * n + c] = row[idx[c]];
     }
   });
-  return upper;
+  return h;
 }
 #endif
 
@@ -168,12 +200,22 @@ absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
   return runtime::TorchCall("GPTQ", [&]() -> HessianFactor {
     HessianFactor f;
     const int64_t cols = hessian.size(0);
-    at::Tensor h = hessian.to(at::kFloat).unsqueeze(0).clone();
+    const at::Tensor source = hessian.to(at::kFloat).unsqueeze(0);
+    at::Tensor h;
     if (actorder != ActOrder::kNone) {  // apply_activation_ordering
-      f.perm = at::argsort(at::diagonal(h, 0, -2, -1), /*dim=*/-1,
+      f.perm = at::argsort(at::diagonal(source, 0, -2, -1), /*dim=*/-1,
                            /*descending=*/true);  // [1, cols]
-      h = at::gather(h, -1, f.perm.unsqueeze(-2).expand({-1, cols, -1}));
-      h = at::gather(h, -2, f.perm.unsqueeze(-1).expand({-1, -1, cols}));
+#if AT_BUILD_WITH_LAPACK()
+      if (source.device().is_cpu() && source.is_contiguous()) {
+        h = PermutedCopy(source[0], f.perm[0]).unsqueeze(0);
+      }
+#endif
+      if (!h.defined()) {
+        h = at::gather(source, -1, f.perm.unsqueeze(-2).expand({-1, cols, -1}));
+        h = at::gather(h, -2, f.perm.unsqueeze(-1).expand({-1, -1, cols}));
+      }
+    } else {
+      h = source.clone();
     }
     // factorize_hessian (the per-item path of small batches).
     at::Tensor diag = at::diagonal(h, 0, -2, -1);
@@ -186,12 +228,11 @@ absl::StatusOr<HessianFactor> FactorizeHessian(const at::Tensor& hessian,
     const auto options = h0.options();
 #if AT_BUILD_WITH_LAPACK()
     if (h0.device().is_cpu()) {
-      at::Tensor column_major = h0.t().contiguous();  // Row-major H'^T.
       diag.reset();
+      at::Tensor a = h0.contiguous();
       h0.reset();
       h.reset();
-      std::optional<at::Tensor> upper =
-          UpperFactorOfInverse(std::move(column_major));
+      std::optional<at::Tensor> upper = UpperFactorOfInverse(std::move(a));
       if (upper.has_value()) {
         f.hinv = upper->unsqueeze(0);
       } else {
@@ -290,20 +331,24 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
     }
     const at::Tensor& hinv = factor.hinv;
 
-    // column_scale_window over all columns: each column's scale (global
-    // scale folded in) and zero point.
-    at::Tensor eff = PerColumn(q.scale, args, g_idx, rows, cols).unsqueeze(0);
-    if (q.global_scale.defined()) {
-      eff = eff / q.global_scale.reshape({1, 1, 1});
-    }
-    eff = eff.contiguous();
-    at::Tensor zp;
-    if (!args.symmetric && q.zero_point.defined()) {
-      zp = PerColumn(q.zero_point, args, g_idx, rows, cols)
-               .unsqueeze(0)
-               .to(at::kFloat)
-               .contiguous();
-    }
+    // column_scale_window: each column of [i1, i2)'s scale (global scale
+    // folded in) and zero point, made per block (for all columns at once
+    // they were two more [rows, cols] matrices).
+    at::Tensor eff, zp;
+    auto column_params = [&](int64_t i1, int64_t i2) {
+      const at::Tensor block_idx = g_idx.slice(0, i1, i2);
+      eff = PerColumn(q.scale, args, block_idx, rows, i2 - i1).unsqueeze(0);
+      if (q.global_scale.defined()) {
+        eff = eff / q.global_scale.reshape({1, 1, 1});
+      }
+      eff = eff.contiguous();
+      if (!args.symmetric && q.zero_point.defined()) {
+        zp = PerColumn(q.zero_point, args, block_idx, rows, i2 - i1)
+                 .unsqueeze(0)
+                 .to(at::kFloat)
+                 .contiguous();
+      }
+    };
     QuantizationArgs column_args = args;
     column_args.strategy = Strategy::kChannel;
     column_args.group_size.reset();
@@ -311,12 +356,13 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
 
     // Integer schemes run the column loop row by row on raw pointers
     // (IntegerColumns); the others, and a forced reference run, as tensors.
+    const at::ScalarType scale_type = q.scale.scalar_type();
     const bool by_rows =
         options.row_kernel && args.type == QuantType::kInt &&
         !q.global_scale.defined() && w.device().is_cpu() &&
         hinv.is_contiguous() &&
-        (eff.scalar_type() == at::kFloat ||
-         eff.scalar_type() == at::kBFloat16 || eff.scalar_type() == at::kHalf);
+        (scale_type == at::kFloat || scale_type == at::kBFloat16 ||
+         scale_type == at::kHalf);
     float q_min = 0, q_max = 0;
     if (by_rows) {
       auto [lo, hi] = QuantRange(args, w.device());
@@ -331,6 +377,7 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
       at::Tensor err1 = at::zeros_like(w1);
       at::Tensor losses1 = at::zeros_like(w1);
       at::Tensor hinv1 = hinv.slice(1, i1, i2).slice(2, i1, i2);
+      column_params(i1, i2);
       if (by_rows) {
         AT_DISPATCH_FLOATING_TYPES_AND2(
             at::kBFloat16, at::kHalf, eff.scalar_type(), "gptq_columns", [&] {
@@ -338,17 +385,17 @@ absl::StatusOr<TypedGptqResult> TypedGptq(const at::Tensor& weight,
                   {w1.data_ptr<float>(), q1.data_ptr<float>(),
                    err1.data_ptr<float>(), losses1.data_ptr<float>()},
                   hinv.data_ptr<float>() + i1 * cols + i1, cols,
-                  eff.data_ptr<scalar_t>() + i1,
-                  zp.defined() ? zp.data_ptr<float>() + i1 : nullptr, cols,
-                  rows, i2 - i1, q_min, q_max);
+                  eff.data_ptr<scalar_t>(),
+                  zp.defined() ? zp.data_ptr<float>() : nullptr, i2 - i1, rows,
+                  i2 - i1, q_min, q_max);
             });
       } else {
         for (int64_t i = 0; i < i2 - i1; ++i) {  // gptq_block_update
           at::Tensor col = w1.select(2, i);      // [1, rows]
           QParams cq;
-          cq.scale = eff.select(2, i1 + i).transpose(0, 1);
+          cq.scale = eff.select(2, i).transpose(0, 1);
           if (zp.defined()) {
-            cq.zero_point = zp.select(2, i1 + i).transpose(0, 1);
+            cq.zero_point = zp.select(2, i).transpose(0, 1);
           }
           at::Tensor qc = internal::ProcessQuantization(
                               col.transpose(0, 1), cq, column_args,

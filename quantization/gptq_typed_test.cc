@@ -95,21 +95,36 @@ TEST(TypedGptq, AnIndefiniteHessianFallsBackAndBadShapesAreRefused) {
 TEST(FactorizeHessian, SameBitsAsAtensCalls) {
   at::manual_seed(5);
   for (int64_t n : {int64_t{1}, int64_t{70}, int64_t{300}, int64_t{1000}}) {
-    SCOPED_TRACE(n);
-    at::Tensor x = at::randn({2 * n + 8, n});
-    if (n > 1) x.select(1, n / 2).zero_();
-    const at::Tensor h = x.t().mm(x) * (2.0 / x.size(0));
-    absl::StatusOr<HessianFactor> f =
-        FactorizeHessian(h, ActOrder::kNone, 0.01);
-    ASSERT_THAT(f, IsOk());
-    ASSERT_FALSE(f->fell_back_to_rtn);
-    at::Tensor damped = h.clone();
-    at::Tensor diag = at::diagonal(damped);
-    diag.masked_fill_(diag == 0, 1.0);
-    diag.add_(at::mean(at::diag(damped)) * 0.01);
-    const at::Tensor want = at::linalg_cholesky(
-        at::cholesky_inverse(at::linalg_cholesky(damped)), /*upper=*/true);
-    EXPECT_TRUE(at::equal(f->hinv[0], want));
+    for (ActOrder order : {ActOrder::kNone, ActOrder::kWeight}) {
+      SCOPED_TRACE(
+          absl::StrCat(n, order == ActOrder::kNone ? "" : " act order"));
+      at::Tensor x = at::randn({2 * n + 8, n});
+      if (n > 1) x.select(1, n / 2).zero_();
+      // Not exactly symmetric (mm's rounding): the factor reads the lower
+      // triangle, as ATen's does.
+      const at::Tensor h = x.t().mm(x) * (2.0 / x.size(0));
+      absl::StatusOr<HessianFactor> f = FactorizeHessian(h, order, 0.01);
+      ASSERT_THAT(f, IsOk());
+      ASSERT_FALSE(f->fell_back_to_rtn);
+      at::Tensor damped = h.clone();
+      if (order != ActOrder::kNone) {  // apply_activation_ordering's gathers.
+        const at::Tensor perm = at::argsort(at::diag(h).unsqueeze(0), -1,
+                                            /*descending=*/true);
+        ASSERT_TRUE(f->perm.defined());
+        EXPECT_TRUE(at::equal(f->perm, perm));
+        damped = at::gather(damped.unsqueeze(0), -1,
+                            perm.unsqueeze(-2).expand({-1, n, -1}));
+        damped =
+            at::gather(damped, -2, perm.unsqueeze(-1).expand({-1, -1, n}))[0]
+                .clone();
+      }
+      at::Tensor diag = at::diagonal(damped);
+      diag.masked_fill_(diag == 0, 1.0);
+      diag.add_(at::mean(at::diag(damped)) * 0.01);
+      const at::Tensor want = at::linalg_cholesky(
+          at::cholesky_inverse(at::linalg_cholesky(damped)), /*upper=*/true);
+      EXPECT_TRUE(at::equal(f->hinv[0], want));
+    }
   }
   absl::StatusOr<HessianFactor> f =
       FactorizeHessian(-at::eye(100), ActOrder::kNone, 0.01);
