@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,42 +52,177 @@ struct BlockBuffers {
   float* losses;
 };
 
-// gptq_block_update for an integer scheme, one row at a time: within a
-// block each row has its own scales and sees only its own errors, so rows
+// IntegerColumns: gptq_block_update for an integer scheme, by rows: within
+// a block each row has its own scales and sees only its own errors, so rows
 // run in parallel without a tensor op per column (which costs more than
 // the arithmetic at these sizes). The operations are the tensor loop's in
 // its order, each rounded where it rounds (the dequantized value in the
 // scale's dtype S, the error's product before the subtraction: the library
 // builds with -ffp-contract=off), so the result has the same bits; the
 // test runs both.
+
+// The element step of the column loop: column i of one row, from its
+// current value x; returns the error and sets q.
+template <typename S>
+[[gnu::always_inline]] inline float ColumnStep(float x, S s, const float* z,
+                                               float h_ii, float q_min,
+                                               float q_max, float& q) {
+  float scaled = x / static_cast<float>(s);
+  if (z) scaled += *z;
+  const float rounded =
+      std::nearbyint(std::min(std::max(scaled, q_min), q_max));
+  S dequant = static_cast<S>(rounded);
+  if (z) dequant = dequant - static_cast<S>(*z);
+  q = static_cast<float>(static_cast<S>(dequant * s));
+  return (x - q) / h_ii;
+}
+
+// One row of IntegerColumns.
+template <typename S>
+[[gnu::always_inline]] inline void ColumnsOfRow(
+    BlockBuffers b, const float* hinv, int64_t hinv_stride, const S* scale,
+    const float* zero_point, int64_t param_stride, int64_t r, int64_t width,
+    float q_min, float q_max) {
+  float* w = b.w + r * width;
+  const S* s = scale + r * param_stride;
+  const float* z = zero_point ? zero_point + r * param_stride : nullptr;
+  for (int64_t i = 0; i < width; ++i) {
+    const float* h = hinv + i * hinv_stride;
+    float q;
+    const float error =
+        ColumnStep(w[i], s[i], z ? z + i : nullptr, h[i], q_min, q_max, q);
+    b.q[r * width + i] = q;
+    b.err[r * width + i] = error;
+    b.losses[r * width + i] = error * error;
+    for (int64_t j = i; j < width; ++j) w[j] -= error * h[j];
+  }
+}
+
+// kRowGroup rows of IntegerColumns at once, transposed into `scratch`
+// (width x kRowGroup per buffer) so that each step runs across the rows:
+// one row's columns form a chain (column i + 1 waits for column i's
+// update), which left the loop waiting on its divisions; rows are
+// independent, so a group fills the vector lanes. Each element sees the
+// same operations in the same order as in ColumnsOfRow.
+constexpr int64_t kRowGroup = 16;
+
+template <typename S>
+[[gnu::always_inline]] inline void ColumnsOfRowGroup(
+    BlockBuffers b, const float* hinv, int64_t hinv_stride, const S* scale,
+    const float* zero_point, int64_t param_stride, int64_t r0, int64_t width,
+    float q_min, float q_max, float* scratch, S* scale_t) {
+  constexpr int64_t G = kRowGroup;
+  float* wt = scratch;
+  float* qt = wt + width * G;
+  float* et = qt + width * G;
+  float* zt = et + width * G;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r = r0 + g;
+    for (int64_t j = 0; j < width; ++j) {
+      wt[j * G + g] = b.w[r * width + j];
+      scale_t[j * G + g] = scale[r * param_stride + j];
+      if (zero_point) zt[j * G + g] = zero_point[r * param_stride + j];
+    }
+  }
+  for (int64_t i = 0; i < width; ++i) {
+    const float* h = hinv + i * hinv_stride;
+    const float h_ii = h[i];
+    float* wi = wt + i * G;
+    float* qi = qt + i * G;
+    float* ei = et + i * G;
+    const S* si = scale_t + i * G;
+    const float* zi = zero_point ? zt + i * G : nullptr;
+    for (int64_t g = 0; g < G; ++g) {
+      ei[g] = ColumnStep(wi[g], si[g], zi ? zi + g : nullptr, h_ii, q_min,
+                         q_max, qi[g]);
+    }
+    for (int64_t j = i; j < width; ++j) {
+      const float h_ij = h[j];
+      float* wj = wt + j * G;
+      for (int64_t g = 0; g < G; ++g) wj[g] -= ei[g] * h_ij;
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r = r0 + g;
+    for (int64_t j = 0; j < width; ++j) {
+      const float error = et[j * G + g];
+      b.w[r * width + j] = wt[j * G + g];
+      b.q[r * width + j] = qt[j * G + g];
+      b.err[r * width + j] = error;
+      b.losses[r * width + j] = error * error;
+    }
+  }
+}
+
+// Rows [r0, r1): groups of kRowGroup, then one at a time. Compiled twice:
+// for the x86-64 baseline (SSE2) and for AVX-512, picked at run time. The
+// same operations on wider vectors (no FMA: -ffp-contract=off holds for
+// both), so the same bits.
+template <typename S>
+[[gnu::always_inline]] inline void RowsOfColumnsBody(
+    BlockBuffers b, const float* hinv, int64_t hinv_stride, const S* scale,
+    const float* zero_point, int64_t param_stride, int64_t r0, int64_t r1,
+    int64_t width, float q_min, float q_max) {
+  int64_t r = r0;
+  if (r1 - r0 >= kRowGroup) {
+    std::vector<float> scratch(4 * width * kRowGroup);
+    std::vector<S> scale_t(width * kRowGroup);
+    for (; r + kRowGroup <= r1; r += kRowGroup) {
+      ColumnsOfRowGroup(b, hinv, hinv_stride, scale, zero_point, param_stride,
+                        r, width, q_min, q_max, scratch.data(), scale_t.data());
+    }
+  }
+  for (; r < r1; ++r) {
+    ColumnsOfRow(b, hinv, hinv_stride, scale, zero_point, param_stride, r,
+                 width, q_min, q_max);
+  }
+}
+
+template <typename S>
+void RowsOfColumns(BlockBuffers b, const float* hinv, int64_t hinv_stride,
+                   const S* scale, const float* zero_point,
+                   int64_t param_stride, int64_t r0, int64_t r1, int64_t width,
+                   float q_min, float q_max) {
+  RowsOfColumnsBody(b, hinv, hinv_stride, scale, zero_point, param_stride, r0,
+                    r1, width, q_min, q_max);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <typename S>
+[[gnu::target("avx512f,avx512bw,avx512vl,prefer-vector-width=512")]] void
+RowsOfColumnsAvx512(BlockBuffers b, const float* hinv, int64_t hinv_stride,
+                    const S* scale, const float* zero_point,
+                    int64_t param_stride, int64_t r0, int64_t r1, int64_t width,
+                    float q_min, float q_max) {
+  RowsOfColumnsBody(b, hinv, hinv_stride, scale, zero_point, param_stride, r0,
+                    r1, width, q_min, q_max);
+}
+
+bool HasAvx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+#endif
+
 template <typename S>
 void IntegerColumns(BlockBuffers b, const float* hinv, int64_t hinv_stride,
                     const S* scale, const float* zero_point,
                     int64_t param_stride, int64_t rows, int64_t width,
                     float q_min, float q_max) {
-  at::parallel_for(0, rows, /*grain_size=*/16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      float* w = b.w + r * width;
-      const S* s = scale + r * param_stride;
-      const float* z = zero_point ? zero_point + r * param_stride : nullptr;
-      for (int64_t i = 0; i < width; ++i) {
-        const float x = w[i];
-        float scaled = x / static_cast<float>(s[i]);
-        if (z) scaled += z[i];
-        const float rounded =
-            std::nearbyint(std::min(std::max(scaled, q_min), q_max));
-        S dequant = static_cast<S>(rounded);
-        if (z) dequant = dequant - static_cast<S>(z[i]);
-        const float q = static_cast<float>(static_cast<S>(dequant * s[i]));
-        const float* h = hinv + i * hinv_stride;
-        const float error = (x - q) / h[i];
-        b.q[r * width + i] = q;
-        b.err[r * width + i] = error;
-        b.losses[r * width + i] = error * error;
-        for (int64_t j = i; j < width; ++j) w[j] -= error * h[j];
-      }
-    }
-  });
+  at::parallel_for(
+      0, rows, /*grain_size=*/kRowGroup, [&](int64_t r0, int64_t r1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (HasAvx512()) {
+          RowsOfColumnsAvx512(b, hinv, hinv_stride, scale, zero_point,
+                              param_stride, r0, r1, width, q_min, q_max);
+          return;
+        }
+#endif
+        RowsOfColumns(b, hinv, hinv_stride, scale, zero_point, param_stride, r0,
+                      r1, width, q_min, q_max);
+      });
 }
 
 #if AT_BUILD_WITH_LAPACK()
