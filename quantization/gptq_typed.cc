@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -61,19 +63,41 @@ struct BlockBuffers {
 // builds with -ffp-contract=off), so the result has the same bits; the
 // test runs both.
 
+// The scale dtype's conversions, as c10's (BFloat16: round to nearest
+// even, NaN to 0x7FC0; its arithmetic is float's, rounded back), written
+// without c10's branch on NaN so that the compiler vectorizes the step
+// across rows.
+template <typename S>
+[[gnu::always_inline]] inline float Widen(S v) {
+  return static_cast<float>(v);
+}
+template <typename S>
+[[gnu::always_inline]] inline S Narrow(float f) {
+  return static_cast<S>(f);
+}
+template <>
+[[gnu::always_inline]] inline c10::BFloat16 Narrow(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint32_t rounded = (u + 0x7FFFU + ((u >> 16) & 1U)) >> 16;
+  return c10::BFloat16(static_cast<uint16_t>(f != f ? 0x7FC0U : rounded),
+                       c10::BFloat16::from_bits());
+}
+
 // The element step of the column loop: column i of one row, from its
-// current value x; returns the error and sets q.
+// current value x; returns the error and sets q. `dequant * s` and
+// `dequant - z` are S's operations (in float, rounded to S).
 template <typename S>
 [[gnu::always_inline]] inline float ColumnStep(float x, S s, const float* z,
                                                float h_ii, float q_min,
                                                float q_max, float& q) {
-  float scaled = x / static_cast<float>(s);
+  float scaled = x / Widen(s);
   if (z) scaled += *z;
   const float rounded =
       std::nearbyint(std::min(std::max(scaled, q_min), q_max));
-  S dequant = static_cast<S>(rounded);
-  if (z) dequant = dequant - static_cast<S>(*z);
-  q = static_cast<float>(static_cast<S>(dequant * s));
+  S dequant = Narrow<S>(rounded);
+  if (z) dequant = Narrow<S>(Widen(dequant) - Widen(Narrow<S>(*z)));
+  q = Widen(Narrow<S>(Widen(dequant) * Widen(s)));
   return (x - q) / h_ii;
 }
 
