@@ -158,6 +158,11 @@ std::optional<int64_t> ConfigInt(const runtime::GraphModule& model,
 // bfloat16, float16, float32); none without one.
 std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 
+// tr((W - Wq) H (W - Wq)^T) in fp32, as RelativeOutputErrors computes it.
+absl::StatusOr<double> OutputErrorNumerator(const at::Tensor& weight,
+                                            const at::Tensor& quantized,
+                                            const at::Tensor& hessian);
+
 // sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq for each Wq of
 // `quantized`, in fp32; 0 when both traces are 0. tr(W H W^T) is computed
 // once. `known` (tr(dW H dW^T) for each Wq) and `known_trace` (tr(W H
@@ -165,11 +170,6 @@ std::optional<c10::ScalarType> ConfigDtype(const runtime::GraphModule& model);
 // that its [out, in] x [in, in] product is skipped: on large Linears (in =
 // 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve. The
 // others are quantization::SymmetricQuadraticForm's (about half a product).
-// tr((W - Wq) H (W - Wq)^T) in fp32, as RelativeOutputErrors computes it.
-absl::StatusOr<double> OutputErrorNumerator(const at::Tensor& weight,
-                                            const at::Tensor& quantized,
-                                            const at::Tensor& hessian);
-
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
     const at::Tensor& hessian, const std::vector<double>& known = {},
