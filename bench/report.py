@@ -175,10 +175,12 @@ def write_md(rows, machine, raw, path):
     # model results (bench/minilm_gptq.py, bench/hf_subgraphs_bench.py),
     # the partition growth curve (bench/partition_scale.sh) and data-parallel
     # calibration (bench/distributed_bench.sh) are measured separately and
-    # written up by hand; they are included as they are.
+    # written up by hand, as are the issues' sections (ISSUES.md: presets,
+    # GPTQ against llm-compressor, GPU, each session's steps); they are
+    # included as they are. Edit these files, not RESULTS.md.
     here = os.path.dirname(os.path.abspath(__file__))
-    for extra in ("HF.md", "PARTITION_SCALE.md", "DISTRIBUTED.md",
-                  "streaming_bench.md", "PROFILES.md"):
+    for extra in ("HF.md", "DISTRIBUTED.md", "PARTITION_SCALE.md",
+                  "PROFILES.md", "streaming_bench.md", "ISSUES.md"):
         if os.path.exists(os.path.join(here, extra)):
             lines += ["", open(os.path.join(here, extra)).read().strip()]
     lines += ["", "Raw measurements:", "", "```"] + [json.dumps(x) for x in raw] + ["```", ""]
