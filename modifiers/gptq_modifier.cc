@@ -112,12 +112,13 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
                           absl::StrCat("gptq: ", path, " (RTN baseline)"));
   }
   WeightQuantOutcome out;
+  ASSIGN_OR_RETURN(out.known_baseline_error,
+                   OutputErrorNumerator(weight, rtn->weight, hessian));
   out.weight = std::move(r->weight);
   out.scale = std::move(r->scale);
   out.zero_point = std::move(r->zero_point);
   out.g_idx = std::move(r->g_idx);
   out.loss = r->loss;
-  out.baseline_weight = std::move(rtn->weight);
   out.warning = std::move(r->warning);
   return out;
 }

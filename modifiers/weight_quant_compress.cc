@@ -186,9 +186,8 @@ absl::Status WeightQuantModifier::Record(RunContext& ctx,
   if (p.hessian.defined()) {
     std::vector<at::Tensor> quantized = {outcome.weight};
     std::vector<double> known = {outcome.known_error};
-    if (outcome.baseline_weight.defined() ||
-        std::isfinite(outcome.known_baseline_error)) {
-      quantized.push_back(outcome.baseline_weight);
+    if (std::isfinite(outcome.known_baseline_error)) {
+      quantized.emplace_back();  // Known: no weight needed.
       known.push_back(outcome.known_baseline_error);
     }
     ASSIGN_OR_RETURN(std::vector<double> errors,

@@ -72,22 +72,18 @@ absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     double known_trace) {
   return runtime::TorchCall(
       "output error", [&]() -> absl::StatusOr<std::vector<double>> {
-        // An fp32 copy only for the products still to compute.
-        at::Tensor w;
-        auto quadratic = [&](const at::Tensor& x) -> absl::StatusOr<double> {
-          if (!w.defined()) w = weight.detach().to(at::kFloat);
-          return quantization::SymmetricQuadraticForm(
-              x.defined() ? w - x.detach().to(at::kFloat) : w, hessian);
-        };
+        // Products only for what is not known.
         double den = known_trace;
         if (!std::isfinite(den)) {
-          ASSIGN_OR_RETURN(den, quadratic({}));
+          ASSIGN_OR_RETURN(den, quantization::SymmetricQuadraticForm(
+                                    weight.detach().to(at::kFloat), hessian));
         }
         std::vector<double> errors;
         for (size_t i = 0; i < quantized.size(); ++i) {
           double num = i < known.size() ? known[i] : kNaN;
           if (!std::isfinite(num)) {
-            ASSIGN_OR_RETURN(num, quadratic(quantized[i]));
+            ASSIGN_OR_RETURN(
+                num, OutputErrorNumerator(weight, quantized[i], hessian));
           }
           if (num < 0) num = 0;  // H is PSD; only rounding makes it negative.
           errors.push_back(den <= 0 ? (num <= 0 ? 0.0 : kNaN)

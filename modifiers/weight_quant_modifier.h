@@ -137,14 +137,12 @@ struct WeightQuantOutcome {
   at::Tensor global_scale;  // Typed tensor_group schemes (NVFP4) only.
   at::Tensor g_idx;         // Undefined unless GPTQ act_order with groups.
   double loss = 0;          // Method-specific; NaN when none.
-  // A weight to compare against on the same inputs (GPTQ: RTN's).
-  at::Tensor baseline_weight;
   // tr((W - weight) H (W - weight)^T) when the method knows it without a
   // product (GPTQ, Note [Output error from the errors]); else NaN.
   double known_error = std::numeric_limits<double>::quiet_NaN();
-  // The same for the baseline, when the method measured it (with
-  // OutputErrorNumerator) and released the baseline weight: GPTQ does so
-  // before its solve, which then holds one [out, in] matrix fewer.
+  // The same for a baseline on the same inputs (GPTQ: round-to-nearest's),
+  // measured with OutputErrorNumerator as soon as the baseline weight is
+  // made, so that it is released before GPTQ's solve; NaN when none.
   double known_baseline_error = std::numeric_limits<double>::quiet_NaN();
   std::string warning;
 };
@@ -166,10 +164,11 @@ absl::StatusOr<double> OutputErrorNumerator(const at::Tensor& weight,
 // sqrt(tr(dW H dW^T) / tr(W H W^T)) with dW = W - Wq for each Wq of
 // `quantized`, in fp32; 0 when both traces are 0. tr(W H W^T) is computed
 // once. `known` (tr(dW H dW^T) for each Wq) and `known_trace` (tr(W H
-// W^T)) hold what the method knows without a product (finite values), so
-// that its [out, in] x [in, in] product is skipped: on large Linears (in =
-// 5632: ~65 GFLOP) each costs as much as a third of GPTQ's solve. The
-// others are quantization::SymmetricQuadraticForm's (about half a product).
+// W^T)) hold what the method knows without a product (finite values; that
+// Wq may then be undefined), so that its [out, in] x [in, in] product is
+// skipped: on large Linears (in = 5632: ~65 GFLOP) each costs as much as a
+// third of GPTQ's solve. The others are OutputErrorNumerator's (about half
+// a product).
 absl::StatusOr<std::vector<double>> RelativeOutputErrors(
     const at::Tensor& weight, const std::vector<at::Tensor>& quantized,
     const at::Tensor& hessian, const std::vector<double>& known = {},
