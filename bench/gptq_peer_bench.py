@@ -2,7 +2,7 @@
 (issue 32): wall time, peak RSS and final-logit error, interleaved.
 
   gptq_peer_bench.py TRACECUT OUT_DIR [--hidden=1024] [--layers=4]
-      [--rounds=2] [--threads=2]
+      [--rounds=2] [--threads=2] [--quality-seeds=K]
 
 One seeded bf16 LlamaForCausalLM (hidden --hidden, intermediate 2.75x,
 heads of 64, half as many KV heads, vocab 8000) from a config, exported once
@@ -16,7 +16,8 @@ threads (OMP_NUM_THREADS and, for tracecut, --threads):
   peer: llm-compressor oneshot(GPTQModifier(targets="Linear",
         scheme="W4A16", ignore=["lm_head"]), pipeline="sequential") on the
         same tokens + save_pretrained(save_compressed=True)
-Both outputs are loaded by transformers (compressed-tensors decompresses
+--quality-seeds=K adds K calibration sets (seeds 1..K), one run of each tool
+on each, and prints every set's errors and their mean. Both outputs are loaded by transformers (compressed-tensors decompresses
 them) and compared with the original on 4 x 64 held-out tokens (relative
 Frobenius error of the final logits). Prints a markdown table.
 """
@@ -45,6 +46,12 @@ model = oneshot(model=model, dataset=ds, recipe=recipe,
                 max_seq_length=ids.shape[1], num_calibration_samples=ids.shape[0],
                 shuffle_calibration_samples=False, pipeline="sequential")
 model.save_pretrained(out, save_compressed=True)
+"""
+
+SEEDED = r"""
+import sys, torch
+g = torch.Generator().manual_seed(1000 + int(sys.argv[2]))
+torch.save(torch.randint(0, 8000, (32, 128), generator=g), sys.argv[1])
 """
 
 MAKE = r"""
@@ -99,6 +106,10 @@ def main():
   ap.add_argument("--layers", type=int, default=4)
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--threads", type=int, default=2)
+  # One calibration set says little about quality, GPTQ's result moves with
+  # its data: K more sets, one run of each tool on each (--rounds=0: only
+  # those).
+  ap.add_argument("--quality-seeds", type=int, default=0)
   a = ap.parse_args()
   py = sys.executable
   here = os.path.dirname(os.path.abspath(__file__))
@@ -135,18 +146,43 @@ def main():
     rows.append(("llm-compressor", r) + timed(
         [py, "-W", "ignore", "-c", PEER, ckpt, ckpt + "-calib.pt", peer,
          str(a.threads)], env))
+  pairs = [("tracecut-0", "llmcompressor-0")] if a.rounds else []
+  for seed in range(1, a.quality_seeds + 1):
+    data = os.path.join(a.out_dir, f"calib-seed{seed}.pt")
+    subprocess.run([py, "-c", SEEDED, data, str(seed)], check=True, env=env)
+    pair = (f"tracecut-seed{seed}", f"llmcompressor-seed{seed}")
+    timed([a.tracecut, "calibrate", ckpt, "--recipe=" + recipe,
+           "--data=" + data, f"--threads={a.threads}", "-o",
+           os.path.join(a.out_dir, pair[0])], env)
+    timed([py, "-W", "ignore", "-c", PEER, ckpt, data,
+           os.path.join(a.out_dir, pair[1]), str(a.threads)], env)
+    pairs.append(pair)
   p = subprocess.run(
-      [py, "-W", "ignore", "-c", ERROR, ckpt, ckpt + "-held.pt",
-       os.path.join(a.out_dir, "tracecut-0"),
-       os.path.join(a.out_dir, "llmcompressor-0")],
+      [py, "-W", "ignore", "-c", ERROR, ckpt, ckpt + "-held.pt"] +
+      [os.path.join(a.out_dir, d) for pair in pairs for d in pair],
       check=True, env=env, capture_output=True, text=True)
-  errors = [float(line.split()[-1]) for line in p.stdout.splitlines()[-2:]]
+  errors = [float(line.split()[-1])
+            for line in p.stdout.splitlines()[-2 * len(pairs):]]
   load = os.getloadavg()
   print(f"hidden {a.hidden}, {a.layers} layers, bf16; 32 x 128 tokens; "
         f"{a.threads} threads each; load average at the end "
         f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
   print(f"tracecut export: {export_s:.1f} s, {export_gib:.2f} GiB; again "
         f"(from the export cache): {cached_s:.2f} s")
+  if a.rounds:
+    print_times(rows, export_s, cached_s, errors)
+  if len(pairs) > 1 or not a.rounds:
+    print("| calibration tokens | tracecut | llm-compressor |")
+    print("|---|---|---|")
+    for i, pair in enumerate(pairs):
+      print(f"| {pair[0].split('-', 1)[1]} | {errors[2 * i]:.4f} "
+            f"| {errors[2 * i + 1]:.4f} |")
+    n = len(pairs)
+    print(f"| mean | {sum(errors[0::2]) / n:.4f} | "
+          f"{sum(errors[1::2]) / n:.4f} |")
+
+
+def print_times(rows, export_s, cached_s, errors):
   print("| tool | round | wall s | peak RSS GiB |")
   print("|---|---|---|---|")
   for tool, r, s, gib in rows:

@@ -39,13 +39,16 @@ absl::Status SetKnownError(const quantization::TypedGptqResult& r,
   });
 }
 
-// RTN's output error, the baseline GPTQ is compared with, measured now so
-// that RTN's weight is released before the solve.
-absl::Status MeasureBaseline(const at::Tensor& weight,
+// RTN's output error, the baseline GPTQ is compared with, measured now (when
+// the run measures baselines) so that RTN's weight is released before the
+// solve.
+absl::Status MeasureBaseline(bool measure, const at::Tensor& weight,
                              const at::Tensor& hessian,
                              WeightQuantOutcome& rtn) {
-  ASSIGN_OR_RETURN(rtn.known_baseline_error,
-                   OutputErrorNumerator(weight, rtn.weight, hessian));
+  if (measure) {
+    ASSIGN_OR_RETURN(rtn.known_baseline_error,
+                     OutputErrorNumerator(weight, rtn.weight, hessian));
+  }
   rtn.weight.reset();
   return absl::OkStatus();
 }
@@ -76,6 +79,7 @@ absl::Status GptqModifier::OnRunStart(RunContext& ctx) {
         absl::StrCat("gptq: block_size must be > 0, got ", gptq_.block_size));
   }
   factors_.clear();
+  measure_baselines_ = ctx.measure_baselines();
   return WeightQuantModifier::OnRunStart(ctx);
 }
 
@@ -106,14 +110,16 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeWeight(
   if (!r.ok()) {
     return util::Annotate(r.status(), absl::StrCat("gptq: ", path));
   }
-  absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, gptq_.scheme);
-  if (!rtn.ok()) {
-    return util::Annotate(rtn.status(),
-                          absl::StrCat("gptq: ", path, " (RTN baseline)"));
-  }
   WeightQuantOutcome out;
-  ASSIGN_OR_RETURN(out.known_baseline_error,
-                   OutputErrorNumerator(weight, rtn->weight, hessian));
+  if (measure_baselines_) {
+    absl::StatusOr<RtnResult> rtn = QuantizeRtn(weight, gptq_.scheme);
+    if (!rtn.ok()) {
+      return util::Annotate(rtn.status(),
+                            absl::StrCat("gptq: ", path, " (RTN baseline)"));
+    }
+    ASSIGN_OR_RETURN(out.known_baseline_error,
+                     OutputErrorNumerator(weight, rtn->weight, hessian));
+  }
   out.weight = std::move(r->weight);
   out.scale = std::move(r->scale);
   out.zero_point = std::move(r->zero_point);
@@ -128,7 +134,7 @@ absl::StatusOr<WeightQuantOutcome> GptqModifier::QuantizeTypedGptq(
     const at::Tensor& hessian) {
   const quantization::QuantizationArgs& args = *options().typed->weights;
   ASSIGN_OR_RETURN(WeightQuantOutcome rtn, QuantizeTyped(path, weight));
-  RETURN_IF_ERROR(MeasureBaseline(weight, hessian, rtn));
+  RETURN_IF_ERROR(MeasureBaseline(measure_baselines_, weight, hessian, rtn));
   const quantization::QParams q{rtn.scale, rtn.zero_point, rtn.global_scale};
   quantization::TypedGptqOptions o;
   o.dampening_frac = gptq_.dampening_frac;
@@ -183,7 +189,8 @@ absl::StatusOr<std::vector<WeightQuantOutcome>> GptqModifier::QuantizeTogether(
   for (size_t i = 0; i < paths.size(); ++i) {
     ASSIGN_OR_RETURN(WeightQuantOutcome rtn,
                      QuantizeTyped(paths[i], weights[i]));
-    RETURN_IF_ERROR(MeasureBaseline(weights[i], hessian, rtn));
+    RETURN_IF_ERROR(
+        MeasureBaseline(measure_baselines_, weights[i], hessian, rtn));
     stacked.push_back(TypedWeight(weights[i]));
     scales.push_back(rtn.scale);
     if (rtn.zero_point.defined()) zero_points.push_back(rtn.zero_point);

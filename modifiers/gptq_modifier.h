@@ -15,8 +15,9 @@
 //
 // Besides its own error, each module's record gets `rtn_error`: the output
 // error round-to-nearest would have on the same inputs, so the report shows
-// what GPTQ bought per layer. See WeightQuantModifier (weight_quant_modifier.h)
-// for what is selected and recorded.
+// what GPTQ bought per layer (unless the run does not measure baselines:
+// RunContext::measure_baselines). See WeightQuantModifier
+// (weight_quant_modifier.h) for what is selected and recorded.
 
 #include <map>
 #include <string>
@@ -78,6 +79,7 @@ class GptqModifier : public WeightQuantModifier {
     quantization::HessianFactor factor;
   };
   std::map<const c10::TensorImpl*, SharedFactor> factors_;
+  bool measure_baselines_ = true;  // RunContext::measure_baselines.
 };
 
 // The activation order a GPTQ entry runs a compressed-tensors scheme with,

@@ -275,6 +275,12 @@ class RunContext {
   using Replayer = std::function<absl::Status(const CallVisitor&)>;
   void set_replayer(Replayer replayer) { replayer_ = std::move(replayer); }
 
+  // Whether modifiers measure baselines for the report (GPTQ: each Linear's
+  // round-to-nearest output error on the same inputs). It costs about as
+  // much as a fifth of GPTQ's solve, so a run that writes no report skips it.
+  bool measure_baselines() const { return measure_baselines_; }
+  void set_measure_baselines(bool v) { measure_baselines_ = v; }
+
  private:
   runtime::GraphModule* model_;
   CalibrationResults* results_;
@@ -284,6 +290,7 @@ class RunContext {
   std::set<std::string> updated_;
   int64_t update_count_ = 0;
   Replayer replayer_;
+  bool measure_baselines_ = true;
 };
 
 class Modifier {

@@ -222,6 +222,7 @@ absl::StatusOr<PipelineOptions> PipelineOptionsFor(
   PipelineOptions p;
   p.kind = kind;
   p.propagate_error = options.propagate_error.value_or(r.propagate_error());
+  p.measure_baselines = options.measure_baselines;
   std::vector<std::string> targets = options.sequential_targets;
   if (targets.empty()) {
     targets.assign(r.sequential_targets().begin(),

@@ -133,6 +133,9 @@ struct CalibrateOptions {
   // Include the "run" section (timings, cache statistics) in the report;
   // without it the report is byte-identical across identical runs.
   bool report_run_section = true;
+  // PipelineOptions::measure_baselines: the report's round-to-nearest
+  // errors beside GPTQ's.
+  bool measure_baselines = true;
 
   util::Progress* progress = nullptr;
 

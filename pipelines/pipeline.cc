@@ -246,6 +246,7 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
     return absl::InvalidArgumentError("no calibration batches");
   }
   RunContext ctx(&model_, &results_, num_batches, progress_);
+  ctx.set_measure_baselines(options_.measure_baselines);
   // Validation first: nothing is written before the modifiers accept the
   // model.
   RETURN_IF_ERROR(ForEachModifier(

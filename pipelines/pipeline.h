@@ -153,6 +153,8 @@ struct PipelineOptions {
   // Not owned; nullptr: this process checkpoints on its own.
   CheckpointGroup* checkpoint_group = nullptr;
   util::Progress* progress = nullptr;  // nullptr: silent.
+  // RunContext::measure_baselines.
+  bool measure_baselines = true;
 };
 
 // What the cache held after one subgraph.

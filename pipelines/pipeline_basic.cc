@@ -79,6 +79,7 @@ absl::StatusOr<PipelineResult> RunBasic(runtime::GraphModule& model,
   }
   results.pipeline = std::string(PipelineKindName(PipelineKind::kBasic));
   RunContext ctx(&model, &results, num_batches, progress);
+  ctx.set_measure_baselines(options.measure_baselines);
   RETURN_IF_ERROR(ForEachModifier(
       modifiers, [&](Modifier* m) { return m->OnRunStart(ctx); }));
   // Note [Transforms first] (modifier.h).

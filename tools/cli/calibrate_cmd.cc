@@ -260,6 +260,9 @@ absl::StatusOr<CalibrateOptions> OptionsFromFlags(
   ASSIGN_OR_RETURN(int64_t stop, IntFlag(args, "stop-after", -1, 0));
   o.stop_after_subgraph = static_cast<int>(stop);
   o.report_run_section = !args.Has("deterministic-report");
+  // Round-to-nearest baselines only for a report someone reads.
+  o.measure_baselines =
+      !o.report_path.empty() || !html_path.empty() || args.Has("json");
   RETURN_IF_ERROR(CheckOutputsApart(args, o));
   if (o.output_format == CalibrateOptions::OutputFormat::kCompressedTensors) {
     RETURN_IF_ERROR(util::CheckOutputDirReplaceable(

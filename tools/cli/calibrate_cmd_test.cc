@@ -220,6 +220,21 @@ TEST(CalibrateCmdTest, SummarySaysWhatTheErrorsAreMeasuredOn) {
                         "calibration inputs, mean over 14 modules: "));
   EXPECT_THAT(LastLine(r.err),
               HasSubstr(", round-to-nearest on the same modules and inputs "));
+
+  // Without a report nobody reads the baseline: it is not measured, the
+  // line gives GPTQ's figure alone, and the model is the same bytes.
+  Result quiet =
+      RunTracecut({"calibrate", Llama(), "--recipe=" + Recipe(),
+                   "--synthetic=8", "--batch-size=4", "-o", dir + "/quiet.pt"});
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_THAT(LastLine(quiet.err),
+              HasSubstr("per-module output error on the calibration inputs, "
+                        "mean over 14 modules: "));
+  EXPECT_THAT(LastLine(quiet.err), Not(HasSubstr("round-to-nearest")));
+  ASSERT_OK_AND_ASSIGN(const std::string quiet_model,
+                       util::ReadFile(dir + "/quiet.pt"));
+  ASSERT_OK_AND_ASSIGN(const std::string model, util::ReadFile(dir + "/m.pt"));
+  EXPECT_TRUE(quiet_model == model);  // Binary: not printed.
 }
 
 // --config=FILE, as for trace: a config.json in place of the embedded one.
