@@ -437,15 +437,23 @@ absl::StatusOr<std::vector<const LeafModule*>> ModuleSelector::Select(
   }
   if (selected.empty()) {
     std::set<std::string> types;
+    std::vector<std::string> ignored;  // Targeted, but ignored.
     for (const LeafModule& leaf : ctx.leaf_modules()) {
       types.insert(ShortType(leaf.type));
+      if (ModuleSelector{targets, {}}.Matches(leaf.path, leaf.type)) {
+        ignored.push_back(leaf.path);
+      }
     }
     return absl::InvalidArgumentError(absl::StrCat(
         owner, ": targets [", absl::StrJoin(targets, ", "), "]",
         ignore.empty()
             ? ""
             : absl::StrCat(" (ignoring [", absl::StrJoin(ignore, ", "), "])"),
-        " match no leaf module of the model; its leaf module types are: ",
+        " match no leaf module of the model",
+        ignored.empty()
+            ? ""
+            : absl::StrCat(" but the ignored ", absl::StrJoin(ignored, ", ")),
+        "; its leaf module types are: ",
         types.empty() ? "(none)" : absl::StrJoin(types, ", ")));
   }
   return selected;

@@ -201,6 +201,28 @@ absl::Status CheckOutputDir(const fs::path& out, const std::string& where) {
   return absl::OkStatus();
 }
 
+// The modules of subclasses of torch.nn.Linear the exporter listed
+// (tracecut_model.json's "linear_subclasses"; none without it).
+absl::StatusOr<std::vector<std::string>> LinearSubclasses(
+    const torch::jit::ExtraFilesMap& extra_files) {
+  auto it = extra_files.find("tracecut_model.json");
+  if (it == extra_files.end() || it->second.empty()) {
+    return std::vector<std::string>();
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(it->second);
+    if (!j.is_object() || !j.contains("linear_subclasses")) {
+      return std::vector<std::string>();
+    }
+    return j["linear_subclasses"].get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tracecut_model.json: \"linear_subclasses\" must be a list of "
+        "module paths (",
+        e.what(), ")"));
+  }
+}
+
 // config.json: the one the model carries (--config's, or the export's),
 // else the source checkpoint's.
 absl::StatusOr<std::string> ModelConfig(
@@ -379,8 +401,11 @@ absl::Status WriteCompressedTensors(const runtime::GraphModule& gm,
   std::stable_sort(
       tensors.begin(), tensors.end(),
       [](const auto& a, const auto& b) { return a.first < b.first; });
-  ASSIGN_OR_RETURN(std::string quant_config,
-                   QuantizationConfigFor(config, quantized, kv.second));
+  ASSIGN_OR_RETURN(std::vector<std::string> subclasses,
+                   LinearSubclasses(gm.extra_files()));
+  ASSIGN_OR_RETURN(
+      std::string quant_config,
+      QuantizationConfigFor(config, quantized, kv.second, subclasses));
 
   // Built beside OUT_DIR, then renamed into place.
   const fs::path parent =
@@ -429,6 +454,7 @@ CompressedTensorsWriter::Create(const CompressedOutputOptions& options,
                    checkpoint::Checkpoint::Open(options.source_dir));
   w->source_.emplace(std::move(source));
   ASSIGN_OR_RETURN(w->layout_, checkpoint::Layout::FromExtraFiles(extra_files));
+  ASSIGN_OR_RETURN(w->linear_subclasses_, LinearSubclasses(extra_files));
   RETURN_IF_ERROR(util::MakeDirs(w->work_dir_));
   return w;
 }
@@ -576,8 +602,9 @@ absl::Status CompressedTensorsWriter::Finish(
     }
   }
   RETURN_IF_ERROR(WriteIndex(dir, weight_map, total));
-  ASSIGN_OR_RETURN(std::string quant_config,
-                   QuantizationConfigFor(config_, quantized, kv.second));
+  ASSIGN_OR_RETURN(
+      std::string quant_config,
+      QuantizationConfigFor(config_, quantized, kv.second, linear_subclasses_));
   RETURN_IF_ERROR(
       util::WriteFileAtomically((dir / "config.json").string(), quant_config));
   RETURN_IF_ERROR(WriteOtherFiles(dir, options_));

@@ -100,6 +100,8 @@ class CompressedTensorsWriter {
   std::string config_;  // The model's config.json.
   std::optional<checkpoint::Checkpoint> source_;
   checkpoint::Layout layout_;  // Model tensors it stores in pieces.
+  // Modules of torch.nn.Linear's subclasses (tracecut_model.json).
+  std::vector<std::string> linear_subclasses_;
 };
 
 }  // namespace tracecut::output

@@ -32,10 +32,14 @@ struct QuantizedModule {
 bool IsQuantRecord(const modifiers::ModuleRecord& r);
 
 // quantization_config for `modules`: all typed or all tracecut's integer
-// schemes.
+// schemes. `linear_subclasses`: modules of torch.nn.Linear's subclasses,
+// which compressed-tensors' "Linear" target matches (by class ancestry): the
+// ones not in `modules` are ignored by name, or transformers would look
+// for their quantized weights.
 absl::StatusOr<std::string> QuantizationConfigFor(
     const std::string& config_json, const std::vector<QuantizedModule>& modules,
-    const std::string& kv_cache_scheme);
+    const std::string& kv_cache_scheme,
+    const std::vector<std::string>& linear_subclasses = {});
 
 // The attention modules' k/v scales (weight_quant_modifier.h Note [KV cache])
 // and the kv_cache_scheme they share ("" when none).

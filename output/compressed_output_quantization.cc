@@ -213,7 +213,8 @@ absl::StatusOr<Tensors> CompressTyped(const at::Tensor& weight,
 // quantization_config for modules quantized with compressed-tensors schemes,
 // as llm-compressor writes it: a config group per scheme with the recipe's
 // targets ("Linear"), the observers llm-compressor records and the format
-// compressed-tensors infers; the recipe's ignore list; the model's format
+// compressed-tensors infers; the recipe's ignore list and the modules of
+// Linear's subclasses left unquantized; the model's format
 // (mixed-precision when groups differ).
 absl::StatusOr<std::string> TypedConfig(
     const std::string& config_json, const std::vector<QuantizedModule>& modules,
@@ -321,7 +322,8 @@ bool IsQuantRecord(const ModuleRecord& r) {
 
 absl::StatusOr<std::string> QuantizationConfigFor(
     const std::string& config_json, const std::vector<QuantizedModule>& modules,
-    const std::string& kv_cache_scheme) {
+    const std::string& kv_cache_scheme,
+    const std::vector<std::string>& linear_subclasses) {
   const bool typed = !modules.empty() && !modules.front().typed.empty();
   std::vector<std::pair<std::string, checkpoint::CtWeightArgs>> legacy;
   for (const QuantizedModule& m : modules) {
@@ -336,13 +338,33 @@ absl::StatusOr<std::string> QuantizationConfigFor(
     }
     legacy.emplace_back(m.path, m.args);
   }
-  if (typed) return TypedConfig(config_json, modules, kv_cache_scheme);
-  if (!kv_cache_scheme.empty()) {
+  absl::StatusOr<std::string> config;
+  if (typed) {
+    config = TypedConfig(config_json, modules, kv_cache_scheme);
+  } else if (!kv_cache_scheme.empty()) {
     return absl::FailedPreconditionError(
         "compressed-tensors output: a kv_cache_scheme needs compressed-tensors "
         "schemes (presets) for the weights");
+  } else {
+    config = checkpoint::ConfigWithQuantization(config_json, legacy);
   }
-  return checkpoint::ConfigWithQuantization(config_json, legacy);
+  if (!config.ok() || modules.empty() || linear_subclasses.empty()) {
+    return config;
+  }
+  ASSIGN_OR_RETURN(util::Json j, util::ParseJson(*config, "config.json"));
+  if (util::FindMember(j, "quantization_config") == nullptr) return config;
+  util::Json& ignore = j["quantization_config"]["ignore"];
+  if (!ignore.is_array()) ignore = util::Json::array();
+  for (const std::string& path : linear_subclasses) {
+    const bool quantized =
+        std::any_of(modules.begin(), modules.end(),
+                    [&](const QuantizedModule& q) { return q.path == path; });
+    if (!quantized &&
+        std::find(ignore.begin(), ignore.end(), path) == ignore.end()) {
+      ignore.push_back(path);
+    }
+  }
+  return util::DumpJson(j, 2) + "\n";
 }
 
 absl::StatusOr<std::pair<Tensors, std::string>> KvCache(

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,34 @@ TEST(CompressedOutputTest, TheSameResultsGiveTheSameBytes) {
     ASSERT_OK_AND_ASSIGN(std::string b, util::ReadFile(dir + "/b" + name));
     EXPECT_TRUE(a == b) << name;
   }
+}
+
+// compressed-tensors matches a "Linear" target by class ancestry: a module
+// of a Linear subclass (as the exporter lists them) left unquantized is on
+// the ignore list, or transformers would look for its packed weight; a
+// quantized one is not.
+TEST(CompressedOutputTest, UnquantizedLinearSubclassesAreIgnored) {
+  Quantized q = QuantizeFixture();
+  q.gm.mutable_extra_files()["tracecut_model.json"] =
+      R"({"linear_subclasses": ["model.embed_tokens",
+                                "model.layers.0.mlp.down_proj"]})";
+  const std::string out = TempDir("compressed_output_subclasses") + "/out";
+  ASSERT_OK(WriteCompressedTensors(q.gm, q.results, {.output_dir = out}));
+  ASSERT_OK_AND_ASSIGN(std::string text, util::ReadFile(out + "/config.json"));
+  ASSERT_OK_AND_ASSIGN(util::Json config, util::ParseJson(text, "config.json"));
+  const util::Json& ignore = config["quantization_config"]["ignore"];
+  EXPECT_EQ(std::count(ignore.begin(), ignore.end(),
+                       util::Json("model.embed_tokens")),
+            1);
+  EXPECT_EQ(std::count(ignore.begin(), ignore.end(), util::Json(kDown)), 0);
+
+  q.gm.mutable_extra_files()["tracecut_model.json"] =
+      R"({"linear_subclasses": "lm_head"})";
+  EXPECT_THAT(
+      WriteCompressedTensors(q.gm, q.results,
+                             {.output_dir = TempDir("subclasses_bad") + "/o"}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("linear_subclasses")));
 }
 
 TEST(CompressedOutputTest, WithoutAConfigNothingIsWritten) {

@@ -498,6 +498,8 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   // Streamed weights are checked as they are read.
   std::set<std::string> deferred;
   for (const auto& [path, d] : loaded.deferred) deferred.insert(path);
+  ASSIGN_OR_RETURN(auto tied, WeightStream::TiedAliases(gm, loaded.deferred));
+  for (const auto& [alias, path] : tied) deferred.insert(alias);
   RETURN_IF_ERROR(
       runtime::CheckModuleFinite(gm.module(), loaded.file, deferred));
   // A SIGINT / SIGTERM while loading (one LibTorch call) ends the run here,

@@ -42,7 +42,35 @@ absl::StatusOr<std::unique_ptr<WeightStream>> WeightStream::Create(
                        "loaded with its checkpoint tensors deferred"));
     }
   }
+  ASSIGN_OR_RETURN(stream->canonical_, TiedAliases(model, stream->deferred_));
+  for (const auto& [alias, path] : stream->canonical_) {
+    stream->aliases_[path].push_back(alias);
+  }
   return stream;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> WeightStream::TiedAliases(
+    const runtime::GraphModule& model,
+    const std::map<std::string, tracer::exported::DeferredTensor>& deferred) {
+  std::map<const c10::StorageImpl*, std::string> by_storage;
+  for (const auto& [path, d] : deferred) {
+    ASSIGN_OR_RETURN(at::Tensor t, model.GetTensor(path));
+    by_storage.emplace(t.storage().unsafeGetStorageImpl(), path);
+  }
+  std::map<std::string, std::string> aliases;
+  auto alias = [&](const std::string& path, const at::Tensor& t) {
+    auto it = by_storage.find(t.storage().unsafeGetStorageImpl());
+    if (it != by_storage.end() && it->second != path) {
+      aliases[path] = it->second;
+    }
+  };
+  for (const auto& p : model.module().named_parameters(/*recurse=*/true)) {
+    alias(p.name, p.value);
+  }
+  for (const auto& b : model.module().named_buffers(/*recurse=*/true)) {
+    alias(b.name, b.value);
+  }
+  return aliases;
 }
 
 absl::Status WeightStream::Plan(
@@ -58,10 +86,17 @@ absl::Status WeightStream::Plan(
       if (!inserted) it->second.second = i;
     };
     if (deferred_.contains(prefix)) touch(prefix);
+    if (auto it = canonical_.find(prefix); it != canonical_.end()) {
+      touch(it->second);
+    }
     const std::string dotted = prefix + ".";
     for (auto it = deferred_.lower_bound(dotted);
          it != deferred_.end() && absl::StartsWith(it->first, dotted); ++it) {
       touch(it->first);
+    }
+    for (auto it = canonical_.lower_bound(dotted);
+         it != canonical_.end() && absl::StartsWith(it->first, dotted); ++it) {
+      touch(it->second);
     }
   };
   for (int i = 0; i < n; ++i) {
@@ -98,7 +133,7 @@ absl::Status WeightStream::LoadTensor(const std::string& path) {
     RETURN_IF_ERROR(runtime::TorchCall(absl::StrCat("converting ", what),
                                        [&] { t = t.to(d.dtype); }));
   }
-  RETURN_IF_ERROR(model_.SetTensor(path, t));
+  RETURN_IF_ERROR(SetTied(path, t));
   loaded_.insert(path);
   bytes_ += static_cast<int64_t>(t.nbytes());
   peak_bytes_ = std::max(peak_bytes_, bytes_);
@@ -109,8 +144,18 @@ absl::Status WeightStream::Release(const std::string& path) {
   ASSIGN_OR_RETURN(at::Tensor t, model_.GetTensor(path));
   bytes_ -= static_cast<int64_t>(t.nbytes());
   loaded_.erase(path);
-  return model_.SetTensor(path,
-                          StandIn(deferred_.at(path).dtype, t.sizes().vec()));
+  return SetTied(path, StandIn(deferred_.at(path).dtype, t.sizes().vec()));
+}
+
+absl::Status WeightStream::SetTied(const std::string& path,
+                                   const at::Tensor& t) {
+  RETURN_IF_ERROR(model_.SetTensor(path, t));
+  if (auto it = aliases_.find(path); it != aliases_.end()) {
+    for (const std::string& alias : it->second) {
+      RETURN_IF_ERROR(model_.SetTensor(alias, t));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WeightStream::Resume(int start) {
@@ -123,6 +168,7 @@ absl::Status WeightStream::Resume(int start) {
       RETURN_IF_ERROR(LoadTensor(path));
     } else {
       // Restored from the run's checkpoint (a modifier changed it).
+      RETURN_IF_ERROR(SetTied(path, t));
       loaded_.insert(path);
       bytes_ += static_cast<int64_t>(t.nbytes());
     }

@@ -25,7 +25,9 @@
 // element, NaN for floating dtypes: a computation that reads a released
 // tensor by mistake fails the run's finite check, it never gives a plausible
 // result). A tensor several subgraphs read (a tied embedding) stays loaded
-// from its first to its last. So the model holds the weights of the running
+// from its first to its last; the other attributes holding it (a module
+// reading another's tensor through one of its own) are set with it, so
+// the model stays tied. So the model holds the weights of the running
 // subgraph and of the tensors spanning it, the checkpoint's pages are dropped
 // after each copy (checkpoint/safetensors.h), and the activations are the
 // cache's budget. Tensors no subgraph reads are loaded before the modifiers'
@@ -75,6 +77,13 @@ class WeightStream : public SubgraphWeights {
   // After the run: the tensors no subgraph read, as the last shard.
   absl::Status WriteRest(const modifiers::CalibrationResults& results);
 
+  // The model's other paths holding a deferred tensor (tied weights: the
+  // importer gives a module that reads another's tensor an attribute of its
+  // own), each with the deferred path.
+  static absl::StatusOr<std::map<std::string, std::string>> TiedAliases(
+      const runtime::GraphModule& model,
+      const std::map<std::string, tracer::exported::DeferredTensor>& deferred);
+
   // Most bytes of deferred tensors loaded at once (for the report).
   int64_t peak_loaded_bytes() const { return peak_bytes_; }
 
@@ -84,6 +93,8 @@ class WeightStream : public SubgraphWeights {
       : model_(model), source_(std::move(source)), writer_(writer) {}
   absl::Status LoadTensor(const std::string& path);
   absl::Status Release(const std::string& path);
+  // Sets `path` and its aliases to `t`.
+  absl::Status SetTied(const std::string& path, const at::Tensor& t);
   absl::Status WriteAndRelease(int index, const std::vector<std::string>& paths,
                                const modifiers::CalibrationResults& results);
   bool IsLoaded(const std::string& path) const {
@@ -95,6 +106,11 @@ class WeightStream : public SubgraphWeights {
   output::CompressedTensorsWriter* writer_;
   std::map<std::string, tracer::exported::DeferredTensor> deferred_;
   std::set<std::string> buffers_;  // Deferred paths that are buffers.
+  // Other model paths holding a deferred path's tensor (tied weights: the
+  // importer gives a module reading another's tensor an attribute of its
+  // own), loaded and released with it; and each such path's deferred path.
+  std::map<std::string, std::vector<std::string>> aliases_;
+  std::map<std::string, std::string> canonical_;
   // Per subgraph, the deferred paths it reads first and last.
   std::vector<std::vector<std::string>> first_, last_;
   std::map<std::string, std::pair<int, int>> span_;  // path -> [first, last].

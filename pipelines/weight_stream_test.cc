@@ -41,7 +41,11 @@ struct Fixture {
   std::vector<partition::Subgraph> subgraphs;
   std::map<std::string, DeferredTensor> deferred;
 
-  explicit Fixture(const std::string& name, bool nan_in_b = false) {
+  // `tied`: module `c` holds `a.weight`'s tensor as its own `tied_a` (as
+  // the importer gives lm_head embed_tokens' weight), and subgraph 1 calls
+  // `c`.
+  explicit Fixture(const std::string& name, bool nan_in_b = false,
+                   bool tied = false) {
     dir = util::testing::TempDir(name);
     torch::Tensor stored_b = b.to(torch::kBFloat16);
     if (nan_in_b) stored_b[1][2] = std::nan("");
@@ -59,6 +63,12 @@ struct Fixture {
                              false);
       root.register_module(m, sub);
     }
+    if (tied) {
+      torch::jit::Module c("c");
+      c.register_parameter(
+          "tied_a", root.attr("a").toModule().attr("weight").toTensor(), false);
+      root.register_module("c", c);
+    }
     gm = std::make_unique<runtime::GraphModule>(root,
                                                 std::make_unique<ir::Graph>());
     deferred["a.weight"] = {"a.weight", torch::kFloat, torch::kFloat};
@@ -72,6 +82,7 @@ struct Fixture {
         EXPECT_OK(s.graph->GetAttr("a.weight").status());
       }
       EXPECT_OK(s.graph->CallModule("b", {}).status());
+      if (i == 1 && tied) EXPECT_OK(s.graph->CallModule("c", {}).status());
       subgraphs.push_back(std::move(s));
     }
   }
@@ -124,6 +135,39 @@ TEST(WeightStreamTest, LoadsWhenFirstReadAndReleasesAfterLastRead) {
   ASSERT_OK_AND_ASSIGN(torch::Tensor stored, part1->Get("b.weight"));
   EXPECT_EQ(stored.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::equal(stored.to(torch::kFloat), f.b));
+}
+
+// A tensor another module holds as its own attribute (tied weights) is
+// loaded, kept and released with the deferred path: the model stays tied and
+// never computes with a stand-in.
+TEST(WeightStreamTest, TiedAttributeFollowsItsTensor) {
+  Fixture f("stream_tied", /*nan_in_b=*/false, /*tied=*/true);
+  ASSERT_OK_AND_ASSIGN(auto writer, f.Writer());
+  ASSERT_OK_AND_ASSIGN(auto stream, WeightStream::Create(*f.gm, f.deferred,
+                                                         f.dir, writer.get()));
+  ASSERT_OK(stream->Plan(f.plan()));
+  ASSERT_OK(stream->Resume(0));
+  ASSERT_OK(stream->Load(0));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor tied, f.gm->GetTensor("c.tied_a"));
+  ASSERT_OK_AND_ASSIGN(torch::Tensor a, f.gm->GetTensor("a.weight"));
+  EXPECT_TRUE(torch::equal(tied, f.a));
+  EXPECT_TRUE(tied.is_same(a));
+  CalibrationResults results;
+  ASSERT_OK(stream->Done(0, results));
+  // Subgraph 1 reads it through `c`: still loaded.
+  ASSERT_OK_AND_ASSIGN(tied, f.gm->GetTensor("c.tied_a"));
+  EXPECT_TRUE(torch::equal(tied, f.a));
+  ASSERT_OK(stream->Load(1));
+  ASSERT_OK(stream->Done(1, results));
+  ASSERT_OK_AND_ASSIGN(tied, f.gm->GetTensor("c.tied_a"));
+  ASSERT_OK_AND_ASSIGN(a, f.gm->GetTensor("a.weight"));
+  EXPECT_TRUE(IsStandIn(tied));
+  EXPECT_TRUE(IsStandIn(a));
+  // Written once, under its own name, with the subgraph that read it last.
+  ASSERT_OK_AND_ASSIGN(auto part1, checkpoint::SafetensorsFile::Open(
+                                       f.dir + "/work/part-00001.safetensors"));
+  EXPECT_THAT(part1->names(), testing::Contains("a.weight"));
+  EXPECT_THAT(part1->names(), testing::Not(testing::Contains("c.tied_a")));
 }
 
 TEST(WeightStreamTest, ResumeReadsWhatSpansTheRestartAgain) {

@@ -80,6 +80,32 @@ def _export_dynamic(model, kwargs, specs):
     return torch.export.export(model, (), kwargs, strict=False)
 
 
+def _check_meta_constants(ep, buffers):
+  """A tensor the model's code makes during forward on its parameters'
+  device (a mask's fill value) is lifted as a constant, which a --meta export
+  leaves without a value that tracecut could read: one error naming it and
+  the code that made it, before anything is written."""
+  for name, value in ep.constants.items():
+    if (getattr(value, "device", None) is None or
+        value.device.type != "meta" or name in buffers):
+      continue
+    where = ""
+    placeholder = next(
+        (s.arg.name for s in ep.graph_signature.input_specs
+         if getattr(s, "target", None) == name), None)
+    for node in ep.graph.nodes:
+      if placeholder and any(getattr(a, "name", None) == placeholder
+                             for a in node.args):
+        frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+        if frames:
+          path, line, func = frames[-1]
+          where = f" (made in {func} at {path}:{line})"
+        break
+    _fail(f"--meta cannot export this model: its forward makes tensor "
+          f"constant '{name}'{where} on the meta device, where it has no "
+          "value; export without --meta")
+
+
 def _config_text(config):
   """config.json as transformers writes it, without the directory it was
   read from (`_name_or_path`, which save_pretrained leaves out too): a
@@ -126,6 +152,13 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
           # a set's order changes from run to run, and so would the file.
           "no_split_modules": _no_split_modules(model),
           "tied_parameters": tied,
+          # compressed-tensors matches a "Linear" target by class ancestry:
+          # modules of Linear's subclasses (FalconLinear, Llama4Router) that
+          # tracecut leaves unquantized go on the output's ignore list.
+          "linear_subclasses": sorted(
+              n for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and
+              type(m) is not torch.nn.Linear),
           # Model tensors the checkpoint stores under other names or split
           # (checkpoint/layout.h).
           "checkpoint_layout": layout,
@@ -166,6 +199,8 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
         raise
       except Exception as e:  # pylint: disable=broad-except
         _fail(_explain(model, e))
+      if meta:
+        _check_meta_constants(ep, buffers or {})
       files["tracecut_inputs.json"] = json.dumps(
           {"inputs": specs, "outputs": program_output_names(ep)}, indent=1)
       program = ep

@@ -67,24 +67,46 @@ std::string Repr(const c10::IValue& v) {
   return out.str();
 }
 
-// Gives every tensor attribute in `m`'s tree a copy of its own (tied
-// tensors stay tied). `m`'s module objects must be ours.
-// A copy of `t` with the same view of a copy of its storage, so a tensor
-// whose elements overlap (an expanded one, such as a deferred checkpoint
-// tensor's one-element stand-in) is not materialised at full size.
+// A flat copy of all of t's storage.
+at::Tensor StorageCopy(const at::Tensor& t) {
+  const int64_t elements =
+      static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
+  return at::empty({0}, t.options())
+      .set_(t.storage(), 0, {elements}, {1})
+      .clone();
+}
+
+// `t`'s view of `storage` (a copy of t's storage).
+at::Tensor ViewOf(const at::Tensor& storage, const at::Tensor& t) {
+  return storage.as_strided(t.sizes(), t.strides(), t.storage_offset());
+}
+
+// A copy of `t`; one whose elements overlap (an expanded one, such as a
+// deferred checkpoint tensor's one-element stand-in) gets the same view of a
+// copy of its storage, so it is not materialised at full size.
 at::Tensor CopyOf(const at::Tensor& t) {
   if (at::has_internal_overlap(t) != at::MemOverlap::Yes) {
     return t.detach().clone(at::MemoryFormat::Preserve);
   }
-  const int64_t elements =
-      static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
-  at::Tensor storage =
-      at::empty({0}, t.options()).set_(t.storage(), 0, {elements}, {1}).clone();
-  return storage.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  return ViewOf(StorageCopy(t), t);
 }
 
+// Gives every tensor attribute in `m`'s tree a copy of its own (tied
+// tensors stay tied). `m`'s module objects must be ours.
 void CopyTensors(const jit::Module& m) {
+  // Tensors are tied by their storage (the importer gives a module reading
+  // another's weight a detached alias of it): those sharing one get views
+  // of one copy of it.
+  absl::flat_hash_map<const c10::StorageImpl*, int> users;
+  for (const jit::Module& sub : m.modules()) {
+    for (const c10::IValue& v : sub._ivalue()->slots()) {
+      if (v.isTensor() && v.toTensor().defined()) {
+        ++users[v.toTensor().storage().unsafeGetStorageImpl()];
+      }
+    }
+  }
   absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies;
+  absl::flat_hash_map<const c10::StorageImpl*, at::Tensor> storages;
   c10::IValue::HashIdentityIValueMap memo;
   for (const jit::Module& sub : m.modules()) {
     const c10::intrusive_ptr<c10::ivalue::Object>& object = sub._ivalue();
@@ -95,7 +117,14 @@ void CopyTensors(const jit::Module& m) {
         if (!t.defined()) continue;
         auto [it, inserted] = copies.try_emplace(t.unsafeGetTensorImpl());
         if (inserted) {
-          it->second = CopyOf(t);
+          const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+          if (users[s] > 1) {
+            auto [st, first] = storages.try_emplace(s);
+            if (first) st->second = StorageCopy(t);
+            it->second = ViewOf(st->second, t);
+          } else {
+            it->second = CopyOf(t);
+          }
           if (t.requires_grad()) it->second.requires_grad_(true);
         }
         object->setSlot(i, it->second);

@@ -191,6 +191,37 @@ def forward(self, x):
   EXPECT_NE(FindTarget(gm->graph(), "aten::add_.Scalar"), nullptr);
 }
 
+// The importer ties weights by giving the reading module a detached alias
+// (same storage, its own tensor): the trace's copies keep them one tensor's
+// storage, and an expanded one (a deferred weight's stand-in) one element.
+TEST(TracerTest, TensorsSharingStorageStayTiedInTheCopy) {
+  torch::jit::Module root = MakeModule("Net", "");
+  torch::jit::Module head = MakeModule("Head", "");
+  const torch::Tensor w = torch::full({1}, 2.0F).expand({3, 4});
+  root.register_buffer("w", w);
+  head.register_buffer("tied_w", w.detach());
+  head.define("def forward(self, x):\n    return x * self.tied_w\n");
+  root.register_module("head", head);
+  // Writes module state: the trace copies the tensors (NeverMutatesTheCallers
+  // Module).
+  root.register_buffer("count", torch::zeros({1}));
+  root.define(R"(
+def forward(self, x):
+    self.count.add_(1.0)
+    return self.head.forward(x + self.w)
+)");
+  absl::StatusOr<runtime::GraphModule> gm =
+      Trace(root, WithInput("x", torch::ones({3, 4})));
+  ASSERT_TRUE(gm.ok()) << gm.status();
+  absl::StatusOr<torch::Tensor> a = gm->GetTensor("w");
+  absl::StatusOr<torch::Tensor> b = gm->GetTensor("head.tied_w");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->is_alias_of(*b));
+  EXPECT_FALSE(a->is_alias_of(w));  // A copy: the caller's is not touched.
+  EXPECT_EQ(a->storage().nbytes(), sizeof(float));
+  EXPECT_TRUE(torch::equal(*b, w));
+}
+
 TEST(TracerTest, ShapeConditionsAreSpecialisedAndRecorded) {
   torch::jit::Module root = MakeModule("Net", R"(
 def forward(self, x):
