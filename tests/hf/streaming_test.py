@@ -1,6 +1,6 @@
 """Calibration that streams weights from a checkpoint (GitHub issue 15).
 
-For Llama, Qwen3, Mistral, Mixtral and Qwen2-MoE configs (seeded transformers models saved as
+For Llama, Qwen3 (also with tied embeddings), Mistral, Mixtral and Qwen2-MoE configs (seeded transformers models saved as
 checkpoint directories, exported with `tracecut export --meta`, so the .pt2
 holds no weights), `tracecut calibrate CKPT -o OUT_DIR` reads each
 subgraph's weights when it runs and writes them shard by shard. Checked by
@@ -47,6 +47,11 @@ MODELS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_LM, head_dim=32),
               ["w4g128_sym", "w8_channel"]),
     "mistral": ("MistralConfig", "MistralForCausalLM", _LM, ["w4g128_sym"]),
+    # Tied embeddings (Qwen3 0.6B, Gemma, Llama 3.2 1B): the checkpoint holds
+    # embed_tokens.weight only, and lm_head reads it.
+    "qwen3_tied": ("Qwen3Config", "Qwen3ForCausalLM",
+                   dict(_LM, head_dim=32, tie_word_embeddings=True),
+                   ["w4g128_sym"]),
     # MoE: transformers 5 saves the experts one by one (block_sparse_moe.
     # experts.E.w1/w2/w3) and fuses them into 3-D parameters when it loads;
     # the export's checkpoint_layout maps them both ways, and the experts are
