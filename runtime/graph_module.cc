@@ -70,27 +70,60 @@ absl::StatusOr<Module> WalkModules(const Module& root,
   return m;
 }
 
-// A copy of `t` that shares nothing with it (not even autograd history).
-at::Tensor CopyTensor(
-    const at::Tensor& t,
-    absl::flat_hash_map<const c10::TensorImpl*, at::Tensor>& memo) {
-  if (!t.defined()) return t;
-  auto it = memo.find(t.unsafeGetTensorImpl());
-  if (it != memo.end()) return it->second;
-  at::Tensor copy;
-  {
-    at::NoGradGuard no_grad;
-    copy = t.clone(at::MemoryFormat::Preserve);
+// Copies of tensors that share nothing with them (not even autograd
+// history). Tensors sharing a storage (tied weights: the .pt2 importer
+// gives a module reading another's weight a detached alias of it) get views
+// of one copy of that storage, so the copies stay tied.
+class TensorCopier {
+ public:
+  explicit TensorCopier(const Module& m) {
+    for (const Module& sub : m.modules()) {
+      for (const c10::IValue& v : sub._ivalue()->slots()) {
+        if (v.isTensor() && v.toTensor().defined()) {
+          ++users_[v.toTensor().storage().unsafeGetStorageImpl()];
+        }
+      }
+    }
   }
-  if (t.requires_grad()) copy.requires_grad_(true);
-  memo.emplace(t.unsafeGetTensorImpl(), copy);
-  return copy;
-}
+
+  at::Tensor Copy(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    auto it = copies_.find(t.unsafeGetTensorImpl());
+    if (it != copies_.end()) return it->second;
+    at::Tensor copy;
+    {
+      at::NoGradGuard no_grad;
+      const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+      if (users_[s] > 1) {
+        auto [st, first] = storages_.try_emplace(s);
+        if (first) {
+          const int64_t elements =
+              static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
+          st->second = at::empty({0}, t.options())
+                           .set_(t.storage(), 0, {elements}, {1})
+                           .clone();
+        }
+        copy =
+            st->second.as_strided(t.sizes(), t.strides(), t.storage_offset());
+      } else {
+        copy = t.clone(at::MemoryFormat::Preserve);
+      }
+    }
+    if (t.requires_grad()) copy.requires_grad_(true);
+    copies_.emplace(t.unsafeGetTensorImpl(), copy);
+    return copy;
+  }
+
+ private:
+  absl::flat_hash_map<const c10::StorageImpl*, int> users_;
+  absl::flat_hash_map<const c10::StorageImpl*, at::Tensor> storages_;
+  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies_;
+};
 
 // Replaces every non-module attribute of every module in `m`'s tree with a
 // deep copy. `m` must not share module objects with anything we must keep.
 void DeepCopyData(const Module& m) {
-  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> tensors;
+  TensorCopier tensors(m);
   c10::IValue::HashIdentityIValueMap others;
   for (const Module& sub : m.modules()) {
     const c10::ClassTypePtr& type = sub.type();
@@ -98,7 +131,7 @@ void DeepCopyData(const Module& m) {
     for (size_t i = 0; i < type->numAttributes(); ++i) {
       c10::IValue v = obj->getSlot(i);
       if (v.isTensor()) {
-        obj->setSlot(i, CopyTensor(v.toTensor(), tensors));
+        obj->setSlot(i, tensors.Copy(v.toTensor()));
       } else if (v.isObject() && v.toObjectRef().type()->is_module()) {
         continue;  // Visited by modules().
       } else if (v.isTensorList() || v.isList() || v.isTuple() ||

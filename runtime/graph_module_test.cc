@@ -94,6 +94,24 @@ TEST(GraphModuleCloneTest, TiedWeightsStayTiedAndGradFlagsSurvive) {
   EXPECT_FALSE(copy->GetTensor("fc1.bias")->requires_grad());
 }
 
+// The .pt2 importer ties a module reading another's weight through a
+// detached alias (same storage, another tensor): the copies stay tied.
+TEST(GraphModuleCloneTest, AliasesOfOneStorageStayTied) {
+  torch::jit::Module m = MakeMlp();
+  at::Tensor w = m.attr("fc1").toModule().attr("weight").toTensor();
+  m.attr("fc2").toModule().setattr("weight", w.detach());
+  GraphModule gm = MakeGm(m);
+  absl::StatusOr<GraphModule> copy = gm.Clone();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  at::Tensor w1 = *copy->GetTensor("fc1.weight");
+  at::Tensor w2 = *copy->GetTensor("fc2.weight");
+  EXPECT_TRUE(w1.is_alias_of(w2));
+  EXPECT_FALSE(w1.is_alias_of(w));
+  EXPECT_TRUE(at::equal(w1, w));
+  // Untied tensors are copied on their own.
+  EXPECT_FALSE(copy->GetTensor("fc3.weight")->is_alias_of(w1));
+}
+
 TEST(GraphModuleTest, GetTensorByPath) {
   GraphModule gm = MakeGm(MakeMlp());
   absl::StatusOr<at::Tensor> w = gm.GetTensor("fc3.weight");
