@@ -15,6 +15,7 @@
 #include "partition/subgraph.h"
 #include "tracer/export/pt2_archive.h"
 #include "util/files.h"
+#include "util/status_macros.h"
 #include "util/testing/status_matchers.h"
 #include "util/testing/temp_dir.h"
 
@@ -95,14 +96,25 @@ struct Fixture {
     o.source_dir = dir;
     return CompressedTensorsWriter::Create(o, {}, dir + "/work");
   }
+  // A writer and a stream over the model, planned for its two subgraphs.
+  struct Run {
+    std::unique_ptr<CompressedTensorsWriter> writer;
+    std::unique_ptr<WeightStream> stream;
+  };
+  absl::StatusOr<Run> Planned() const {
+    Run run;
+    ASSIGN_OR_RETURN(run.writer, Writer());
+    ASSIGN_OR_RETURN(
+        run.stream, WeightStream::Create(*gm, deferred, dir, run.writer.get()));
+    RETURN_IF_ERROR(run.stream->Plan(plan()));
+    return run;
+  }
 };
 
 TEST(WeightStreamTest, LoadsWhenFirstReadAndReleasesAfterLastRead) {
   Fixture f("stream_load");
-  ASSERT_OK_AND_ASSIGN(auto writer, f.Writer());
-  ASSERT_OK_AND_ASSIGN(auto stream, WeightStream::Create(*f.gm, f.deferred,
-                                                         f.dir, writer.get()));
-  ASSERT_OK(stream->Plan(f.plan()));
+  ASSERT_OK_AND_ASSIGN(Fixture::Run run, f.Planned());
+  std::unique_ptr<WeightStream>& stream = run.stream;
   ASSERT_OK(stream->Resume(0));
   ASSERT_OK(stream->Load(0));
   ASSERT_OK_AND_ASSIGN(torch::Tensor a, f.gm->GetTensor("a.weight"));
@@ -142,10 +154,8 @@ TEST(WeightStreamTest, LoadsWhenFirstReadAndReleasesAfterLastRead) {
 // never computes with a stand-in.
 TEST(WeightStreamTest, TiedAttributeFollowsItsTensor) {
   Fixture f("stream_tied", /*nan_in_b=*/false, /*tied=*/true);
-  ASSERT_OK_AND_ASSIGN(auto writer, f.Writer());
-  ASSERT_OK_AND_ASSIGN(auto stream, WeightStream::Create(*f.gm, f.deferred,
-                                                         f.dir, writer.get()));
-  ASSERT_OK(stream->Plan(f.plan()));
+  ASSERT_OK_AND_ASSIGN(Fixture::Run run, f.Planned());
+  std::unique_ptr<WeightStream>& stream = run.stream;
   ASSERT_OK(stream->Resume(0));
   ASSERT_OK(stream->Load(0));
   ASSERT_OK_AND_ASSIGN(torch::Tensor tied, f.gm->GetTensor("c.tied_a"));
@@ -172,10 +182,8 @@ TEST(WeightStreamTest, TiedAttributeFollowsItsTensor) {
 
 TEST(WeightStreamTest, ResumeReadsWhatSpansTheRestartAgain) {
   Fixture f("stream_resume");
-  ASSERT_OK_AND_ASSIGN(auto writer, f.Writer());
-  ASSERT_OK_AND_ASSIGN(auto stream, WeightStream::Create(*f.gm, f.deferred,
-                                                         f.dir, writer.get()));
-  ASSERT_OK(stream->Plan(f.plan()));
+  ASSERT_OK_AND_ASSIGN(Fixture::Run run, f.Planned());
+  std::unique_ptr<WeightStream>& stream = run.stream;
   // As after a checkpoint restore at subgraph 1 that changed nothing.
   ASSERT_OK(stream->Resume(1));
   ASSERT_OK_AND_ASSIGN(torch::Tensor a, f.gm->GetTensor("a.weight"));
@@ -186,10 +194,8 @@ TEST(WeightStreamTest, ResumeReadsWhatSpansTheRestartAgain) {
 
 TEST(WeightStreamTest, NonFiniteCheckpointTensorNamesFileAndTensor) {
   Fixture f("stream_nan", /*nan_in_b=*/true);
-  ASSERT_OK_AND_ASSIGN(auto writer, f.Writer());
-  ASSERT_OK_AND_ASSIGN(auto stream, WeightStream::Create(*f.gm, f.deferred,
-                                                         f.dir, writer.get()));
-  ASSERT_OK(stream->Plan(f.plan()));
+  ASSERT_OK_AND_ASSIGN(Fixture::Run run, f.Planned());
+  std::unique_ptr<WeightStream>& stream = run.stream;
   absl::Status s = stream->Load(0);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
                           HasSubstr("model.safetensors: tensor b.weight")));

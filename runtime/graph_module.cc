@@ -70,56 +70,6 @@ absl::StatusOr<Module> WalkModules(const Module& root,
   return m;
 }
 
-// Copies of tensors that share nothing with them (not even autograd
-// history). Tensors sharing a storage (tied weights: the .pt2 importer
-// gives a module reading another's weight a detached alias of it) get views
-// of one copy of that storage, so the copies stay tied.
-class TensorCopier {
- public:
-  explicit TensorCopier(const Module& m) {
-    for (const Module& sub : m.modules()) {
-      for (const c10::IValue& v : sub._ivalue()->slots()) {
-        if (v.isTensor() && v.toTensor().defined()) {
-          ++users_[v.toTensor().storage().unsafeGetStorageImpl()];
-        }
-      }
-    }
-  }
-
-  at::Tensor Copy(const at::Tensor& t) {
-    if (!t.defined()) return t;
-    auto it = copies_.find(t.unsafeGetTensorImpl());
-    if (it != copies_.end()) return it->second;
-    at::Tensor copy;
-    {
-      at::NoGradGuard no_grad;
-      const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-      if (users_[s] > 1) {
-        auto [st, first] = storages_.try_emplace(s);
-        if (first) {
-          const int64_t elements =
-              static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
-          st->second = at::empty({0}, t.options())
-                           .set_(t.storage(), 0, {elements}, {1})
-                           .clone();
-        }
-        copy =
-            st->second.as_strided(t.sizes(), t.strides(), t.storage_offset());
-      } else {
-        copy = t.clone(at::MemoryFormat::Preserve);
-      }
-    }
-    if (t.requires_grad()) copy.requires_grad_(true);
-    copies_.emplace(t.unsafeGetTensorImpl(), copy);
-    return copy;
-  }
-
- private:
-  absl::flat_hash_map<const c10::StorageImpl*, int> users_;
-  absl::flat_hash_map<const c10::StorageImpl*, at::Tensor> storages_;
-  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies_;
-};
-
 // Replaces every non-module attribute of every module in `m`'s tree with a
 // deep copy. `m` must not share module objects with anything we must keep.
 void DeepCopyData(const Module& m) {
@@ -171,6 +121,43 @@ absl::Status EnsurePrivateType(Module& root,
 }
 
 }  // namespace
+
+TensorCopier::TensorCopier(const Module& m) {
+  for (const Module& sub : m.modules()) {
+    for (const c10::IValue& v : sub._ivalue()->slots()) {
+      if (v.isTensor() && v.toTensor().defined()) {
+        ++users_[v.toTensor().storage().unsafeGetStorageImpl()];
+      }
+    }
+  }
+}
+
+at::Tensor TensorCopier::Copy(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  auto it = copies_.find(t.unsafeGetTensorImpl());
+  if (it != copies_.end()) return it->second;
+  at::Tensor copy;
+  {
+    at::NoGradGuard no_grad;
+    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    if (users_[s] > 1 || at::has_internal_overlap(t) == at::MemOverlap::Yes) {
+      auto [st, first] = storages_.try_emplace(s);
+      if (first) {
+        const int64_t elements =
+            static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
+        st->second = at::empty({0}, t.options())
+                         .set_(t.storage(), 0, {elements}, {1})
+                         .clone();
+      }
+      copy = st->second.as_strided(t.sizes(), t.strides(), t.storage_offset());
+    } else {
+      copy = t.clone(at::MemoryFormat::Preserve);
+    }
+  }
+  if (t.requires_grad()) copy.requires_grad_(true);
+  copies_.emplace(t.unsafeGetTensorImpl(), copy);
+  return copy;
+}
 
 absl::StatusOr<GraphModule> GraphModule::Clone() const {
   ASSIGN_OR_RETURN(Module copy, TorchCall("cloning module", [&] {

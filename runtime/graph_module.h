@@ -14,11 +14,31 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ir/graph.h"
 
 namespace tracecut::runtime {
+
+// Copies of a module tree's tensors that share nothing with them (not even
+// autograd history), each tensor copied once. Tensors sharing a storage
+// (tied weights: the .pt2 importer gives a module reading another's weight a
+// detached alias of it) get views of one copy of that storage, so the copies
+// stay tied; so does a tensor whose elements overlap (an expanded one, such
+// as a deferred checkpoint tensor's one-element stand-in), which is then not
+// materialised at full size.
+class TensorCopier {
+ public:
+  // Counts the storages of `m`'s tensor attributes.
+  explicit TensorCopier(const torch::jit::Module& m);
+  at::Tensor Copy(const at::Tensor& t);
+
+ private:
+  absl::flat_hash_map<const c10::StorageImpl*, int> users_;
+  absl::flat_hash_map<const c10::StorageImpl*, at::Tensor> storages_;
+  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies_;
+};
 
 class GraphModule {
  public:

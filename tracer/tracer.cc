@@ -67,67 +67,19 @@ std::string Repr(const c10::IValue& v) {
   return out.str();
 }
 
-// A flat copy of all of t's storage.
-at::Tensor StorageCopy(const at::Tensor& t) {
-  const int64_t elements =
-      static_cast<int64_t>(t.storage().nbytes()) / t.element_size();
-  return at::empty({0}, t.options())
-      .set_(t.storage(), 0, {elements}, {1})
-      .clone();
-}
-
-// `t`'s view of `storage` (a copy of t's storage).
-at::Tensor ViewOf(const at::Tensor& storage, const at::Tensor& t) {
-  return storage.as_strided(t.sizes(), t.strides(), t.storage_offset());
-}
-
-// A copy of `t`; one whose elements overlap (an expanded one, such as a
-// deferred checkpoint tensor's one-element stand-in) gets the same view of a
-// copy of its storage, so it is not materialised at full size.
-at::Tensor CopyOf(const at::Tensor& t) {
-  if (at::has_internal_overlap(t) != at::MemOverlap::Yes) {
-    return t.detach().clone(at::MemoryFormat::Preserve);
-  }
-  return ViewOf(StorageCopy(t), t);
-}
-
 // Gives every tensor attribute in `m`'s tree a copy of its own (tied
 // tensors stay tied). `m`'s module objects must be ours.
 void CopyTensors(const jit::Module& m) {
-  // Tensors are tied by their storage (the importer gives a module reading
-  // another's weight a detached alias of it): those sharing one get views
-  // of one copy of it.
-  absl::flat_hash_map<const c10::StorageImpl*, int> users;
-  for (const jit::Module& sub : m.modules()) {
-    for (const c10::IValue& v : sub._ivalue()->slots()) {
-      if (v.isTensor() && v.toTensor().defined()) {
-        ++users[v.toTensor().storage().unsafeGetStorageImpl()];
-      }
-    }
-  }
-  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> copies;
-  absl::flat_hash_map<const c10::StorageImpl*, at::Tensor> storages;
+  runtime::TensorCopier copier(m);
   c10::IValue::HashIdentityIValueMap memo;
   for (const jit::Module& sub : m.modules()) {
     const c10::intrusive_ptr<c10::ivalue::Object>& object = sub._ivalue();
     for (size_t i = 0; i < object->slots().size(); ++i) {
       c10::IValue v = object->getSlot(i);
       if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        if (!t.defined()) continue;
-        auto [it, inserted] = copies.try_emplace(t.unsafeGetTensorImpl());
-        if (inserted) {
-          const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-          if (users[s] > 1) {
-            auto [st, first] = storages.try_emplace(s);
-            if (first) st->second = StorageCopy(t);
-            it->second = ViewOf(st->second, t);
-          } else {
-            it->second = CopyOf(t);
-          }
-          if (t.requires_grad()) it->second.requires_grad_(true);
+        if (v.toTensor().defined()) {
+          object->setSlot(i, copier.Copy(v.toTensor()));
         }
-        object->setSlot(i, it->second);
       } else if (!v.isObject() && ContainsTensor(v)) {
         object->setSlot(i, v.deepcopy(memo));
       }
@@ -545,7 +497,8 @@ absl::StatusOr<runtime::GraphModule> TraceOnce(const jit::Module& module,
   jit::Module clone;
   try {
     // Meta mode runs nothing real on the module's tensors: new module
-    // objects and types sharing them. Real mode copies them, with CopyOf:
+    // objects and types sharing them. Real mode copies them, with
+    // runtime::TensorCopier:
     // jit::Module::clone would materialise every deferred checkpoint
     // tensor's one-element stand-in at full size.
     clone = module.clone(/*inplace=*/true);
