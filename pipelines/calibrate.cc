@@ -241,6 +241,8 @@ absl::StatusOr<PipelineOptions> PipelineOptionsFor(
   }
   p.partition.targets = targets;
   p.calibrate_all_experts = r.calibrate_all_experts();
+  p.all_experts_required =
+      r.has_calibrate_all_experts() && r.calibrate_all_experts();
   if (r.has_expert_modules()) p.expert_pattern = r.expert_modules();
   if (r.has_cache()) {
     ASSIGN_OR_RETURN(p.cache.offload_device,

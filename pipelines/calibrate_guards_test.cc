@@ -37,7 +37,10 @@ namespace {
 
 using ::tracecut::util::testing::StatusIs;
 
+using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using ::tracecut::util::testing::Runfile;
 using ::tracecut::util::testing::TempDir;
@@ -73,6 +76,7 @@ CalibrateOptions Options(const std::string& model, const std::string& dir,
 TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
   const std::string model = Runfile("tests/fixtures/moe_starved.pt");
   CalibrateOptions o = Options(model, TempDir("moe"), kMoeRecipe);
+  o.calibrate_all_experts = false;  // The routed tokens only.
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
   ASSERT_OK(out);
 
@@ -144,10 +148,12 @@ TEST(CalibrateGuardsTest, StarvedExpertIsQuantizedRoundToNearestAndReported) {
   EXPECT_TRUE(warned);
 }
 
+// llm-compressor's default: the recipe and the flag leave it unset.
 TEST(CalibrateGuardsTest, CalibrateAllExpertsFeedsEveryExpertEveryToken) {
   const std::string model = Runfile("tests/fixtures/moe_starved.pt");
   CalibrateOptions o = Options(model, TempDir("all_experts"), kMoeRecipe);
-  o.calibrate_all_experts = true;
+  ASSERT_FALSE(o.recipe.has_calibrate_all_experts());
+  ASSERT_FALSE(o.calibrate_all_experts.has_value());
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
   ASSERT_OK(out);
   const int64_t tokens = 8 * 16;  // synthetic_samples x synthetic_seq_len.
@@ -218,6 +224,37 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsRefusesWhatItCannotDo) {
     ASSERT_FALSE(out.ok()) << c.pattern;
     EXPECT_THAT(out.status().message(), HasSubstr(c.error)) << c.pattern;
     EXPECT_FALSE(Exists(o.output_path));
+  }
+}
+
+// Left at its default, what calibrate_all_experts cannot do falls back to
+// the routed tokens: silently for a model without experts, with a warning
+// for experts that cannot run on their own.
+TEST(CalibrateGuardsTest, CalibrateAllExpertsByDefaultFallsBackToRoutedTokens) {
+  const std::string model = Runfile("tests/fixtures/moe_starved.pt");
+  CalibrateOptions o = Options(
+      model, TempDir("fallback"),
+      absl::StrCat(kMoeRecipe, " expert_modules: ",
+                   "\"re:model[.]layers[.][0-9]+[.]block_sparse_moe\"")
+          .c_str());
+  absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
+  ASSERT_OK(out);
+  EXPECT_THAT(out->results.warnings,
+              Contains(AllOf(HasSubstr("tokens routed to them"),
+                                      HasSubstr("takes its tokens from"))));
+  // The starved expert got no token, as without the option.
+  EXPECT_EQ(
+      out->results.modules.at("model.layers.0.block_sparse_moe.experts.3.w1")
+          .weight_method,
+      "rtn");
+
+  CalibrateOptions dense = Options(Runfile("tests/fixtures/llama.pt"),
+                                   TempDir("dense"), kMoeRecipe);
+  dense.recipe.clear_sequential_targets();
+  absl::StatusOr<CalibrateOutcome> plain = Calibrate(dense);
+  ASSERT_OK(plain);
+  for (const std::string& w : plain->results.warnings) {
+    EXPECT_THAT(w, Not(HasSubstr("experts"))) << w;
   }
 }
 

@@ -354,6 +354,42 @@ at::Tensor FirstTensor(const c10::IValue& v) {
   return at::Tensor();
 }
 
+// Whether calibrate_all_experts applies to `model`. Checked on the whole
+// model first: a pattern that finds no expert, or an expert that cannot run
+// on all tokens, fails before any work when the option was asked for, and
+// otherwise (llm-compressor's default) leaves the routed tokens.
+absl::StatusOr<bool> AllExpertsApply(const runtime::GraphModule& model,
+                                     const PipelineOptions& options,
+                                     CalibrationResults& results) {
+  absl::StatusOr<std::vector<ExpertRegion>> experts =
+      FindExpertRegions(model.graph(), options.expert_pattern);
+  if (!experts.ok()) {
+    if (options.all_experts_required) return experts.status();
+    std::string why = absl::StrCat(
+        "MoE experts are calibrated on the tokens routed to them, not on all "
+        "tokens (set calibrate_all_experts: false to say so, or "
+        "expert_modules to the experts' path pattern): ",
+        experts.status().message());
+    if (options.progress != nullptr) {
+      options.progress->Note(absl::StrCat("warning: ", why));
+    }
+    results.warnings.push_back(std::move(why));
+    return false;
+  }
+  // Experts fused into 3-D parameters are no modules: the weight
+  // quantization modifiers give them all the tokens (fused_experts.h).
+  ASSIGN_OR_RETURN(checkpoint::Layout layout,
+                   checkpoint::Layout::FromExtraFiles(model.extra_files()));
+  if (!experts->empty() || layout.FirstSplit() != nullptr) return true;
+  if (!options.all_experts_required) return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "calibrate_all_experts: no module of the model matches the expert "
+      "pattern '",
+      options.expert_pattern,
+      "' (set expert_modules in the recipe to the path pattern of the "
+      "experts)"));
+}
+
 }  // namespace
 
 absl::string_view PipelineKindName(PipelineKind kind) {
@@ -379,24 +415,11 @@ absl::StatusOr<PipelineKind> ParsePipelineKind(absl::string_view name) {
 absl::StatusOr<PipelineResult> RunPipeline(
     runtime::GraphModule& model, const CalibrationData& data,
     absl::Span<Modifier* const> modifiers, CalibrationResults& results,
-    const PipelineOptions& options) {
+    const PipelineOptions& requested) {
+  PipelineOptions options = requested;
   if (options.calibrate_all_experts) {
-    // Checked on the whole model first: a pattern that finds no expert, or
-    // an expert that cannot run on all tokens, fails before any work.
-    ASSIGN_OR_RETURN(std::vector<ExpertRegion> experts,
-                     FindExpertRegions(model.graph(), options.expert_pattern));
-    // Experts fused into 3-D parameters are no modules: the weight
-    // quantization modifiers give them all the tokens (fused_experts.h).
-    ASSIGN_OR_RETURN(checkpoint::Layout layout,
-                     checkpoint::Layout::FromExtraFiles(model.extra_files()));
-    if (experts.empty() && layout.FirstSplit() == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "calibrate_all_experts: no module of the model matches the expert "
-          "pattern '",
-          options.expert_pattern,
-          "' (set expert_modules in the recipe to the path pattern of the "
-          "experts)"));
-    }
+    ASSIGN_OR_RETURN(options.calibrate_all_experts,
+                     AllExpertsApply(model, options, results));
   }
   if (options.kind == PipelineKind::kBasic) {
     if (options.weights != nullptr) {

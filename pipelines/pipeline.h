@@ -141,8 +141,12 @@ struct PipelineOptions {
   bool check_finite = true;
   // Calibrate every MoE expert (modules matching expert_pattern) on all the
   // tokens of its block instead of the routed ones; the model's outputs are
-  // unchanged (expert_calibration.h).
-  bool calibrate_all_experts = false;
+  // unchanged (expert_calibration.h). llm-compressor's default.
+  bool calibrate_all_experts = true;
+  // Whether calibrate_all_experts was asked for: a model with no expert, or
+  // with one that cannot run on all tokens, is then an error; otherwise the
+  // run falls back to the routed tokens (a warning for the latter).
+  bool all_experts_required = false;
   std::string expert_pattern = kDefaultExpertPattern;
   // Where subgraphs compute (Note [Devices] in pipeline.cc): their
   // weights, inputs, hooks' statistics and the modifiers' work live there

@@ -248,10 +248,11 @@ TEST(RecipeYamlTest, PipelineArgsAndLegacySequentialTargets) {
                            "      sequential_targets: [LlamaDecoderLayer]\n") +
                       "args:\n  pipeline: layer_sequential\n"
                       "  propagate_error: false\n"
-                      "  moe_calibrate_all_experts: true\n"));
+                      "  moe_calibrate_all_experts: false\n"));
   EXPECT_EQ(r.pipeline(), recipe::Recipe::LAYER_SEQUENTIAL);
   EXPECT_FALSE(r.propagate_error());
-  EXPECT_TRUE(r.calibrate_all_experts());
+  EXPECT_TRUE(r.has_calibrate_all_experts());
+  EXPECT_FALSE(r.calibrate_all_experts());  // true when the yaml is silent.
   ASSERT_EQ(r.sequential_targets_size(), 1);
   EXPECT_EQ(r.sequential_targets(0), "LlamaDecoderLayer");
 }
@@ -604,7 +605,7 @@ TEST(RecipeYamlTest, WrittenRecipesReadBackEqual) {
            pipeline: BASIC
            propagate_error: false
            sequential_targets: "LlamaDecoderLayer"
-           calibrate_all_experts: true
+           calibrate_all_experts: false
            expert_modules: "re:.*experts\\.[0-9]+")pb",
   };
   for (const char* text : recipes) {

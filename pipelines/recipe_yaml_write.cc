@@ -265,8 +265,9 @@ absl::StatusOr<std::string> RecipeToYaml(const recipe::Recipe& recipe) {
   }
   out << YAML::Key << "propagate_error" << YAML::Value
       << recipe.propagate_error();
-  if (recipe.calibrate_all_experts()) {
-    out << YAML::Key << "moe_calibrate_all_experts" << YAML::Value << true;
+  if (recipe.has_calibrate_all_experts()) {
+    out << YAML::Key << "moe_calibrate_all_experts" << YAML::Value
+        << recipe.calibrate_all_experts();
   }
   if (recipe.has_expert_modules()) {
     out << YAML::Key << "expert_modules" << YAML::Value

@@ -339,12 +339,11 @@ def check(tracecut, name, model, ignore, presets, d):
               f'targets: "Linear" {ignore_text} }} }}\n')
     ours = os.path.join(d, f"tracecut-{name}-{method}-{preset}")
     theirs = os.path.join(d, f"llmcompressor-{name}-{method}-{preset}")
-    # llm-compressor routes every token to every expert while it calibrates
-    # (moe_calibrate_all_experts); static input scales depend on it.
-    flags = (["--calibrate-all-experts=true"] if name == "mixtral" and
-             preset in STATIC_INPUT_PRESETS else [])
+    # Both tools route every token to every expert while they calibrate
+    # (calibrate_all_experts, their default); static input scales depend
+    # on it.
     run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
-         "-o", ours] + flags)
+         "-o", ours])
     llmcompressor_output(ckpt, preset, method, ignore, calib, theirs)
     if method == "rtn" and preset in STATIC_INPUT_PRESETS:
       # Round-to-nearest is not propagated, as in llm-compressor: only the

@@ -462,7 +462,8 @@ std::vector<FlagSpec> CalibrateFlags() {
                       "experts.N, or the recipe's expert_modules) on all "
                       "tokens of its block, not only those routed to it; "
                       "the model's outputs are unchanged (default: the "
-                      "recipe's, false)"),
+                      "recipe's, true as in llm-compressor; false: only "
+                      "the routed tokens)"),
       FlagSpec::Value("stream-weights", "BOOL",
                       "with a checkpoint directory MODEL (its .pt2 "
                       "exported with --meta) and compressed-tensors "
