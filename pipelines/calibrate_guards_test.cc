@@ -232,24 +232,24 @@ TEST(CalibrateGuardsTest, CalibrateAllExpertsRefusesWhatItCannotDo) {
 // for experts that cannot run on their own.
 TEST(CalibrateGuardsTest, CalibrateAllExpertsByDefaultFallsBackToRoutedTokens) {
   const std::string model = Runfile("tests/fixtures/moe_starved.pt");
-  CalibrateOptions o = Options(
-      model, TempDir("fallback"),
-      absl::StrCat(kMoeRecipe, " expert_modules: ",
-                   "\"re:model[.]layers[.][0-9]+[.]block_sparse_moe\"")
-          .c_str());
+  CalibrateOptions o =
+      Options(model, TempDir("fallback"),
+              absl::StrCat(kMoeRecipe, " expert_modules: ",
+                           "\"re:model[.]layers[.][0-9]+[.]block_sparse_moe\"")
+                  .c_str());
   absl::StatusOr<CalibrateOutcome> out = Calibrate(o);
   ASSERT_OK(out);
   EXPECT_THAT(out->results.warnings,
               Contains(AllOf(HasSubstr("tokens routed to them"),
-                                      HasSubstr("takes its tokens from"))));
+                             HasSubstr("takes its tokens from"))));
   // The starved expert got no token, as without the option.
   EXPECT_EQ(
       out->results.modules.at("model.layers.0.block_sparse_moe.experts.3.w1")
           .weight_method,
       "rtn");
 
-  CalibrateOptions dense = Options(Runfile("tests/fixtures/llama.pt"),
-                                   TempDir("dense"), kMoeRecipe);
+  CalibrateOptions dense =
+      Options(Runfile("tests/fixtures/llama.pt"), TempDir("dense"), kMoeRecipe);
   dense.recipe.clear_sequential_targets();
   absl::StatusOr<CalibrateOutcome> plain = Calibrate(dense);
   ASSERT_OK(plain);
