@@ -10,6 +10,9 @@ weights) is saved as a checkpoint directory, then, median wall seconds of
   ours: export+partition  `tracecut export DIR` then `tracecut partition DIR`
                           (two processes; the export is Python: transformers
                           + torch.export, including their import time)
+  ours: --meta, uncached  the same with `tracecut export DIR --meta
+                          --no-cache` (the graph only, weights left in the
+                          safetensors: what calibrate streams from)
   ours: partition         `tracecut partition DIR` on the exported .pt2
                           (read the archive, rebuild, trace, partition)
   torch.export            torch.export.export as `tracecut export` calls it
@@ -22,6 +25,10 @@ weights) is saved as a checkpoint directory, then, median wall seconds of
                           it traces only the skeleton around the decoder
                           layers (each layer one call), where tracecut's graph
                           has every operator inside them
+  llm-compressor process  the same as a process of its own: Python start-up,
+                          importing torch, transformers and llmcompressor,
+                          from_pretrained(DIR), trace_subgraphs (issue 32's
+                          "import + load + trace_subgraphs")
 
 Prints a Markdown table; every cell checks its subgraph count (layers + 1).
 """
@@ -62,6 +69,17 @@ def run(cmd):
   return p
 
 
+PEER_PROCESS = r"""
+import sys, torch, transformers
+from llmcompressor.pipelines.sequential.helpers import trace_subgraphs
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+ids = torch.randint(0, 1000, (2, 16))
+ignore = sys.argv[2].split(",")
+print(len(trace_subgraphs(model, {"input_ids": ids}, ["LlamaDecoderLayer"],
+                          ignore)))
+"""
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("tracecut")
@@ -86,6 +104,14 @@ def main():
         run([a.tracecut, "export", d, "-o", pt2])
         return run([a.tracecut, "partition", d, "--json"]).stdout
 
+      def ours_meta():
+        run([a.tracecut, "export", d, "--meta", "--no-cache", "-o", pt2])
+        return run([a.tracecut, "partition", d, "--json"]).stdout
+
+      def llmc_process():
+        return run([sys.executable, "-c", PEER_PROCESS, d,
+                    ",".join(TRACING_IGNORE)]).stdout
+
       def ours_partition():
         return run([a.tracecut, "partition", d, "--json"]).stdout
 
@@ -109,22 +135,31 @@ def main():
       t_all, out = timed(ours_all, a.repeats)
       import json
       n_ours = len(json.loads(out)["subgraphs"])
+      t_meta, out = timed(ours_meta, a.repeats)
+      n_meta = len(json.loads(out)["subgraphs"])
+      t_process, out = timed(llmc_process, a.repeats)
+      n_process = int(out.split()[-1])
       t_part, _ = timed(ours_partition, a.repeats)
       t_export, _ = timed(torch_export, a.repeats)
       t_llmc, subgraphs = timed(llmc, a.repeats)
       n_llmc = len(subgraphs)
-      for who, n in (("tracecut", n_ours), ("llm-compressor", n_llmc)):
+      for who, n in (("tracecut", n_ours), ("tracecut --meta", n_meta),
+                     ("llm-compressor", n_llmc),
+                     ("llm-compressor process", n_process)):
         if n != layers + 1:
           raise SystemExit(f"{who}: {n} subgraphs for {layers} layers")
-      rows.append((layers, t_all, t_part, t_export, t_llmc))
+      rows.append((layers, t_all, t_meta, t_part, t_export, t_llmc,
+                   t_process))
 
-  print("| layers | ours: export + partition | ours: partition (.pt2 in) "
-        "| torch.export alone | llm-compressor trace_subgraphs "
-        "| partition / llm-compressor |")
-  print("|---|---|---|---|---|---|")
-  for layers, t_all, t_part, t_export, t_llmc in rows:
-    print(f"| {layers} | {t_all:.2f} s | {t_part:.2f} s | {t_export:.2f} s "
-          f"| {t_llmc:.2f} s | {t_part / t_llmc:.2f} |")
+  print("| layers | ours: export + partition | ours: export --meta + "
+        "partition | ours: partition (.pt2 in) | torch.export alone "
+        "| llm-compressor trace_subgraphs | partition / llm-compressor "
+        "| llm-compressor process | ours --meta / llm-compressor process |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for layers, t_all, t_meta, t_part, t_export, t_llmc, t_process in rows:
+    print(f"| {layers} | {t_all:.2f} s | {t_meta:.2f} s | {t_part:.2f} s "
+          f"| {t_export:.2f} s | {t_llmc:.2f} s | {t_part / t_llmc:.2f} "
+          f"| {t_process:.2f} s | {t_meta / t_process:.2f} |")
 
 
 if __name__ == "__main__":

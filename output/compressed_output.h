@@ -62,6 +62,17 @@ absl::Status WriteCompressedTensors(
     const modifiers::CalibrationResults& results,
     const CompressedOutputOptions& options);
 
+// A model whose MoE experts are fused into 3-D parameters is written with
+// each expert's Linears one by one (checkpoint/layout.h), which transformers
+// converts back into its fused experts only for some schemes: 5.17 for
+// W4A16, W8A16, FP8 and FP8_DYNAMIC (tests/hf/schemes_test.py); for the
+// others it fails to load the checkpoint, or loads wrong experts without an
+// error (NVFP4), while vLLM reads them. A warning naming the scheme and an
+// expert when a quantized expert has another scheme; nullopt otherwise.
+std::optional<std::string> FusedExpertsLoadWarning(
+    const modifiers::CalibrationResults& results,
+    const checkpoint::Layout& layout);
+
 // The same directory written shard by shard, for runs that hold one
 // subgraph's weights at a time (weight_stream.h): each WriteShard writes
 // `work_dir`/part-NNNNN.safetensors at once; Finish adds the source

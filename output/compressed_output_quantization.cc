@@ -13,7 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/compressed_tensors.h"
+#include "checkpoint/layout.h"
 #include "modifiers/modifier.h"
+#include "output/compressed_output.h"
 #include "output/compressed_output_internal.h"
 #include "partition/partitioner.h"
 #include "quantization/compressors.h"
@@ -418,3 +420,67 @@ absl::StatusOr<QuantizedModule> AppendPacked(const at::Tensor& weight,
 }
 
 }  // namespace tracecut::output::internal
+
+namespace tracecut::output {
+namespace {
+
+using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::ModuleRecord;
+using ::tracecut::quantization::QuantScheme;
+
+// The scheme of `r`'s weight, described, unless transformers 5.17 turns it
+// back into fused experts.
+std::optional<std::string> NotLoadedAsFusedExperts(const ModuleRecord& r) {
+  if (r.weight_quantization.empty()) {
+    // tracecut's integer schemes: pack-quantized, as W4A16 / W8A16 when
+    // symmetric.
+    absl::StatusOr<QuantScheme> s = QuantScheme::Parse(r.weight_scheme);
+    if (s.ok() && s->symmetric) return std::nullopt;
+    return r.weight_scheme;
+  }
+  absl::StatusOr<util::Json> j =
+      util::ParseJson(r.weight_quantization, "weight_quantization");
+  const util::Json* json = j.ok() ? util::FindMember(*j, "scheme") : nullptr;
+  if (json == nullptr) return r.weight_quantization;
+  absl::StatusOr<quantization::QuantizationScheme> scheme =
+      quantization::QuantizationScheme::FromJson(*json, "scheme");
+  if (!scheme.ok() || !scheme->weights.has_value()) {
+    return r.weight_quantization;
+  }
+  for (const char* name : {"W4A16", "W8A16", "FP8", "FP8_DYNAMIC"}) {
+    absl::StatusOr<quantization::QuantizationScheme> preset =
+        quantization::PresetScheme(name, scheme->targets);
+    if (preset.ok() && preset->weights == scheme->weights &&
+        preset->input_activations == scheme->input_activations) {
+      return std::nullopt;
+    }
+  }
+  return absl::StrCat("weights ", scheme->weights->ToString(),
+                      scheme->input_activations.has_value()
+                          ? absl::StrCat(", input activations ",
+                                         scheme->input_activations->ToString())
+                          : "");
+}
+
+}  // namespace
+
+std::optional<std::string> FusedExpertsLoadWarning(
+    const CalibrationResults& results, const checkpoint::Layout& layout) {
+  for (const auto& [path, r] : results.modules) {
+    if (r.weight_method.empty()) continue;
+    const auto* owner = layout.Owner(path + ".weight");
+    if (owner == nullptr || layout.Find(owner->first)->size() < 2) continue;
+    std::optional<std::string> scheme = NotLoadedAsFusedExperts(r);
+    if (!scheme.has_value()) continue;
+    return absl::StrCat(
+        "MoE experts fused into 3-D parameters (", owner->first,
+        ") are written one Linear per expert (", path, ": ", *scheme,
+        "); transformers 5.17 turns those back into its fused experts only "
+        "for W4A16, W8A16, FP8 and FP8_DYNAMIC: with this scheme it fails to "
+        "load the checkpoint or loads wrong experts without an error (vLLM "
+        "reads it)");
+  }
+  return std::nullopt;
+}
+
+}  // namespace tracecut::output

@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
 #include "modifiers/testing/traced_llama.h"
 #include "modifiers/weight_quant_modifier.h"
+#include "quantization/quant_args.h"
 #include "util/files.h"
 #include "util/json.h"
 #include "util/progress.h"
@@ -27,8 +29,11 @@
 namespace tracecut::output {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Optional;
 using ::tracecut::modifiers::CalibrationResults;
+using ::tracecut::modifiers::ModuleRecord;
 using ::tracecut::modifiers::testing::TraceLlamaFixture;
 using ::tracecut::modifiers::testing::WholeModel;
 using ::tracecut::util::testing::StatusIs;
@@ -177,6 +182,59 @@ TEST(CompressedOutputTest, UnquantizedLinearSubclassesAreIgnored) {
                              {.output_dir = TempDir("subclasses_bad") + "/o"}),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("linear_subclasses")));
+}
+
+// transformers turns experts written one Linear per expert back into its
+// fused parameters for some schemes only: the others get a warning naming
+// the scheme and an expert.
+TEST(CompressedOutputTest, FusedExpertsWarnOfSchemesTransformersCannotReload) {
+  ASSERT_OK_AND_ASSIGN(checkpoint::Layout layout,
+                       checkpoint::Layout::FromModelJson(R"({
+        "checkpoint_layout": {"mlp.experts.gate_up_proj": [
+          {"name": "moe.experts.0.w1.weight", "offsets": [0, 0, 0],
+           "sizes": [1, 3, 4]},
+          {"name": "moe.experts.1.w1.weight", "offsets": [1, 0, 0],
+           "sizes": [1, 3, 4]}]}})",
+                                                         "m"));
+  auto preset = [](const char* name) {
+    absl::StatusOr<quantization::QuantizationScheme> scheme =
+        quantization::PresetScheme(name, {"Linear"});
+    EXPECT_OK(scheme);
+    ModuleRecord r;
+    r.weight_method = "rtn";
+    r.weight_quantization = util::DumpJson(util::Json{
+        {"scheme", scheme->ToJson()}, {"ignore", util::Json::array()}});
+    return r;
+  };
+  auto integer = [](const char* scheme) {
+    ModuleRecord r;
+    r.weight_method = "gptq";
+    r.weight_scheme = scheme;
+    return r;
+  };
+  for (const char* loads : {"W4A16", "W8A16", "FP8", "FP8_DYNAMIC"}) {
+    CalibrationResults results;
+    results.modules["moe.experts.1.w1"] = preset(loads);
+    results.modules["model.lm_head"] = preset("NVFP4");  // Not an expert.
+    EXPECT_EQ(FusedExpertsLoadWarning(results, layout), std::nullopt) << loads;
+  }
+  for (const char* fails : {"NVFP4", "W8A8", "W4A16_ASYM", "MXFP4A16"}) {
+    CalibrationResults results;
+    results.modules["moe.experts.1.w1"] = preset(fails);
+    std::optional<std::string> warning =
+        FusedExpertsLoadWarning(results, layout);
+    ASSERT_TRUE(warning.has_value()) << fails;
+    EXPECT_THAT(*warning, AllOf(HasSubstr("mlp.experts.gate_up_proj"),
+                                HasSubstr("moe.experts.1.w1: weights "),
+                                HasSubstr("vLLM")))
+        << fails;
+  }
+  CalibrationResults results;
+  results.modules["moe.experts.0.w1"] = integer("int4 sym g128");
+  EXPECT_EQ(FusedExpertsLoadWarning(results, layout), std::nullopt);
+  results.modules["moe.experts.0.w1"] = integer("int4 asym g128");
+  EXPECT_THAT(FusedExpertsLoadWarning(results, layout),
+              Optional(HasSubstr("moe.experts.0.w1: int4 asym g128")));
 }
 
 TEST(CompressedOutputTest, WithoutAConfigNothingIsWritten) {

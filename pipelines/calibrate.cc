@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/layout.h"
 #include "output/compressed_output.h"
 #include "output/output_writer.h"
 #include "pipelines/interrupt.h"
@@ -592,6 +594,16 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     }
   }
   if (!streaming) RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
+  if (options.output_format ==
+      CalibrateOptions::OutputFormat::kCompressedTensors) {
+    ASSIGN_OR_RETURN(checkpoint::Layout layout,
+                     checkpoint::Layout::FromExtraFiles(gm.extra_files()));
+    if (std::optional<std::string> warning =
+            output::FusedExpertsLoadWarning(outcome.results, layout)) {
+      progress->Note(absl::StrCat("warning: ", *warning));
+      outcome.results.warnings.push_back(std::move(*warning));
+    }
+  }
   outcome.report = BuildReport(ReportInfoFor(options, r, p, data, outcome),
                                outcome.results, &outcome.pipeline);
   RETURN_IF_ERROR(SaveWithReport(*out.writer, gm, outcome.results,
