@@ -105,10 +105,16 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> SourceFiles(
     const std::string ext = e.path().extension().string();
     // Directories and special files are not copied; links are, once
     // resolved inside the checkpoint.
+    // Weights in any format (the source's own, other frameworks' copies of
+    // them: TensorFlow .h5, Flax .msgpack, rust .ot, GGUF, ONNX) are not
+    // the output's: it holds its own.
+    static constexpr absl::string_view kWeightFormats[] = {
+        ".safetensors", ".bin",     ".pt", ".pt2",  ".pth",  ".ckpt",
+        ".h5",          ".msgpack", ".ot", ".gguf", ".onnx", ".tflite"};
     if ((!e.is_symlink() && !e.is_regular_file()) || name[0] == '.' ||
         name == "config.json" || name == "model.safetensors.index.json" ||
-        ext == ".safetensors" || ext == ".bin" || ext == ".pt" ||
-        ext == ".pt2" || ext == ".pth") {
+        std::find(std::begin(kWeightFormats), std::end(kWeightFormats), ext) !=
+            std::end(kWeightFormats)) {
       continue;
     }
     names.push_back(name);
@@ -132,8 +138,19 @@ absl::Status CopySourceFiles(const fs::path& dir,
                              const std::string& source_dir) {
   ASSIGN_OR_RETURN(auto files, SourceFiles(source_dir));
   for (const auto& [name, path] : files) {
-    ASSIGN_OR_RETURN(std::string bytes, util::ReadFile(path));
-    RETURN_IF_ERROR(util::WriteFileAtomically((dir / name).string(), bytes));
+    // Copied by the kernel, not read into memory: a source file may be
+    // large (a README with images, a tokenizer of a huge vocabulary). `dir`
+    // is the output's staging directory, renamed into place when complete.
+    std::error_code ec;
+    fs::copy_file(path, dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      return util::ErrnoError(
+          ec.value(), absl::StrCat("cannot copy '", path, "' into the output"));
+    }
+    // Writable by its owner, as the files written beside it, whatever the
+    // source's mode (a read-only store).
+    fs::permissions(dir / name, fs::perms::owner_write, fs::perm_options::add,
+                    ec);
   }
   return absl::OkStatus();
 }

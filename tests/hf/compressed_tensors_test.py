@@ -78,6 +78,10 @@ def main():
     for name, text in extras.items():
       with open(os.path.join(ckpt, name), "w") as f:
         f.write(text)
+    # Other frameworks' copies of the weights stay out of the output.
+    for name in ("tf_model.h5", "flax_model.msgpack", "model.gguf"):
+      with open(os.path.join(ckpt, name), "wb") as f:
+        f.write(b"\0" * 64)
     run([tracecut, "export", ckpt, "-o", os.path.join(ckpt, "model.pt2")])
 
     for name, scheme in SCHEMES.items():
