@@ -324,6 +324,7 @@ ReportInfo ReportInfoFor(const CalibrateOptions& options,
   info.data_inputs = data.descriptions;
   info.samples = data.num_samples;
   info.seq_len = data.seq_len;
+  info.min_seq_len = data.min_seq_len;
   info.batches = static_cast<int64_t>(data.batches.size());
   info.data_fingerprint = data.fingerprint;
   info.include_run_section = options.report_run_section;

@@ -317,7 +317,6 @@ TEST(CalibrateTest, BadCalibrationData) {
       {"out_of_range.jsonl", "[1, 2, 3, 4]\n[5, 6, 256, 7]\n",
        "token id 256 at sample 1, position 2 is out of range [0, 256)"},
       {"negative.jsonl", "[1, -2]\n", "token id -2 at sample 0, position 1"},
-      {"ragged.jsonl", "[1, 2, 3]\n[1, 2]\n", "2 tokens, but the first"},
       {"too_long.jsonl", long_line + "]\n",
        "sequence length 65 exceeds the model's max_position_embeddings 64"},
       {"floats.jsonl", "[1.5, 2]\n", "token 0 is a number"},

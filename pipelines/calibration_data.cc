@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/safetensors.h"
 #include "pipelines/calibration_data_internal.h"
@@ -65,32 +67,58 @@ absl::StatusOr<std::vector<int64_t>> SampleFromJson(const Json& v,
   return out;
 }
 
-absl::StatusOr<at::Tensor> StackSamples(
+// Samples as TokenIds: stacked when they share one length.
+absl::StatusOr<TokenIds> ToTokenIds(
     const std::vector<std::vector<int64_t>>& samples,
-    const std::vector<std::string>& where, absl::string_view source) {
+    absl::string_view source) {
   if (samples.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("calibration data '", source, "': no samples"));
   }
+  TokenIds out;
   const size_t seq = samples[0].size();
-  for (size_t i = 0; i < samples.size(); ++i) {
-    if (samples[i].size() != seq) {
+  const bool same = std::all_of(samples.begin(), samples.end(),
+                                [&](const auto& s) { return s.size() == seq; });
+  if (!same) {
+    // One tensor each: a bound on their count bounds the memory.
+    constexpr size_t kMaxRaggedSamples = size_t{1} << 20;
+    if (samples.size() > kMaxRaggedSamples) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where[i], ": ", samples[i].size(),
-                       " tokens, but the first sample has ", seq,
-                       " (samples must all have the same length; there is no "
-                       "padding)"));
+          absl::StrCat("calibration data '", source, "': ", samples.size(),
+                       " samples of different lengths, more than the ",
+                       kMaxRaggedSamples, " tracecut takes"));
     }
+    for (const auto& s : samples) {
+      out.samples.push_back(
+          at::tensor(at::ArrayRef<int64_t>(s), at::kLong).clone());
+    }
+    return out;
   }
-  at::Tensor out = at::empty(
+  out.ids = at::empty(
       {static_cast<int64_t>(samples.size()), static_cast<int64_t>(seq)},
       at::kLong);
-  int64_t* data = out.data_ptr<int64_t>();
+  int64_t* data = out.ids.data_ptr<int64_t>();
   for (const auto& s : samples) {
     std::copy(s.begin(), s.end(), data);
     data += seq;
   }
   return out;
+}
+
+// The [N, seq] tensor of `ids`; InvalidArgument when the samples differ in
+// length.
+absl::StatusOr<at::Tensor> Stacked(const TokenIds& ids,
+                                   absl::string_view source) {
+  if (!ids.ragged()) return ids.ids;
+  for (size_t i = 1; i < ids.samples.size(); ++i) {
+    if (ids.samples[i].numel() != ids.samples[0].numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration data '", source, "': sample ", i, " has ",
+          ids.samples[i].numel(), " tokens, but sample 0 has ",
+          ids.samples[0].numel(), " (a tensor [N, seq] needs one length)"));
+    }
+  }
+  return absl::InternalError("ragged token ids of one length");
 }
 
 // A sample from one element of an unpickled list.
@@ -169,10 +197,9 @@ absl::StatusOr<std::string> ReadDataFile(const std::string& path) {
   return bytes;
 }
 
-absl::StatusOr<at::Tensor> ParseJsonLines(const std::string& text,
-                                          const std::string& path) {
+absl::StatusOr<TokenIds> TokenIdsFromJsonLines(const std::string& text,
+                                               const std::string& path) {
   std::vector<std::vector<int64_t>> samples;
-  std::vector<std::string> where;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
@@ -181,9 +208,8 @@ absl::StatusOr<at::Tensor> ParseJsonLines(const std::string& text,
     ASSIGN_OR_RETURN(Json v, util::ParseJson(line, loc));
     ASSIGN_OR_RETURN(std::vector<int64_t> s, SampleFromJson(v, loc));
     samples.push_back(std::move(s));
-    where.push_back(std::move(loc));
   }
-  return StackSamples(samples, where, path);
+  return ToTokenIds(samples, path);
 }
 
 bool IsTorchSave(const std::string& bytes) {
@@ -216,11 +242,13 @@ absl::StatusOr<c10::IValue> Unpickle(const std::string& bytes,
 
 }  // namespace internal
 
-absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
+namespace internal {
+
+absl::StatusOr<TokenIds> TokenIdsFromIValue(const c10::IValue& value,
                                             absl::string_view source) {
   return runtime::TorchCall(
       absl::StrCat("calibration data '", source, "'"),
-      [&]() -> absl::StatusOr<at::Tensor> {
+      [&]() -> absl::StatusOr<TokenIds> {
         const std::string src(source);
         if (value.isTensor()) {
           at::Tensor t = value.toTensor();
@@ -237,7 +265,9 @@ absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
                              "': token ids must have shape [N, seq], got ",
                              quantization::internal::DescribeTensor(t)));
           }
-          return t.to(at::kLong).contiguous();
+          TokenIds out;
+          out.ids = t.to(at::kLong).contiguous();
+          return out;
         }
         if (value.isGenericDict()) {
           auto dict = value.toGenericDict();
@@ -247,19 +277,17 @@ absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
                 absl::StrCat("calibration data '", source,
                              "': a dict without \"input_ids\""));
           }
-          return TokensFromIValue(it->value(), source);
+          return TokenIdsFromIValue(it->value(), source);
         }
         if (value.isList()) {
           std::vector<std::vector<int64_t>> samples;
-          std::vector<std::string> where;
           size_t i = 0;
           for (const c10::IValue& e : value.toListRef()) {
             std::string loc = absl::StrCat(src, ": sample ", i++);
             ASSIGN_OR_RETURN(std::vector<int64_t> s, SampleFromIValue(e, loc));
             samples.push_back(std::move(s));
-            where.push_back(std::move(loc));
           }
-          return StackSamples(samples, where, source);
+          return ToTokenIds(samples, source);
         }
         return absl::InvalidArgumentError(absl::StrCat(
             "calibration data '", source,
@@ -267,6 +295,14 @@ absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
             "\"input_ids\" or a list of samples, got ",
             value.tagKind()));
       });
+}
+
+}  // namespace internal
+
+absl::StatusOr<at::Tensor> TokensFromIValue(const c10::IValue& value,
+                                            absl::string_view source) {
+  ASSIGN_OR_RETURN(TokenIds ids, internal::TokenIdsFromIValue(value, source));
+  return Stacked(ids, source);
 }
 
 absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
@@ -279,7 +315,8 @@ absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path) {
     ASSIGN_OR_RETURN(c10::IValue value, internal::Unpickle(bytes, path));
     return TokensFromIValue(value, path);
   }
-  return internal::ParseJsonLines(bytes, path);
+  ASSIGN_OR_RETURN(TokenIds ids, internal::TokenIdsFromJsonLines(bytes, path));
+  return Stacked(ids, path);
 }
 
 // Batches of calibration data tracecut holds at once.
@@ -345,15 +382,15 @@ absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
       });
 }
 
-absl::StatusOr<CalibrationData> MakeCalibrationData(
-    const at::Tensor& tokens, const std::vector<std::string>& input_names,
-    int64_t batch_size, std::string source) {
+namespace {
+
+absl::Status CheckBatchingAndNames(int64_t batch_size,
+                                   const std::vector<std::string>& names) {
   if (batch_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch size must be >= 1, got ", batch_size));
   }
-  RETURN_IF_ERROR(CheckTokens(tokens, TokenLimits(), source));
-  for (const std::string& name : input_names) {
+  for (const std::string& name : names) {
     if (name != "input_ids" && name != "decoder_input_ids" &&
         name != "attention_mask" && name != "token_type_ids" &&
         name != "position_ids") {
@@ -363,55 +400,147 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
           "decoder_input_ids, attention_mask, token_type_ids, position_ids)"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Each batch is kept (and cached between subgraphs): far more than
+// calibration needs (llm-compressor's default is 512 samples) only exhausts
+// memory before the first progress line.
+absl::Status CheckBatchCount(int64_t samples, int64_t batches,
+                             absl::string_view source) {
+  if (batches <= kMaxBatches) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "calibration data '", source, "': ", samples, " samples in ", batches,
+      " batches, more than the ", kMaxBatches,
+      " tracecut takes; use fewer samples or a larger --batch-size"));
+}
+
+// One value per model input, made from token ids [batch, seq].
+std::vector<c10::IValue> BatchFromIds(const at::Tensor& ids,
+                                      const std::vector<std::string>& names) {
+  std::vector<c10::IValue> values;
+  for (const std::string& name : names) {
+    if (name == "input_ids" || name == "decoder_input_ids") {
+      values.emplace_back(ids);
+    } else if (name == "attention_mask") {
+      values.emplace_back(at::ones_like(ids));
+    } else if (name == "token_type_ids") {
+      values.emplace_back(at::zeros_like(ids));
+    } else {
+      values.emplace_back(
+          at::arange(ids.size(1), at::kLong).expand_as(ids).clone());
+    }
+  }
+  return values;
+}
+
+uint64_t HashIds(const at::Tensor& ids, uint64_t h) {
+  return util::Fnv1a64(
+      absl::string_view(reinterpret_cast<const char*>(ids.data_ptr<int64_t>()),
+                        ids.numel() * sizeof(int64_t)),
+      h);
+}
+
+}  // namespace
+
+absl::StatusOr<CalibrationData> MakeCalibrationData(
+    const at::Tensor& tokens, const std::vector<std::string>& input_names,
+    int64_t batch_size, std::string source) {
+  RETURN_IF_ERROR(CheckBatchingAndNames(batch_size, input_names));
+  RETURN_IF_ERROR(CheckTokens(tokens, TokenLimits(), source));
   return runtime::TorchCall(
       "calibration data", [&]() -> absl::StatusOr<CalibrationData> {
         CalibrationData data;
         data.input_names = input_names;
         data.tokens = tokens.to(at::kLong).contiguous();
         data.num_samples = data.tokens.size(0);
-        data.seq_len = data.tokens.size(1);
+        data.seq_len = data.min_seq_len = data.tokens.size(1);
         data.source = std::move(source);
         const int64_t n = data.num_samples;
-        // Each batch is kept (and cached between subgraphs): far more than
-        // calibration needs (llm-compressor's default is 512 samples) only
-        // exhausts memory before the first progress line.
-        if ((n + batch_size - 1) / batch_size > kMaxBatches) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "calibration data '", data.source, "': ", n, " samples in ",
-              (n + batch_size - 1) / batch_size, " batches, more than the ",
-              kMaxBatches,
-              " tracecut takes; use fewer samples or a larger --batch-size"));
-        }
+        RETURN_IF_ERROR(
+            CheckBatchCount(n, (n + batch_size - 1) / batch_size, data.source));
         for (int64_t start = 0; start < n; start += batch_size) {
           // SIGINT / SIGTERM are honoured here too, not only between
           // calibration batches.
           if (start % 1024 == 0) RETURN_IF_ERROR(CheckInterrupt());
           int64_t len = std::min(batch_size, n - start);
-          at::Tensor ids = data.tokens.narrow(0, start, len).clone();
-          std::vector<c10::IValue> values;
-          for (const std::string& name : input_names) {
-            if (name == "input_ids" || name == "decoder_input_ids") {
-              values.emplace_back(ids);
-            } else if (name == "attention_mask") {
-              values.emplace_back(at::ones_like(ids));
-            } else if (name == "token_type_ids") {
-              values.emplace_back(at::zeros_like(ids));
-            } else {
-              values.emplace_back(
-                  at::arange(data.seq_len, at::kLong).expand_as(ids).clone());
-            }
-          }
-          data.batches.push_back(std::move(values));
+          data.batches.push_back(BatchFromIds(
+              data.tokens.narrow(0, start, len).clone(), input_names));
         }
         std::string layout =
             absl::StrCat(n, "x", data.seq_len, "/", batch_size);
-        uint64_t h = util::Fnv1a64(layout);
-        h = util::Fnv1a64(
-            absl::string_view(
-                reinterpret_cast<const char*>(data.tokens.data_ptr<int64_t>()),
-                data.tokens.numel() * sizeof(int64_t)),
-            h);
+        data.fingerprint = HashIds(data.tokens, util::Fnv1a64(layout));
+        return data;
+      });
+}
+
+std::string SeqLenText(const CalibrationData& data) {
+  if (data.min_seq_len == 0 || data.min_seq_len == data.seq_len) {
+    return absl::StrCat(data.seq_len);
+  }
+  return absl::StrCat(data.min_seq_len, "-", data.seq_len);
+}
+
+absl::StatusOr<CalibrationData> MakeRaggedCalibrationData(
+    const std::vector<at::Tensor>& samples, const TokenLimits& limits,
+    const std::vector<std::string>& input_names, int64_t batch_size,
+    std::string source) {
+  RETURN_IF_ERROR(CheckBatchingAndNames(batch_size, input_names));
+  if (samples.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibration data '", source, "': no samples"));
+  }
+  return runtime::TorchCall(
+      absl::StrCat("calibration data '", source, "'"),
+      [&]() -> absl::StatusOr<CalibrationData> {
+        CalibrationData data;
+        data.input_names = input_names;
+        data.num_samples = static_cast<int64_t>(samples.size());
+        data.source = std::move(source);
+        data.min_seq_len = samples[0].numel();
+        uint64_t h = util::Fnv1a64(
+            absl::StrCat("ragged/", samples.size(), "/", batch_size));
+        std::vector<at::Tensor> ids;
+        for (size_t i = 0; i < samples.size(); ++i) {
+          // Each sample checked as a tensor [1, len], its errors renamed.
+          at::Tensor t = samples[i].reshape({1, -1}).to(at::kLong).contiguous();
+          absl::Status ok = CheckTokens(t, limits, data.source);
+          if (!ok.ok()) {
+            const std::string at = absl::StrCat("at sample ", i, ",");
+            std::string message(ok.message());
+            return absl::InvalidArgumentError(
+                absl::StrContains(message, "at sample 0,")
+                    ? absl::StrReplaceAll(message, {{"at sample 0,", at}})
+                    : absl::StrCat(message, " (sample ", i, ")"));
+          }
+          data.seq_len = std::max(data.seq_len, t.size(1));
+          data.min_seq_len = std::min(data.min_seq_len, t.size(1));
+          h = HashIds(t, util::Fnv1a64(absl::StrCat("/", t.size(1)), h));
+          ids.push_back(std::move(t));
+        }
         data.fingerprint = h;
+        // A batch holds consecutive samples of one length: no padding, so
+        // every token is a real one, as with llm-compressor's batches of 1.
+        std::vector<std::pair<size_t, size_t>> runs;
+        for (size_t start = 0; start < ids.size();) {
+          size_t end = start + 1;
+          while (end < ids.size() &&
+                 end - start < static_cast<size_t>(batch_size) &&
+                 ids[end].size(1) == ids[start].size(1)) {
+            ++end;
+          }
+          runs.emplace_back(start, end);
+          start = end;
+        }
+        RETURN_IF_ERROR(CheckBatchCount(
+            data.num_samples, static_cast<int64_t>(runs.size()), data.source));
+        for (const auto& [start, end] : runs) {
+          if (data.batches.size() % 1024 == 0) {
+            RETURN_IF_ERROR(CheckInterrupt());
+          }
+          std::vector<at::Tensor> rows(ids.begin() + start, ids.begin() + end);
+          data.batches.push_back(BatchFromIds(at::cat(rows, 0), input_names));
+        }
         return data;
       });
 }
@@ -458,6 +587,7 @@ absl::StatusOr<CalibrationData> ShardCalibrationData(
   CalibrationData out;
   out.input_names = data.input_names;
   out.seq_len = data.seq_len;
+  out.min_seq_len = data.min_seq_len;
   out.descriptions = data.descriptions;
   out.num_samples = static_cast<int64_t>(mine.size());
   out.source =
@@ -465,8 +595,23 @@ absl::StatusOr<CalibrationData> ShardCalibrationData(
   out.fingerprint = data.fingerprint ^ (static_cast<uint64_t>(rank) << 48) ^
                     static_cast<uint64_t>(world_size);
   RETURN_IF_ERROR(runtime::TorchCall("sharding the calibration data", [&] {
-    for (size_t start = 0; start < mine.size(); start += batch_size) {
-      const size_t end = std::min(mine.size(), start + batch_size);
+    // Samples of different shapes (token ids of different lengths) go to
+    // different batches.
+    auto same_shapes = [&](size_t a, size_t b) {
+      for (size_t i = 0; i < data.input_names.size(); ++i) {
+        if (samples[mine[a]][i].sizes() != samples[mine[b]][i].sizes()) {
+          return false;
+        }
+      }
+      return true;
+    };
+    for (size_t start = 0, end = 0; start < mine.size(); start = end) {
+      end = start + 1;
+      while (end < mine.size() &&
+             end - start < static_cast<size_t>(batch_size) &&
+             same_shapes(start, end)) {
+        ++end;
+      }
       std::vector<c10::IValue> batch;
       for (size_t i = 0; i < data.input_names.size(); ++i) {
         std::vector<at::Tensor> parts;

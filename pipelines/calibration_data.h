@@ -26,11 +26,15 @@
 //      - an integer tensor [N, seq] (or [seq] for one sample),
 //      - a dict with an "input_ids" tensor,
 //      - a list of 1-D tensors, int lists, or dicts with "input_ids" (each
-//        one sample; all the same length: there is no padding).
+//        one sample, of any length).
 //    LibTorch's unpickler reads tensors, lists, tuples, dicts, numbers and
 //    strings (not sets or other Python classes: the error says so);
 //  * JSON lines: one sample per line, a JSON array of ints or an object
 //    with "input_ids"; blank lines are skipped.
+// Samples of different lengths (a tokenizer's output without padding) are
+// never padded: consecutive samples of one length share a batch
+// (MakeRaggedCalibrationData), so with llm-compressor's default batch size
+// of 1 every sample is a batch of its own length, as there.
 //
 // Model inputs made from token ids per batch, by placeholder name:
 // input_ids / decoder_input_ids (the tokens), attention_mask /
@@ -64,8 +68,10 @@ struct CalibrationData {
   // batches[b][i] is input i of batch b.
   std::vector<std::vector<c10::IValue>> batches;
   int64_t num_samples = 0;
-  int64_t seq_len = 0;  // Of the token ids; 0 when there are none.
-  std::string source;   // "calib.pt", "synthetic (64 samples, seed 0)".
+  // Of the token ids (the longest, the shortest); 0 when there are none.
+  int64_t seq_len = 0;
+  int64_t min_seq_len = 0;
+  std::string source;  // "calib.pt", "synthetic (64 samples, seed 0)".
   // Hash of the token ids and batch layout (util::Fnv1a64), for checkpoints.
   uint64_t fingerprint = 0;
   // Token ids [N, seq] int64 (undefined for data without token ids).
@@ -73,6 +79,15 @@ struct CalibrationData {
   // "pixel_values: float32[8, 3, 32, 32]", one per input, for data read
   // from tensors (empty for token ids).
   std::vector<std::string> descriptions;
+};
+
+// Token ids as a file holds them: `ids` [N, seq] int64 when every sample
+// has the same length; otherwise `ids` is undefined and `samples` holds
+// each sample, int64 [len], in the file's order.
+struct TokenIds {
+  at::Tensor ids;
+  std::vector<at::Tensor> samples;
+  bool ragged() const { return !ids.defined(); }
 };
 
 // What token ids must satisfy.
@@ -97,6 +112,9 @@ struct ModelInputs {
 
 // "input_ids: int64[2, 16], attention_mask: int64[2, 16]".
 std::string DescribeModelInputs(const ModelInputs& model);
+
+// The samples' token count: "128", or "20-128" when they differ.
+std::string SeqLenText(const CalibrationData& data);
 
 // Whether token ids make every input (see above): the inputs include
 // input_ids or decoder_input_ids and nothing that cannot be made from them.
@@ -131,7 +149,8 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
     const ModelInputs& model, int64_t batch_size, std::string source);
 
 // Reads token ids from a torch.save file or JSON lines (see above) as an
-// int64 tensor [N, seq]. Errors name the file (and the line or sample).
+// int64 tensor [N, seq]. Errors name the file (and the line or sample), and
+// samples of different lengths are one (LoadCalibrationData takes them).
 // Does not check ranges: see CheckTokens.
 absl::StatusOr<at::Tensor> LoadTokenFile(const std::string& path);
 
@@ -157,8 +176,18 @@ absl::StatusOr<CalibrationData> MakeCalibrationData(
     const at::Tensor& tokens, const std::vector<std::string>& input_names,
     int64_t batch_size, std::string source);
 
+// Batches of token-id samples of different lengths (each int [len]): a
+// batch holds consecutive samples of one length, at most `batch_size`.
+// Each sample is checked as CheckTokens checks a tensor (errors name the
+// sample); seq_len and min_seq_len are the longest and the shortest.
+absl::StatusOr<CalibrationData> MakeRaggedCalibrationData(
+    const std::vector<at::Tensor>& samples, const TokenLimits& limits,
+    const std::vector<std::string>& input_names, int64_t batch_size,
+    std::string source);
+
 // Rank `rank`'s shard of `data`: sample i (over all batches, in order) goes
-// to rank i % world_size, in batches of the largest batch size of `data`.
+// to rank i % world_size, in batches of the largest batch size of `data`
+// (samples of different shapes in different batches).
 // Every input must be a tensor with the samples along dimension 0.
 // InvalidArgument when a rank would get no sample.
 absl::StatusOr<CalibrationData> ShardCalibrationData(

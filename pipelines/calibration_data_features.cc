@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -342,7 +343,7 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
     data.num_samples = n;
     if (ids != nullptr) {
       data.tokens = ids->to(at::kLong).contiguous();
-      data.seq_len = ids->size(1);
+      data.seq_len = data.min_seq_len = ids->size(1);
     }
     uint64_t h = util::Fnv1a64(absl::StrCat("features/", batch_size));
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -369,16 +370,62 @@ absl::StatusOr<CalibrationData> MakeFeatureData(
   });
 }
 
+namespace {
+
+// The token ids of `dict` when it holds samples of different lengths under
+// "input_ids" and nothing else but an "attention_mask" of ones of the same
+// lengths; nullopt for any other dict (MakeFeatureData's to read).
+absl::StatusOr<std::optional<TokenIds>> RaggedTokenDict(
+    const c10::impl::GenericDict& dict, const std::string& path) {
+  auto ids_it = dict.find(c10::IValue("input_ids"));
+  if (ids_it == dict.end() || !ids_it->value().isList()) return std::nullopt;
+  for (const auto& e : dict) {
+    if (!e.key().isString() || (e.key().toStringRef() != "input_ids" &&
+                                e.key().toStringRef() != "attention_mask")) {
+      return std::nullopt;
+    }
+  }
+  absl::StatusOr<TokenIds> ids =
+      internal::TokenIdsFromIValue(ids_it->value(), path);
+  if (!ids.ok() || !ids->ragged()) return std::nullopt;
+  auto mask_it = dict.find(c10::IValue("attention_mask"));
+  if (mask_it != dict.end()) {
+    absl::StatusOr<TokenIds> mask = internal::TokenIdsFromIValue(
+        mask_it->value(), absl::StrCat(path, ": attention_mask"));
+    if (!mask.ok()) return mask.status();
+    const bool ones =
+        mask->ragged() && mask->samples.size() == ids->samples.size() &&
+        std::equal(
+            mask->samples.begin(), mask->samples.end(), ids->samples.begin(),
+            [](const at::Tensor& m, const at::Tensor& t) {
+              return m.numel() == t.numel() && m.eq(1).all().item<bool>();
+            });
+    if (!ones) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "calibration data '", path,
+          "': the attention_mask of samples of different lengths must be "
+          "ones of each sample's length (tracecut does not pad; padding "
+          "tokens are left out of calibration)"));
+    }
+  }
+  return std::optional<TokenIds>(*std::move(ids));
+}
+
+}  // namespace
+
 absl::StatusOr<CalibrationData> LoadCalibrationData(const std::string& path,
                                                     const ModelInputs& model,
                                                     int64_t batch_size) {
   std::vector<std::string> names;
   for (const ModelInput& in : model.inputs) names.push_back(in.name);
   const bool tokens_only = TakesTokensOnly(names);
-  auto as_tokens =
-      [&](const at::Tensor& tokens) -> absl::StatusOr<CalibrationData> {
-    RETURN_IF_ERROR(CheckTokens(tokens, model.limits, path));
-    return MakeCalibrationData(tokens, names, batch_size, path);
+  auto as_tokens = [&](const TokenIds& ids) -> absl::StatusOr<CalibrationData> {
+    if (ids.ragged()) {
+      return MakeRaggedCalibrationData(ids.samples, model.limits, names,
+                                       batch_size, path);
+    }
+    RETURN_IF_ERROR(CheckTokens(ids.ids, model.limits, path));
+    return MakeCalibrationData(ids.ids, names, batch_size, path);
   };
   ASSIGN_OR_RETURN(std::string bytes, internal::ReadDataFile(path));
   if (bytes.empty()) {
@@ -405,13 +452,22 @@ absl::StatusOr<CalibrationData> LoadCalibrationData(const std::string& path,
           "lines give token ids, but the model takes ",
           DescribeModelInputs(model), ")"));
     }
-    ASSIGN_OR_RETURN(at::Tensor tokens, internal::ParseJsonLines(bytes, path));
-    return as_tokens(tokens);
+    ASSIGN_OR_RETURN(TokenIds ids,
+                     internal::TokenIdsFromJsonLines(bytes, path));
+    return as_tokens(ids);
   }
   ASSIGN_OR_RETURN(value, internal::Unpickle(bytes, path));
   if (tokens_only && (value.isTensor() || value.isList())) {
-    ASSIGN_OR_RETURN(at::Tensor tokens, TokensFromIValue(value, path));
-    return as_tokens(tokens);
+    ASSIGN_OR_RETURN(TokenIds ids, internal::TokenIdsFromIValue(value, path));
+    return as_tokens(ids);
+  }
+  if (tokens_only && value.isGenericDict()) {
+    // A tokenizer's output without padding: {"input_ids": samples of
+    // different lengths, "attention_mask": ones of the same lengths}.
+    absl::StatusOr<std::optional<TokenIds>> ragged =
+        RaggedTokenDict(value.toGenericDict(), path);
+    if (!ragged.ok()) return ragged.status();
+    if (ragged->has_value()) return as_tokens(**ragged);
   }
   std::vector<std::pair<std::string, c10::IValue>> values;
   if (value.isGenericDict()) {

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipelines/calibration_data.h"
 
 namespace tracecut::pipelines::internal {
 
@@ -18,9 +20,12 @@ namespace tracecut::pipelines::internal {
 // be opened.
 absl::StatusOr<std::string> ReadDataFile(const std::string& path);
 
-// Token ids [N, seq] from JSON lines (see calibration_data.h).
-absl::StatusOr<at::Tensor> ParseJsonLines(const std::string& text,
-                                          const std::string& path);
+// Token ids from JSON lines, and from an unpickled value (see
+// calibration_data.h); errors name `path` / `source`.
+absl::StatusOr<TokenIds> TokenIdsFromJsonLines(const std::string& text,
+                                               const std::string& path);
+absl::StatusOr<TokenIds> TokenIdsFromIValue(const c10::IValue& value,
+                                            absl::string_view source);
 
 // Whether `bytes` look like a torch.save file (zip or legacy pickle).
 bool IsTorchSave(const std::string& bytes);

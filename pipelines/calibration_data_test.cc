@@ -94,7 +94,9 @@ TEST(CalibrationDataTest, JsonLinesErrorsNameTheLine) {
     const char* text;
     const char* expected;
   } cases[] = {
-      {"[1, 2, 3]\n[1, 2]\n", ":2: 2 tokens, but the first sample has 3"},
+      {"[1, 2, 3]\n[1, 2]\n",
+       "sample 1 has 2 tokens, but sample 0 has 3 (a tensor [N, seq] needs "
+       "one length)"},
       {"[1, 2, 3]\n[1, 2.5, 3]\n", ":2: token 1 is a number"},
       {"[1, 2, 3]\n{\"ids\": [1]}\n", "without \"input_ids\""},
       {"[1, 2, 3\n", ":1:"},
@@ -472,6 +474,143 @@ TEST(CalibrationDataTest, ShardGivesSampleIToRankIModWorld) {
   EXPECT_THAT(ShardCalibrationData(data, 5, 6).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::HasSubstr("5 samples: too few for 6 ranks")));
+}
+
+// A language model's inputs, as traced.
+ModelInputs Lm() {
+  ModelInputs lm;
+  lm.inputs = {{"input_ids", "int64", {2, 16}},
+               {"attention_mask", "int64", {2, 16}},
+               {"position_ids", "int64", {2, 16}}};
+  lm.limits.vocab_size = 256;
+  lm.limits.max_seq_len = 64;
+  return lm;
+}
+
+c10::IValue IntLists(const std::vector<std::vector<int64_t>>& rows) {
+  c10::impl::GenericList list(c10::ListType::ofInts());
+  for (const auto& r : rows) list.push_back(c10::IValue(r));
+  return list;
+}
+
+TEST(CalibrationDataTest, SamplesOfDifferentLengthsAreNeverPadded) {
+  // Lengths 3, 3, 2, 3, 3, 3 in batches of at most 2 of one length.
+  const std::string path =
+      WriteTemp("ragged.jsonl",
+                "[1, 2, 3]\n[4, 5, 6]\n[7, 8]\n{\"input_ids\": [9, 10, 11]}\n"
+                "[12, 13, 14]\n[15, 16, 17]\n");
+  ASSERT_OK_AND_ASSIGN(CalibrationData d, LoadCalibrationData(path, Lm(), 2));
+  EXPECT_EQ(d.num_samples, 6);
+  EXPECT_EQ(d.seq_len, 3);
+  EXPECT_EQ(d.min_seq_len, 2);
+  EXPECT_EQ(SeqLenText(d), "2-3");
+  ASSERT_EQ(d.batches.size(), 4u);
+  const std::vector<std::vector<int64_t>> want = {
+      {1, 2, 3, 4, 5, 6}, {7, 8}, {9, 10, 11, 12, 13, 14}, {15, 16, 17}};
+  const std::vector<int64_t> rows = {2, 1, 2, 1};
+  for (size_t b = 0; b < want.size(); ++b) {
+    SCOPED_TRACE(b);
+    const at::Tensor ids = d.batches[b][0].toTensor();
+    const int64_t len = static_cast<int64_t>(want[b].size()) / rows[b];
+    EXPECT_TRUE(
+        at::equal(ids, at::tensor(want[b], at::kLong).view({rows[b], len})));
+    EXPECT_TRUE(at::equal(d.batches[b][1].toTensor(), at::ones_like(ids)));
+    EXPECT_TRUE(
+        at::equal(d.batches[b][2].toTensor()[0], at::arange(len, at::kLong)));
+  }
+  // The same samples as a torch.save'd list of int lists, and as a
+  // tokenizer's unpadded output (a dict with an attention_mask of ones).
+  const std::vector<std::vector<int64_t>> samples = {
+      {1, 2, 3}, {4, 5, 6}, {7, 8}, {9, 10, 11}, {12, 13, 14}, {15, 16, 17}};
+  std::vector<std::vector<int64_t>> ones;
+  for (const auto& r : samples) ones.emplace_back(r.size(), 1);
+  c10::impl::GenericDict dict(c10::StringType::get(),
+                              c10::ListType::create(c10::ListType::ofInts()));
+  dict.insert(c10::IValue("input_ids"), IntLists(samples));
+  dict.insert(c10::IValue("attention_mask"), IntLists(ones));
+  for (const std::string& file : {Saved("ragged_lists.pt", IntLists(samples)),
+                                  Saved("ragged_dict.pt", c10::IValue(dict))}) {
+    SCOPED_TRACE(file);
+    ASSERT_OK_AND_ASSIGN(CalibrationData same,
+                         LoadCalibrationData(file, Lm(), 2));
+    EXPECT_EQ(same.fingerprint, d.fingerprint);
+    ASSERT_EQ(same.batches.size(), 4u);
+    EXPECT_TRUE(
+        at::equal(same.batches[2][0].toTensor(), d.batches[2][0].toTensor()));
+  }
+  // Other data, other fingerprint; batch size 1: one batch per sample.
+  ASSERT_OK_AND_ASSIGN(CalibrationData one, LoadCalibrationData(path, Lm(), 1));
+  EXPECT_EQ(one.batches.size(), 6u);
+  EXPECT_NE(one.fingerprint, d.fingerprint);
+  ASSERT_OK_AND_ASSIGN(
+      CalibrationData other,
+      LoadCalibrationData(WriteTemp("other.jsonl", "[1, 2, 3]\n[4, 5]\n"), Lm(),
+                          2));
+  EXPECT_NE(other.fingerprint, d.fingerprint);
+}
+
+TEST(CalibrationDataTest, RaggedSamplesAreCheckedOneByOne) {
+  struct Case {
+    const char* text;
+    const char* expected;
+  } cases[] = {
+      {"[1, 2, 3]\n[4, 5]\n[6, 300, 7, 8]\n",
+       "token id 300 at sample 2, position 1 is out of range [0, 256)"},
+      {"[1, 2, 3]\n[]\n", "token ids must be a non-empty integer tensor"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    absl::StatusOr<CalibrationData> d =
+        LoadCalibrationData(WriteTemp("bad_ragged.jsonl", c.text), Lm(), 2);
+    ASSERT_FALSE(d.ok());
+    EXPECT_TRUE(absl::StrContains(d.status().message(), c.expected))
+        << d.status();
+    EXPECT_TRUE(absl::StrContains(d.status().message(), "bad_ragged.jsonl"))
+        << d.status();
+  }
+  std::string long_line = "[1]\n[";
+  for (int i = 0; i < 65; ++i) absl::StrAppend(&long_line, i ? ", " : "", 1);
+  absl::StatusOr<CalibrationData> d =
+      LoadCalibrationData(WriteTemp("long.jsonl", long_line + "]\n"), Lm(), 2);
+  ASSERT_FALSE(d.ok());
+  EXPECT_TRUE(absl::StrContains(d.status().message(),
+                                "sequence length 65 exceeds the model's "
+                                "max_position_embeddings 64 (sample 1)"))
+      << d.status();
+  // A mask that masks anything is padding, which tracecut does not do.
+  c10::impl::GenericDict dict(c10::StringType::get(),
+                              c10::ListType::create(c10::ListType::ofInts()));
+  dict.insert(c10::IValue("input_ids"), IntLists({{1, 2, 3}, {4, 5}}));
+  dict.insert(c10::IValue("attention_mask"), IntLists({{1, 1, 1}, {1, 0}}));
+  d = LoadCalibrationData(Saved("masked_ragged.pt", c10::IValue(dict)), Lm(),
+                          2);
+  ASSERT_FALSE(d.ok());
+  EXPECT_TRUE(absl::StrContains(d.status().message(),
+                                "must be ones of each "
+                                "sample's length"))
+      << d.status();
+}
+
+TEST(CalibrationDataTest, ShardKeepsSamplesOfDifferentLengthsApart) {
+  ASSERT_OK_AND_ASSIGN(
+      CalibrationData d,
+      LoadCalibrationData(WriteTemp("shard.jsonl",
+                                    "[1, 2]\n[3, 4]\n[5, 6, 7]\n[8, 9]\n"
+                                    "[10, 11, 12]\n"),
+                          Lm(), 4));
+  ASSERT_EQ(d.batches.size(), 4u);  // 2 | 3 | 2 | 3 tokens.
+  // Rank 0: samples 0, 2, 4 (2, 3, 3 tokens); rank 1: 1, 3 (2, 2).
+  ASSERT_OK_AND_ASSIGN(CalibrationData r0, ShardCalibrationData(d, 0, 2));
+  ASSERT_OK_AND_ASSIGN(CalibrationData r1, ShardCalibrationData(d, 1, 2));
+  ASSERT_EQ(r0.batches.size(), 2u);
+  EXPECT_TRUE(at::equal(r0.batches[0][0].toTensor(),
+                        at::tensor({1, 2}, at::kLong).view({1, 2})));
+  EXPECT_TRUE(
+      at::equal(r0.batches[1][0].toTensor(),
+                at::tensor({5, 6, 7, 10, 11, 12}, at::kLong).view({2, 3})));
+  ASSERT_EQ(r1.batches.size(), 1u);
+  EXPECT_TRUE(at::equal(r1.batches[0][0].toTensor(),
+                        at::tensor({3, 4, 8, 9}, at::kLong).view({2, 2})));
 }
 
 }  // namespace

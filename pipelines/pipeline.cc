@@ -180,8 +180,8 @@ std::string PartitionedRun::RunIdentity() const {
                       "propagate_error=", options_.propagate_error ? 1 : 0,
                       "\n", "subgraphs=", steps_.size(), ": ",
                       absl::StrJoin(result_.labels, ", "), "\n",
-                      "data=", data_.num_samples, "x", data_.seq_len, " in ",
-                      data_.batches.size(), " batches, ",
+                      "data=", data_.num_samples, "x", SeqLenText(data_),
+                      " in ", data_.batches.size(), " batches, ",
                       absl::StrFormat("%016x", data_.fingerprint), "\n",
                       "modifiers=", absl::StrJoin(modifier_names, ", "), "\n",
                       "caller=", options_.fingerprint, "\n");
@@ -286,10 +286,11 @@ absl::StatusOr<PipelineResult> PartitionedRun::Run() {
   }
 
   progress_->Note(absl::StrFormat(
-      "%s pipeline: %d subgraphs, %d calibration batches (%d samples x %d "
+      "%s pipeline: %d subgraphs, %d calibration batches (%d samples x %s "
       "tokens)%s",
       PipelineKindName(options_.kind), n, num_batches, data_.num_samples,
-      data_.seq_len, options_.propagate_error ? "" : ", no error propagation"));
+      SeqLenText(data_),
+      options_.propagate_error ? "" : ", no error propagation"));
   int64_t units = 0;
   for (int i = start; i < n; ++i) {
     units += num_batches + 1 + (options_.propagate_error ? num_batches : 0) +

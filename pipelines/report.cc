@@ -244,6 +244,9 @@ Json BuildReport(const ReportInfo& info, const CalibrationResults& results,
   data["source"] = Json(info.data_source);
   data["samples"] = Json(info.samples);
   data["seq_len"] = Json(info.seq_len);
+  if (info.min_seq_len != info.seq_len) {
+    data["min_seq_len"] = Json(info.min_seq_len);
+  }
   data["batches"] = Json(info.batches);
   data["fingerprint"] = Json(absl::StrFormat("%016x", info.data_fingerprint));
   if (!info.data_inputs.empty()) {

@@ -15,7 +15,8 @@
 //    "data": {"source": ..., "samples": 64, "seq_len": 16, "batches": 8,
 //             "fingerprint": "8c1f..."},
 //    (data read from tensors adds "inputs": ["pixel_values: float32[8, 3,
-//    32, 32]", ...]; seq_len is 0 without token ids),
+//    32, 32]", ...]; seq_len is 0 without token ids; samples of different
+//    lengths add "min_seq_len", seq_len being the longest),
 //    "subgraphs": ["(head)", "model.layers.0", "model.layers.1"],
 //    "modules": [{"path": "model.layers.0.mlp.down_proj", "type": "Linear",
 //                 "subgraph": 1,
@@ -83,6 +84,7 @@ struct ReportInfo {
   std::string data_source;
   int64_t samples = 0;
   int64_t seq_len = 0;
+  int64_t min_seq_len = 0;  // The shortest sample; == seq_len when uniform.
   int64_t batches = 0;
   uint64_t data_fingerprint = 0;
   std::vector<std::string> data_inputs;  // Empty for token ids.

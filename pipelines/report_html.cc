@@ -84,7 +84,10 @@ std::string SummarySection(const Report& r) {
   if (r.samples.has_value())
     data.push_back(absl::StrCat(*r.samples, " samples"));
   if (r.seq_len.value_or(0) > 0) {
-    data.push_back(absl::StrCat(*r.seq_len, " tokens each"));
+    data.push_back(
+        r.min_seq_len.has_value()
+            ? absl::StrCat(*r.min_seq_len, "-", *r.seq_len, " tokens each")
+            : absl::StrCat(*r.seq_len, " tokens each"));
   }
   if (r.batches.has_value())
     data.push_back(absl::StrCat(*r.batches, " batches"));

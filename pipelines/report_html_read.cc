@@ -204,6 +204,7 @@ absl::StatusOr<Report> Read(const Json& j, const Fields& f) {
     RETURN_IF_ERROR(ReadString(f, *data, "data", "source", r.data_source));
     ASSIGN_OR_RETURN(r.samples, f.Int(*data, "data", "samples"));
     ASSIGN_OR_RETURN(r.seq_len, f.Int(*data, "data", "seq_len"));
+    ASSIGN_OR_RETURN(r.min_seq_len, f.Int(*data, "data", "min_seq_len"));
     ASSIGN_OR_RETURN(r.batches, f.Int(*data, "data", "batches"));
     RETURN_IF_ERROR(ReadString(f, *data, "data", "fingerprint", r.fingerprint));
     ASSIGN_OR_RETURN(r.data_inputs, f.Strings(*data, "data", "inputs"));

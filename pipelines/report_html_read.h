@@ -51,7 +51,7 @@ struct Report {
   std::optional<bool> propagate_error;
   std::vector<std::string> targets;
   std::string data_source;
-  std::optional<int64_t> samples, seq_len, batches;
+  std::optional<int64_t> samples, seq_len, min_seq_len, batches;
   std::string fingerprint;
   std::vector<std::string> data_inputs;
   std::vector<std::string> subgraphs;

@@ -184,13 +184,12 @@ echo '[]' >"$D/empty_row.jsonl"
 printf '[1, 2.5, 3]\n' >"$D/fraction.jsonl"
 printf '[1, NaN]\n' >"$D/nan.jsonl"
 printf '[1, 1e400]\n' >"$D/huge.jsonl"
-printf '[1, 2]\n[1, 2, 3]\n' >"$D/ragged.jsonl"
 printf '{"ids": [1, 2]}\n' >"$D/no_input_ids.jsonl"
 mkdir -p "$D/directory.pt"
 for f in zero_samples.pt zero_length.pt scalar.pt nan.pt inf.pt \
   int8_wraps.pt bool.pt too_long.pt empty_list.pt empty.jsonl \
   blank_lines.jsonl empty_row.jsonl fraction.jsonl nan.jsonl huge.jsonl \
-  ragged.jsonl no_input_ids.jsonl directory.pt; do
+  no_input_ids.jsonl directory.pt; do
   [ -e "$D/$f" ] || { fail "calibrate data $f" "the Python generator did not write it"; continue; }
   expect_error "calibrate data $f" "$D/$f" "$OUT" "$O" -- \
     calibrate "$MODEL" "--recipe=$RECIPE_OK" "--data=$D/$f" -o "$O"

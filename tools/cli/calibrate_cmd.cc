@@ -444,7 +444,8 @@ std::vector<FlagSpec> CalibrateFlags() {
       FlagSpec::Value("data", "FILE",
                       "model inputs: torch.save'd tensors (tensor, tuple, "
                       "list or dict by input name) or .safetensors; token "
-                      "ids also as .jsonl")
+                      "ids also as .jsonl, samples of any length (never "
+                      "padded)")
           .InputFile(),
       FlagSpec::Value("synthetic", "N",
                       "N random samples from the model's vocabulary"),
