@@ -135,6 +135,55 @@ def _large_on_meta_mode():
   return LargeOnMeta()
 
 
+def _computes_linear(cls):
+  """Whether modules of `cls`, a subclass of torch.nn.Linear, compute
+  exactly F.linear from Linear's own state: its forward is run on a plain
+  Linear's weight and bias (with and without bias), bypassing the
+  subclass's __init__, so a forward reading any other state fails or
+  differs."""
+  import torch
+  if cls.forward is torch.nn.Linear.forward:
+    return True
+  g = torch.Generator().manual_seed(0)
+  for bias in (True, False):
+    probe = torch.nn.Linear(6, 4, bias=bias)
+    with torch.no_grad():
+      probe.weight.copy_(torch.randn(4, 6, generator=g))
+      if bias:
+        probe.bias.copy_(torch.randn(4, generator=g))
+    x = torch.randn(3, 6, generator=g)
+    try:
+      probe.__class__ = cls
+      with torch.no_grad():
+        got = cls.forward(probe, x)
+    except Exception:  # pylint: disable=broad-except
+      return False
+    want = torch.nn.functional.linear(x, probe.weight, probe.bias)
+    if (not isinstance(got, torch.Tensor) or got.shape != want.shape or
+        not torch.allclose(got, want, rtol=1e-5, atol=1e-6)):
+      return False
+  return True
+
+
+def as_plain_linears(model):
+  """Makes every module of a torch.nn.Linear subclass that computes exactly
+  F.linear (Falcon's FalconLinear: x @ W.T + b) a plain Linear, so the
+  graph has it as a Linear that tracecut quantizes, as llm-compressor does
+  (compressed-tensors matches its "Linear" targets by class ancestry). Other
+  subclasses (Llama4's router, which also routes) are left alone."""
+  import torch
+  verdicts = {}
+  for module in model.modules():
+    cls = type(module)
+    if cls is torch.nn.Linear or not isinstance(module, torch.nn.Linear):
+      continue
+    if cls not in verdicts:
+      verdicts[cls] = _computes_linear(cls)
+    if verdicts[cls]:
+      module.__class__ = torch.nn.Linear
+  return model
+
+
 def _has_weights(directory):
   if not os.path.isdir(directory):
     return True  # A model id in the cache: from_pretrained finds them.

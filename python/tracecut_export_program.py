@@ -12,7 +12,7 @@ from tracecut_export_inputs import (_forward_params, input_specs, make_inputs,
                                     output_names, program_output_names)
 from tracecut_export_layout import (_check_meta_names, _checkpoint_shapes,
                                     _tied_groups, checkpoint_layout)
-from tracecut_export_model import build_model
+from tracecut_export_model import as_plain_linears, build_model
 from tracecut_export_output import check_output, write_output
 
 
@@ -80,15 +80,80 @@ def _export_dynamic(model, kwargs, specs):
     return torch.export.export(model, (), kwargs, strict=False)
 
 
+def _export_program(model, kwargs, specs):
+  import torch
+  ep = _export_dynamic(model, kwargs, specs)
+  # Exported under no_grad, the program has no grad-mode regions; other
+  # higher-order operators (autocast regions) go away in the inference IR,
+  # which costs about twice the export itself, so only when needed.
+  if any(n.op == "call_function" and
+         isinstance(n.target, torch._ops.HigherOrderOperator)
+         for n in ep.graph.nodes):
+    ep = ep.run_decompositions({})
+  return ep
+
+
+def _meta_constants(ep, buffers):
+  """The names of the lifted constants of `ep` that are on the meta device
+  and are not buffers (whose values the export embeds)."""
+  return [
+      name for name, value in ep.constants.items()
+      if getattr(value, "device", None) is not None and
+      value.device.type == "meta" and name not in buffers
+  ]
+
+
+def _on_unallocated_cpu(model, buffers, specs, kwargs):
+  """`model` with its parameters on the CPU but never written (torch.empty:
+  the kernel maps their pages only when touched, and torch.export traces
+  with fake tensors, so a model of any size costs no memory), tied ones
+  still tied, its buffers' real values restored; and `kwargs` with CPU
+  example inputs."""
+  import torch
+  # Module.to_empty would give each module its own copy of a tied
+  # parameter: the memo keeps tied tensors one tensor.
+  memo = {}
+  for module in model.modules():
+    for table in (module._parameters, module._buffers):
+      for key, t in list(table.items()):
+        if t is None:
+          continue
+        if id(t) not in memo:
+          new = torch.empty_like(t, device="cpu")
+          if isinstance(t, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+          memo[id(t)] = new
+        table[key] = memo[id(t)]
+  for name, value in buffers.items():
+    model.get_buffer(name).copy_(value)
+  inputs = make_inputs(specs)
+  return model, {k: inputs.get(k, v) for k, v in kwargs.items()}
+
+
+def _weights_to_meta(ep, buffers):
+  """`ep` with its parameters and buffers on the meta device, as a --meta
+  export has them (tracecut reads them from the checkpoint and the embedded
+  buffers); the constants the forward made keep their values."""
+  import torch
+  memo = {}  # Tied parameters stay one tensor.
+  for name, value in list(ep.state_dict.items()):
+    if id(value) not in memo:
+      meta = torch.empty_like(value, device="meta")
+      if isinstance(value, torch.nn.Parameter):
+        meta = torch.nn.Parameter(meta, requires_grad=value.requires_grad)
+      memo[id(value)] = meta
+    ep.state_dict[name] = memo[id(value)]
+  for name in list(ep.constants):
+    if name in buffers:
+      ep.constants[name] = torch.empty_like(ep.constants[name], device="meta")
+  return ep
+
+
 def _check_meta_constants(ep, buffers):
-  """A tensor the model's code makes during forward on its parameters'
-  device (a mask's fill value) is lifted as a constant, which a --meta export
-  leaves without a value that tracecut could read: one error naming it and
-  the code that made it, before anything is written."""
-  for name, value in ep.constants.items():
-    if (getattr(value, "device", None) is None or
-        value.device.type != "meta" or name in buffers):
-      continue
+  """A constant still on the meta device after the CPU re-export (made
+  from a parameter's value, say) has no value that tracecut could read: one
+  error naming it and the code that made it, before anything is written."""
+  for name in _meta_constants(ep, buffers):
     where = ""
     placeholder = next(
         (s.arg.name for s in ep.graph_signature.input_specs
@@ -135,6 +200,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   check_output(output, source)
   model, config, buffers = build_model(source, class_name, random_weights,
                                        seed, meta)
+  as_plain_linears(model)
   specs = input_specs(model, config, batch, seq_len)
   inputs = make_inputs(specs, meta=meta)
   tied = _tied_groups(model)
@@ -186,15 +252,14 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
       program = traced
     else:
       try:
-        ep = _export_dynamic(model, kwargs, specs)
-        # Exported under no_grad, the program has no grad-mode regions;
-        # other higher-order operators (autocast regions) go away in the
-        # inference IR, which costs about twice the export itself, so only
-        # when needed.
-        if any(n.op == "call_function" and
-               isinstance(n.target, torch._ops.HigherOrderOperator)
-               for n in ep.graph.nodes):
-          ep = ep.run_decompositions({})
+        ep = _export_program(model, kwargs, specs)
+        if meta and _meta_constants(ep, buffers or {}):
+          # The forward makes tensors on its parameters' device (a mask's
+          # fill value, an index): exported on the CPU they get values.
+          model, kwargs = _on_unallocated_cpu(model, buffers or {}, specs,
+                                              kwargs)
+          ep = _weights_to_meta(_export_program(model, kwargs, specs),
+                                buffers or {})
       except ExportError:
         raise
       except Exception as e:  # pylint: disable=broad-except

@@ -62,6 +62,19 @@ MODELS = {
                   dict(_LM, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32,
                        shared_expert_intermediate_size=32), 2, True),
+    # Their forward makes tensors on the parameters' device (Falcon's rotary
+    # indices, GptOss's mask fill value): `export --meta` re-exports on
+    # unallocated CPU parameters so these constants get values.
+    "falcon": ("FalconConfig", "FalconForCausalLM",
+               dict(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, num_kv_heads=2,
+                    new_decoder_architecture=True,
+                    max_position_embeddings=64), 2, True),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(_LM, head_dim=8, num_local_experts=4,
+                     num_experts_per_tok=2,
+                     layer_types=["sliding_attention", "full_attention"]), 2,
+                True),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                  dict(vocab_size=128, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4,
