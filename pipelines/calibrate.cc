@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -184,6 +186,8 @@ absl::StatusOr<CalibrationData> PrepareData(
     TokenLimits limits;
     limits.vocab_size = loaded.vocab_size;
     limits.max_seq_len = loaded.max_positions;
+    limits.seq_lens = loaded.seq_lens;
+    limits.program = loaded.file;
     RETURN_IF_ERROR(CheckTokens(tokens, limits, source));
     ASSIGN_OR_RETURN(data,
                      MakeCalibrationData(tokens, ModelInputNames(loaded.model),
@@ -467,6 +471,36 @@ absl::StatusOr<Output> MakeOutput(const CalibrateOptions& options,
   return out;
 }
 
+// MoE experts a checkpoint stores fused (3-D parameters, not one Linear
+// per expert: GptOss, Llama4, Mistral 4) are not quantized: a weight
+// quantization that leaves them says so, never silently.
+std::optional<std::string> UnquantizedFusedExperts(
+    const modifiers::CalibrationResults& results,
+    const checkpoint::Layout& layout, const torch::jit::Module& module) {
+  const bool quantizes = std::any_of(
+      results.modules.begin(), results.modules.end(),
+      [](const auto& m) { return !m.second.weight_method.empty(); });
+  if (!quantizes) return std::nullopt;
+  std::vector<std::string> fused;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    // By name: other 3-D parameters are convolutions' (Whisper, Mamba).
+    if (p.value.dim() == 3 && p.value.is_floating_point() &&
+        absl::StrContains(absl::AsciiStrToLower(p.name), "expert") &&
+        layout.Find(p.name) == nullptr) {
+      fused.push_back(p.name);
+    }
+  }
+  if (fused.empty()) return std::nullopt;
+  return absl::StrCat(
+      fused.size(),
+      " fused 3-D parameters (MoE experts as the checkpoint "
+      "stores them, e.g. ",
+      fused[0],
+      ") stay unquantized: tracecut quantizes experts stored one Linear per "
+      "expert (llm-compressor 0.14 linearizes some fused experts: GptOss's, "
+      "Llama4's)");
+}
+
 }  // namespace
 
 absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
@@ -595,10 +629,15 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
     }
   }
   if (!streaming) RETURN_IF_ERROR(ExportQuantParams(outcome.results, gm));
+  ASSIGN_OR_RETURN(checkpoint::Layout layout,
+                   checkpoint::Layout::FromExtraFiles(gm.extra_files()));
+  if (std::optional<std::string> warning =
+          UnquantizedFusedExperts(outcome.results, layout, gm.module())) {
+    progress->Note(absl::StrCat("warning: ", *warning));
+    outcome.results.warnings.push_back(std::move(*warning));
+  }
   if (options.output_format ==
       CalibrateOptions::OutputFormat::kCompressedTensors) {
-    ASSIGN_OR_RETURN(checkpoint::Layout layout,
-                     checkpoint::Layout::FromExtraFiles(gm.extra_files()));
     if (std::optional<std::string> warning =
             output::FusedExpertsLoadWarning(outcome.results, layout)) {
       progress->Note(absl::StrCat("warning: ", *warning));

@@ -56,6 +56,8 @@ struct LoadedForCalibration {
   runtime::GraphModule model;
   std::optional<int64_t> vocab_size;
   std::optional<int64_t> max_positions;
+  // The token lengths the program is valid for (empty: any).
+  std::vector<tracer::hf::LengthRange> seq_lens;
   // HF sequential targets for the model type ({"LlamaDecoderLayer"}).
   std::vector<std::string> default_targets;
   std::string model_type;  // "llama"; empty when there is no config.

@@ -345,6 +345,33 @@ absl::StatusOr<at::Tensor> SyntheticTokens(int64_t num_samples, int64_t seq_len,
       });
 }
 
+namespace {
+
+absl::Status CheckLength(int64_t length, const TokenLimits& limits,
+                         absl::string_view source) {
+  if (limits.seq_lens.empty()) return absl::OkStatus();
+  std::vector<std::string> ranges;
+  for (const tracer::hf::LengthRange& r : limits.seq_lens) {
+    if (length >= r.min && (!r.max || length <= *r.max)) {
+      return absl::OkStatus();
+    }
+    ranges.push_back(r.max
+                         ? (r.min == *r.max ? absl::StrCat(r.min)
+                                            : absl::StrCat(r.min, "-", *r.max))
+                         : absl::StrCat(r.min, " and more"));
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "calibration data '%s': samples of %d tokens, but %s is valid for "
+      "sequence lengths %s only (torch.export unrolled the model's code for "
+      "its example's length, and would compute wrong values for others); "
+      "export it again with --seq-len=%d, and calibrate on samples of "
+      "lengths that export allows",
+      source, length, limits.program.empty() ? "the program" : limits.program,
+      absl::StrJoin(ranges, ", "), length));
+}
+
+}  // namespace
+
 absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
                          absl::string_view source) {
   return runtime::TorchCall(
@@ -364,6 +391,7 @@ absl::Status CheckTokens(const at::Tensor& tokens, const TokenLimits& limits,
               "max_position_embeddings %d",
               source, tokens.size(1), *limits.max_seq_len));
         }
+        RETURN_IF_ERROR(CheckLength(tokens.size(1), limits, source));
         at::Tensor t = tokens.to(at::kLong);
         at::Tensor bad = t < 0;
         if (limits.vocab_size) bad = bad.logical_or(t >= *limits.vocab_size);

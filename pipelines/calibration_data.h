@@ -59,6 +59,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "tracer/hf/inputs.h"
 
 namespace tracecut::pipelines {
 
@@ -94,6 +95,10 @@ struct TokenIds {
 struct TokenLimits {
   std::optional<int64_t> vocab_size;   // ids in [0, vocab_size).
   std::optional<int64_t> max_seq_len;  // max_position_embeddings.
+  // The lengths the exported program is valid for (tracer/hf/inputs.h's
+  // seq_lens); empty: any. `program` names it in errors.
+  std::vector<tracer::hf::LengthRange> seq_lens;
+  std::string program;
 };
 
 // An input of the traced model (a graph placeholder) and its example

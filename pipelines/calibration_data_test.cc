@@ -157,6 +157,37 @@ TEST(CalibrationDataTest, CheckTokensNamesTheOffendingId) {
   EXPECT_FALSE(CheckTokens(at::zeros({2, 4}, at::kFloat), {}, "x").ok());
 }
 
+TEST(CalibrationDataTest, LengthsTheProgramIsNotValidForAreRefused) {
+  TokenLimits limits;
+  limits.seq_lens = {{1, 63}, {128, std::nullopt}};
+  limits.program = "qwen/model.pt2";
+  for (int64_t ok : {1, 63, 128, 4096}) {
+    EXPECT_OK(CheckTokens(at::zeros({2, ok}, at::kLong), limits, "x")) << ok;
+  }
+  absl::Status s = CheckTokens(at::zeros({2, 64}, at::kLong), limits, "c.pt");
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          ::testing::HasSubstr(
+                              "calibration data 'c.pt': samples of 64 tokens, "
+                              "but qwen/model.pt2 is valid for sequence "
+                              "lengths 1-63, 128 and more only")));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("--seq-len=64"));
+  // Samples of different lengths: each is checked, the error names it.
+  ModelInputs lm;
+  lm.inputs = {{"input_ids", "int64", {2, 16}}};
+  lm.limits = limits;
+  absl::StatusOr<CalibrationData> d = LoadCalibrationData(
+      WriteTemp("lens.jsonl", "[1, 2]\n[1, 2, 3]\n[11]\n"), lm, 1);
+  ASSERT_OK(d);
+  std::string long_sample = "[1";
+  for (int i = 1; i < 100; ++i) absl::StrAppend(&long_sample, ", 1");
+  d = LoadCalibrationData(
+      WriteTemp("lens2.jsonl", "[1, 2]\n" + long_sample + "]\n"), lm, 1);
+  EXPECT_THAT(d.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("samples of 100 tokens")));
+  EXPECT_THAT(d.status().message(), ::testing::HasSubstr("(sample 1)"));
+}
+
 TEST(CalibrationDataTest, SyntheticIsDeterministic) {
   absl::StatusOr<at::Tensor> a = SyntheticTokens(4, 16, 100, 9);
   absl::StatusOr<at::Tensor> b = SyntheticTokens(4, 16, 100, 9);

@@ -73,6 +73,7 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   out.file = loaded.path;
   out.deferred = std::move(loaded.deferred);
   out.checkpoint_dir = std::move(loaded.checkpoint_dir);
+  if (loaded.inputs.has_value()) out.seq_lens = loaded.inputs->seq_lens;
   if (loaded.from_torch_export) {
     // A .pt2 (or a directory holding one): the files LoadModel read.
     out.model.mutable_extra_files() = loaded.extra_files;
@@ -109,6 +110,8 @@ ModelInputs CalibrationInputsOf(const LoadedForCalibration& loaded) {
   }
   out.limits.vocab_size = loaded.vocab_size;
   out.limits.max_seq_len = loaded.max_positions;
+  out.limits.seq_lens = loaded.seq_lens;
+  out.limits.program = loaded.file;
   return out;
 }
 

@@ -171,8 +171,9 @@ def as_plain_linears(model):
   graph has it as a Linear that tracecut quantizes, as llm-compressor does
   (compressed-tensors matches its "Linear" targets by class ancestry). Other
   subclasses (Llama4's router, which also routes) are left alone."""
+  import sys
   import torch
-  verdicts = {}
+  verdicts, made = {}, {}
   for module in model.modules():
     cls = type(module)
     if cls is torch.nn.Linear or not isinstance(module, torch.nn.Linear):
@@ -181,6 +182,15 @@ def as_plain_linears(model):
       verdicts[cls] = _computes_linear(cls)
     if verdicts[cls]:
       module.__class__ = torch.nn.Linear
+      made[cls.__name__] = made.get(cls.__name__, 0) + 1
+  for name, count in sorted(made.items()):
+    print(f"tracecut export: note: {count} {name} modules (a torch.nn.Linear "
+          "subclass computing F.linear) are exported as Linear, so "
+          "calibration quantizes them; transformers 5.17 cannot load packed "
+          "compressed-tensors weights of such modules when the model's "
+          "_init_weights reads their .weight (FalconForCausalLM's does; "
+          "the TorchScript output, --format=torchscript, loads)",
+          file=sys.stderr)
   return model
 
 

@@ -93,6 +93,66 @@ def _export_program(model, kwargs, specs):
   return ep
 
 
+# The token lengths sequence_lengths tries.
+_MAX_SCANNED_LENGTH = 8192
+
+
+def sequence_lengths(ep, specs):
+  """The token-sequence lengths the program is valid for, as [[min, max],
+  ...] (max None: unbounded), or None when every length from 1 to
+  _MAX_SCANNED_LENGTH is. torch.export keeps the guards it assumed
+  (ep._guards_code, Python expressions over the inputs' sizes), and a model
+  whose code loops over chunks of the sequence (a gated delta rule, a Mamba
+  scan) is unrolled for the example's length: such a program computes wrong
+  values, with no error, for lengths its guards exclude. Each length is
+  tried with the example's other sizes."""
+  guards = [g for g in (getattr(ep, "_guards_code", None) or [])
+            if "size()[1]" in g]
+  tokens = [s["name"] for s in specs if s["kind"] == "tokens"]
+  if not guards or not tokens:
+    return None
+
+  class Sized:
+    def __init__(self, shape):
+      self.shape = tuple(shape)
+
+    def size(self):
+      return self.shape
+
+  import torch
+  try:
+    code = [compile(g, "<guard>", "eval") for g in guards]
+  except SyntaxError:
+    return None
+  class Inputs(dict):
+    # Inputs tracecut makes from the tokens (attention_mask, position_ids)
+    # have the tokens' shape.
+    def __missing__(self, name):
+      return self[tokens[0]]
+
+  valid = []
+  for length in range(1, _MAX_SCANNED_LENGTH + 1):
+    inputs = Inputs({s["name"]: Sized([s["shape"][0], length] + s["shape"][2:]
+                                      if s["name"] in tokens else s["shape"])
+                     for s in specs})
+    try:
+      ok = all(eval(c, {"L": inputs, "torch": torch}) for c in code)  # pylint: disable=eval-used
+    except Exception:  # pylint: disable=broad-except
+      return None  # Guards over something else than the inputs' sizes.
+    valid.append(bool(ok))
+  if all(valid):
+    return None
+  ranges = []
+  for length, ok in enumerate(valid, start=1):
+    if ok and ranges and ranges[-1][1] == length - 1:
+      ranges[-1][1] = length
+    elif ok:
+      ranges.append([length, length])
+  if ranges and ranges[-1][1] == _MAX_SCANNED_LENGTH:
+    ranges[-1][1] = None
+  return ranges
+
+
 def _meta_constants(ep, buffers):
   """The names of the lifted constants of `ep` that are on the meta device
   and are not buffers (whose values the export embeds)."""
@@ -266,8 +326,11 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
         _fail(_explain(model, e))
       if meta:
         _check_meta_constants(ep, buffers or {})
-      files["tracecut_inputs.json"] = json.dumps(
-          {"inputs": specs, "outputs": program_output_names(ep)}, indent=1)
+      described = {"inputs": specs, "outputs": program_output_names(ep)}
+      seq_lens = sequence_lengths(ep, specs)
+      if seq_lens is not None:
+        described["seq_lens"] = seq_lens
+      files["tracecut_inputs.json"] = json.dumps(described, indent=1)
       program = ep
   write_output(program, output, files, torchscript)
   return model, inputs

@@ -120,6 +120,9 @@ MODELS = {
 }
 
 
+# Models whose checkpoints store MoE experts fused (3-D parameters).
+FUSED_EXPERTS = {"gpt_oss"}
+
 
 def run(cmd):
   p = subprocess.run(cmd, capture_output=True, text=True)
@@ -191,7 +194,14 @@ def calibrate_and_compare(tracecut, d, ckpt, gptq, rtn, spec, model, extra,
       raise AssertionError(f"{name}: {recipe_name} output is not finite")
     errors[recipe_name] = ((y - ref).norm() / ref.norm()).item()
     with open(report) as f:
-      data = json.load(f)["data"]
+      full = json.load(f)
+      data = full["data"]
+    # Experts the checkpoint stores fused (3-D) stay unquantized, and the
+    # run says so; experts stored one Linear per expert are quantized.
+    fused = [w for w in full.get("warnings", [])
+             if "fused 3-D parameters" in w]
+    if bool(fused) != (name in FUSED_EXPERTS):
+      raise AssertionError(f"{name}: {recipe_name} warnings {full.get('warnings')}")
   print(f"{name}: W4 relative output error GPTQ {errors['gptq']:.4f}, "
         f"RTN {errors['rtn']:.4f}")
   return errors, data

@@ -98,6 +98,14 @@ TEST(InputsTest, ParsesTracecutInputsJson) {
   EXPECT_EQ(f->inputs[0].high, 256);
   EXPECT_THAT(f->inputs[1].shape, ElementsAre(2, 16));
   EXPECT_THAT(f->outputs, ElementsAre("logits"));
+  EXPECT_TRUE(f->seq_lens.empty());
+
+  // The lengths a program unrolled for its example's length is valid for.
+  f = ParseInputsJson(R"({"inputs": [], "seq_lens": [[1, 63], [65, null]]})",
+                      "in.json");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_THAT(f->seq_lens,
+              ElementsAre(LengthRange{1, 63}, LengthRange{65, std::nullopt}));
 
   for (
       const char* bad : {
@@ -108,6 +116,10 @@ TEST(InputsTest, ParsesTracecutInputsJson) {
           R"({"inputs": [{"name": "x", "shape": [1], "kind": "random"}]})",
           R"({"inputs": [{"name": "x", "shape": [1], "kind": "tokens"}]})",
           R"({"inputs": [{"name": "x", "shape": [1]}, {"name": "x", "shape": [1]}]})",
+          R"({"inputs": [], "seq_lens": [[0, 4]]})",
+          R"({"inputs": [], "seq_lens": [[5, 4]]})",
+          R"({"inputs": [], "seq_lens": [3]})",
+          R"({"inputs": [], "seq_lens": {"min": 1}})",
       }) {
     absl::StatusOr<InputsFile> r = ParseInputsJson(bad, "in.json");
     ASSERT_FALSE(r.ok()) << bad;

@@ -167,6 +167,25 @@ absl::StatusOr<InputsFile> ParseInputsJson(absl::string_view text,
       file.outputs.push_back(o.get<std::string>());
     }
   }
+  if (const Json* lens = util::FindMember(j, "seq_lens"); lens != nullptr) {
+    const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": \"seq_lens\" must be a list of [min, max] (integers >= 1, max "
+        ">= min or null)"));
+    if (!lens->is_array()) return bad;
+    for (const Json& r : *lens) {
+      if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() ||
+          r[0].get<int64_t>() < 1 ||
+          !(r[1].is_null() || (r[1].is_number_integer() &&
+                               r[1].get<int64_t>() >= r[0].get<int64_t>()))) {
+        return bad;
+      }
+      LengthRange range;
+      range.min = r[0].get<int64_t>();
+      if (!r[1].is_null()) range.max = r[1].get<int64_t>();
+      file.seq_lens.push_back(range);
+    }
+  }
   return file;
 }
 

@@ -39,9 +39,22 @@ struct InputSpec {
   }
 };
 
+// Token-sequence lengths [min, max] (max nullopt: unbounded).
+struct LengthRange {
+  int64_t min = 1;
+  std::optional<int64_t> max;
+  friend bool operator==(const LengthRange& a, const LengthRange& b) {
+    return a.min == b.min && a.max == b.max;
+  }
+};
+
 struct InputsFile {
   std::vector<InputSpec> inputs;
   std::vector<std::string> outputs;  // Names of the forward's outputs.
+  // "seq_lens": the token lengths the program is valid for, when its
+  // export's guards restrict them (a model whose code is unrolled for the
+  // example's length); empty: any length.
+  std::vector<LengthRange> seq_lens;
 };
 
 // Parses tracecut_inputs.json; `source` names it in errors.
