@@ -75,6 +75,13 @@ MODELS = {
                      num_experts_per_tok=2,
                      layer_types=["sliding_attention", "full_attention"]), 2,
                 True),
+    # Its gated delta rule loops over 64-token chunks of the sequence.
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+                dict(_LM, hidden_size=64, intermediate_size=128, head_dim=16,
+                     layer_types=["linear_attention", "full_attention"],
+                     linear_key_head_dim=16, linear_value_head_dim=16,
+                     linear_num_key_heads=2, linear_num_value_heads=4,
+                     linear_conv_kernel_dim=4), 2, True),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                  dict(vocab_size=128, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4,
@@ -122,6 +129,9 @@ MODELS = {
 
 # Models whose checkpoints store MoE experts fused (3-D parameters).
 FUSED_EXPERTS = {"gpt_oss"}
+# Models whose export at 16 tokens is valid for some lengths only, and
+# what the refusal of 64 tokens names.
+LENGTH_BOUND = {"qwen3_5": "valid for sequence lengths 1-63 only"}
 
 
 def run(cmd):
@@ -321,6 +331,19 @@ def main():
       if not errors["gptq"] < errors["rtn"]:
         raise AssertionError(f"GPTQ error {errors['gptq']} is not below "
                              f"RTN's {errors['rtn']}")
+      # A program unrolled for its example's length refuses other lengths
+      # (tracecut_inputs.json's seq_lens), rather than computing wrong
+      # activations; every other model takes them.
+      p = subprocess.run(
+          [tracecut, "calibrate", ckpt, "--recipe=" + os.path.join(
+              d, "gptq.textproto"), "-o", os.path.join(d, "long.pt"),
+           "--synthetic=2", "--seq-len=64"], capture_output=True, text=True)
+      if name in LENGTH_BOUND:
+        if p.returncode == 0 or LENGTH_BOUND[name] not in p.stderr:
+          raise AssertionError(f"{name}: 64 tokens not refused:\n{p.stderr}")
+        print(f"{name}: 64-token calibration refused ({LENGTH_BOUND[name]})")
+      elif p.returncode != 0:
+        raise AssertionError(f"{name}: 64 tokens failed:\n{p.stderr}")
 
     # 5. Calibration data for any modality: the inputs saved to a file.
     fmt = DATA_FORMAT.get(name)
