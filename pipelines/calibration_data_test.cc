@@ -171,6 +171,14 @@ TEST(CalibrationDataTest, LengthsTheProgramIsNotValidForAreRefused) {
                               "but qwen/model.pt2 is valid for sequence "
                               "lengths 1-63, 128 and more only")));
   EXPECT_THAT(s.message(), ::testing::HasSubstr("--seq-len=64"));
+  // Valid at every multiple of 32 (a scan's chunk): the error lists a few.
+  TokenLimits chunks;
+  for (int64_t n = 32; n <= 8192; n += 32) chunks.seq_lens.push_back({n, n});
+  EXPECT_OK(CheckTokens(at::zeros({1, 96}, at::kLong), chunks, "x"));
+  s = CheckTokens(at::zeros({1, 100}, at::kLong), chunks, "x");
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("lengths 32, 64, 96, 128, 160, 192, 224, "
+                                   "256, ... (256 ranges in all) only"));
   // Samples of different lengths: each is checked, the error names it.
   ModelInputs lm;
   lm.inputs = {{"input_ids", "int64", {2, 16}}};

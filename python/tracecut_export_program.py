@@ -148,7 +148,11 @@ def sequence_lengths(ep, specs):
       ranges[-1][1] = length
     elif ok:
       ranges.append([length, length])
-  if ranges and ranges[-1][1] == _MAX_SCANNED_LENGTH:
+  # Valid up to the last length tried over a long stretch: valid beyond it
+  # too. A periodic pattern (a scan valid at multiples of its chunk) stays
+  # bounded: longer samples are refused.
+  if (ranges and ranges[-1][1] == _MAX_SCANNED_LENGTH and
+      ranges[-1][0] <= _MAX_SCANNED_LENGTH // 2):
     ranges[-1][1] = None
   return ranges
 
