@@ -447,10 +447,14 @@ std::optional<std::string> NotLoadedAsFusedExperts(const ModuleRecord& r) {
   if (!scheme.ok() || !scheme->weights.has_value()) {
     return r.weight_quantization;
   }
+  // GPTQ's act order (llm-compressor's W4A16 GPTQ default, "static") only
+  // orders the solve: the stored tensors are the preset's.
+  quantization::QuantizationArgs weights = *scheme->weights;
+  weights.actorder = quantization::ActOrder::kNone;
   for (const char* name : {"W4A16", "W8A16", "FP8", "FP8_DYNAMIC"}) {
     absl::StatusOr<quantization::QuantizationScheme> preset =
         quantization::PresetScheme(name, scheme->targets);
-    if (preset.ok() && preset->weights == scheme->weights &&
+    if (preset.ok() && preset->weights == weights &&
         preset->input_activations == scheme->input_activations) {
       return std::nullopt;
     }

@@ -218,6 +218,19 @@ TEST(CompressedOutputTest, FusedExpertsWarnOfSchemesTransformersCannotReload) {
     results.modules["model.lm_head"] = preset("NVFP4");  // Not an expert.
     EXPECT_EQ(FusedExpertsLoadWarning(results, layout), std::nullopt) << loads;
   }
+  {
+    // llm-compressor's GPTQ W4A16 (act order "static"): the same tensors.
+    absl::StatusOr<quantization::QuantizationScheme> scheme =
+        quantization::PresetScheme("W4A16", {"Linear"});
+    ASSERT_OK(scheme);
+    scheme->weights->actorder = quantization::ActOrder::kStatic;
+    CalibrationResults results;
+    ModuleRecord& r = results.modules["moe.experts.1.w1"];
+    r.weight_method = "gptq";
+    r.weight_quantization = util::DumpJson(util::Json{
+        {"scheme", scheme->ToJson()}, {"ignore", util::Json::array()}});
+    EXPECT_EQ(FusedExpertsLoadWarning(results, layout), std::nullopt);
+  }
   for (const char* fails : {"NVFP4", "W8A8", "W4A16_ASYM", "MXFP4A16"}) {
     CalibrationResults results;
     results.modules["moe.experts.1.w1"] = preset(fails);
