@@ -12,7 +12,7 @@ from tracecut_export_inputs import (_forward_params, input_specs, make_inputs,
                                     output_names, program_output_names)
 from tracecut_export_layout import (_check_meta_names, _checkpoint_shapes,
                                     _tied_groups, checkpoint_layout)
-from tracecut_export_model import as_plain_linears, build_model
+from tracecut_export_model import _load_config, as_plain_linears, build_model
 from tracecut_export_output import check_output, write_output
 
 
@@ -235,7 +235,7 @@ def _check_meta_constants(ep, buffers):
           "value; export without --meta")
 
 
-def _config_text(config):
+def _config_text(config, use_cache):
   """config.json as transformers writes it, without the directory it was
   read from (`_name_or_path`, which save_pretrained leaves out too): a
   --meta export then depends on the checkpoint's contents only
@@ -243,6 +243,11 @@ def _config_text(config):
   where its input was."""
   data = json.loads(config.to_json_string(use_diff=False))
   data.pop("_name_or_path", None)
+  if "use_cache" in data:
+    # build_model turns the KV cache off for the export; the checkpoint's
+    # value is what a calibrated output's config.json must keep (generate
+    # without a cache recomputes every token's past).
+    data["use_cache"] = use_cache
   return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
@@ -262,6 +267,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
     _fail("--meta and --torchscript exclude each other (a TorchScript file "
           "holds its weights)")
   check_output(output, source)
+  use_cache = getattr(_load_config(source), "use_cache", True)
   model, config, buffers = build_model(source, class_name, random_weights,
                                        seed, meta)
   as_plain_linears(model)
@@ -273,7 +279,7 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   if meta:
     _check_meta_names(model, source, shapes, tied, layout)
   files = {
-      "config.json": _config_text(config),
+      "config.json": _config_text(config, use_cache),
       # "outputs" is filled in once they are known.
       "tracecut_inputs.json": None,
       "tracecut_model.json": json.dumps({

@@ -106,8 +106,13 @@ def main():
       leftovers = [f for f in os.listdir(d) if ".tmp." in f or ".old." in f]
       assert not leftovers, leftovers
       with open(os.path.join(out, "config.json")) as f:
-        qc = json.load(f)["quantization_config"]
+        written = json.load(f)
+      qc = written["quantization_config"]
       assert qc["quant_method"] == "compressed-tensors", qc
+      # The export turns the KV cache off; the output keeps the source's.
+      with open(os.path.join(ckpt, "config.json")) as f:
+        want_cache = json.load(f).get("use_cache", True)
+      assert written.get("use_cache") == want_cache, written.get("use_cache")
 
       fake = torch.jit.load(pt).eval()
       with torch.no_grad():
