@@ -124,6 +124,7 @@ def sequence_lengths(ep, specs):
     code = [compile(g, "<guard>", "eval") for g in guards]
   except SyntaxError:
     return None
+
   class Inputs(dict):
     # Inputs tracecut makes from the tokens (attention_mask, position_ids)
     # have the tokens' shape.
@@ -136,7 +137,8 @@ def sequence_lengths(ep, specs):
                                       if s["name"] in tokens else s["shape"])
                      for s in specs})
     try:
-      ok = all(eval(c, {"L": inputs, "torch": torch}) for c in code)  # pylint: disable=eval-used
+      env = {"L": inputs, "torch": torch}
+      ok = all(eval(c, env) for c in code)  # pylint: disable=eval-used
     except Exception:  # pylint: disable=broad-except
       return None  # Guards over something else than the inputs' sizes.
     valid.append(bool(ok))
