@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -76,6 +77,33 @@ absl::StatusOr<std::string> ModelFileIdentity(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A model built from a checkpoint directory (tracer/native_model.h): its
+// config.json and safetensors files, in name order.
+absl::StatusOr<std::string> ModelIdentity(const std::string& path) {
+  if (!IsDirectory(path)) return ModelFileIdentity(path);
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || absl::EndsWith(name, ".safetensors") ||
+        absl::EndsWith(name, ".safetensors.index.json")) {
+      files.push_back(name);
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot list '", path, "': ", ec.message()));
+  }
+  std::sort(files.begin(), files.end());
+  std::string identity;
+  for (const std::string& name : files) {
+    ASSIGN_OR_RETURN(std::string id,
+                     ModelFileIdentity(absl::StrCat(path, "/", name)));
+    absl::StrAppend(&identity, name, ": ", id, "; ");
+  }
+  return identity;
 }
 
 // Implements the pipeline's checkpoint synchronisation over `collective`.
@@ -262,7 +290,7 @@ absl::StatusOr<PipelineOptions> PipelineOptionsFor(
   p.stop_after_subgraph = options.stop_after_subgraph;
   p.progress = progress;
   p.device = options.device;
-  ASSIGN_OR_RETURN(std::string model_identity, ModelFileIdentity(loaded.file));
+  ASSIGN_OR_RETURN(std::string model_identity, ModelIdentity(loaded.file));
   p.fingerprint = absl::StrCat(
       "model ", model_identity, "; recipe ",
       absl::StrFormat("%016x", util::Fnv1a64(RecipeText(r))), "; targets ",

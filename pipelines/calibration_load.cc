@@ -74,8 +74,9 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   out.deferred = std::move(loaded.deferred);
   out.checkpoint_dir = std::move(loaded.checkpoint_dir);
   if (loaded.inputs.has_value()) out.seq_lens = loaded.inputs->seq_lens;
-  if (loaded.from_torch_export) {
-    // A .pt2 (or a directory holding one): the files LoadModel read.
+  if (loaded.from_torch_export || loaded.native) {
+    // A .pt2 (or a directory holding one or a natively built model): the
+    // files LoadModel read or made.
     out.model.mutable_extra_files() = loaded.extra_files;
   } else {
     ASSIGN_OR_RETURN(out.model.mutable_extra_files(),

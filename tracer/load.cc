@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/export/pt2_import.h"
+#include "tracer/native_model.h"
 #include "util/path_guard.h"
 #include "util/status_macros.h"
 
@@ -137,8 +139,9 @@ absl::Status ReadModelFiles(const std::string& path,
   return absl::OkStatus();
 }
 
-// A checkpoint directory holding one .pt2: that file.
-absl::StatusOr<std::string> Pt2InDirectory(const std::string& dir) {
+// A checkpoint directory holding one .pt2: that file; nullopt for none.
+absl::StatusOr<std::optional<std::string>> Pt2InDirectory(
+    const std::string& dir) {
   std::vector<std::string> found;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
@@ -155,12 +158,7 @@ absl::StatusOr<std::string> Pt2InDirectory(const std::string& dir) {
   }
   std::sort(found.begin(), found.end());
   if (found.size() == 1) return found[0];
-  if (found.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model path '", dir,
-        "' is a directory without a .pt2 (make one with `tracecut export ", dir,
-        " -o ", dir, "/model.pt2`)"));
-  }
+  if (found.empty()) return std::nullopt;
   return absl::InvalidArgumentError(
       absl::StrCat("model directory '", dir, "' holds several .pt2 files (",
                    absl::StrJoin(found, ", "), "); name one"));
@@ -194,14 +192,53 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path,
   return loaded;
 }
 
+// A checkpoint directory without a .pt2: the model built from its
+// config.json (tracer/native_model.h) when tracecut knows the architecture.
+absl::StatusOr<LoadedModel> LoadNative(const std::string& dir,
+                                       const LoadOptions& options) {
+  std::string none = absl::StrCat(
+      "model path '", dir,
+      "' is a directory without a .pt2 (make one with `tracecut export ", dir,
+      " -o ", dir, "/model.pt2`)");
+  const std::string config_path =
+      (std::filesystem::path(dir) / kConfigJson).string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(config_path, ec)) {
+    return absl::InvalidArgumentError(none);
+  }
+  ASSIGN_OR_RETURN(hf::HfConfig config, hf::HfConfig::Load(config_path));
+  if (absl::Status s = NativeSupport(config); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(none,
+                     "; tracecut builds models natively only for some "
+                     "architectures: ",
+                     s.message()));
+  }
+  ASSIGN_OR_RETURN(
+      NativeModel native,
+      BuildNativeModel(dir, config, options.defer_checkpoint_tensors));
+  LoadedModel loaded;
+  loaded.path = dir;
+  loaded.native = true;
+  loaded.module = native.module;
+  loaded.deferred = std::move(native.deferred);
+  if (!loaded.deferred.empty()) loaded.checkpoint_dir = dir;
+  torch::jit::ExtraFilesMap extra = {{kConfigJson, config.text()},
+                                     {kInputsJson, native.inputs_json},
+                                     {kModelJson, native.model_json}};
+  RETURN_IF_ERROR(ReadModelFiles(dir, extra, loaded));
+  return loaded;
+}
+
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
                                       const LoadOptions& options) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
-    ASSIGN_OR_RETURN(std::string pt2, Pt2InDirectory(path));
-    return LoadPt2(pt2, options);
+    ASSIGN_OR_RETURN(std::optional<std::string> pt2, Pt2InDirectory(path));
+    if (!pt2.has_value()) return LoadNative(path, options);
+    return LoadPt2(*pt2, options);
   }
   if (exported::IsPt2Path(path)) return LoadPt2(path, options);
   RETURN_IF_ERROR(CheckArchive(path));

@@ -35,6 +35,9 @@ struct LoadedModel {
   // Whether it was a torch.export program (then `module` is rebuilt from it,
   // see tracer/export/pt2_import.h) rather than a TorchScript archive.
   bool from_torch_export = false;
+  // Whether it was built from a checkpoint directory's config.json without
+  // a .pt2 (tracer/native_model.h); `path` is then the directory.
+  bool native = false;
   torch::jit::Module module;
   // The embedded config.json, when present.
   std::optional<hf::HfConfig> config;
@@ -61,9 +64,11 @@ struct LoadOptions {
   bool defer_checkpoint_tensors = false;
 };
 
-// Loads `path` on the CPU: a TorchScript .pt, a torch.export .pt2, or a
+// Loads `path` on the CPU: a TorchScript .pt, a torch.export .pt2, a
 // directory holding exactly one .pt2 (a checkpoint directory that
-// `tracecut export` wrote into). Errors (all naming the file):
+// `tracecut export` wrote into), or a checkpoint directory without one
+// whose architecture tracecut builds natively (tracer/native_model.h).
+// Errors (all naming the file):
 //   NotFoundError            the file does not exist or cannot be opened
 //   InvalidArgumentError     the file is empty; is not a zip archive (e.g. a
 //                            pickle, or text); is a truncated or corrupt zip;
