@@ -199,8 +199,8 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
   ASSIGN_OR_RETURN(std::optional<double> eps, c.GetDouble("rms_norm_eps"));
   s.eps = eps.value_or(1e-6);
   ASSIGN_OR_RETURN(std::optional<bool> tie, c.GetBool("tie_word_embeddings"));
-  // transformers' PreTrainedConfig default.
-  s.tie = tie.value_or(true);
+  // The default of these models' config classes (LlamaConfig, ...).
+  s.tie = tie.value_or(false);
   if (s.arch->attention_bias) {
     ASSIGN_OR_RETURN(std::optional<bool> b, c.GetBool("attention_bias"));
     s.attention_bias = b.value_or(false);

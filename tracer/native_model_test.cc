@@ -1,0 +1,225 @@
+#include "tracer/native_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/safetensors.h"
+
+namespace tracecut::tracer {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kLlama[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 32, "hidden_size": 16, "intermediate_size": 24,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-6, "hidden_act": "silu", "max_position_embeddings": 64,
+  "tie_word_embeddings": true,
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}
+})";
+
+hf::HfConfig Config(const std::string& text) {
+  absl::StatusOr<hf::HfConfig> c = hf::HfConfig::Parse(text, "config.json");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// kLlama with `key` set to the JSON `value`.
+hf::HfConfig With(const std::string& key, const std::string& value) {
+  util::Json j = util::Json::parse(kLlama);
+  j[key] = util::Json::parse(value);
+  if (key == "layer_types") {
+    j["architectures"] = {"Qwen2ForCausalLM"};
+    j["model_type"] = "qwen2";
+  }
+  return Config(j.dump());
+}
+
+TEST(NativeSupportTest, AcceptsTheFamily) {
+  EXPECT_TRUE(NativeSupport(Config(kLlama)).ok());
+  util::Json j = util::Json::parse(kLlama);
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  j["sliding_window"] = 4;
+  EXPECT_TRUE(NativeSupport(Config(j.dump())).ok());
+  // transformers 4's rope keys.
+  j = util::Json::parse(kLlama);
+  j.erase("rope_parameters");
+  j["rope_theta"] = 500000.0;
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_TRUE(NativeSupport(Config(j.dump())).ok());
+}
+
+TEST(NativeSupportTest, RefusesWhatItDoesNotBuild) {
+  struct Case {
+    std::string key, value, why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"architectures", R"(["GPT2LMHeadModel"])", "GPT2LMHeadModel"},
+           {"quantization_config", R"({"quant_method": "gptq"})",
+            "already quantized"},
+           {"hidden_act", R"("gelu")", "hidden_act \"gelu\""},
+           {"rope_parameters", R"({"rope_type": "yarn", "factor": 4.0})",
+            "rope type \"yarn\""},
+           {"rope_parameters",
+            R"({"rope_type": "default", "partial_rotary_factor": 0.5})",
+            "partial rotary"},
+           {"num_key_value_heads", "3", "multiple of num_key_value_heads"},
+           {"layer_types", R"(["full_attention", "chunked_attention"])",
+            "layer type \"chunked_attention\""},
+       }) {
+    absl::Status s = NativeSupport(With(c.key, c.value));
+    EXPECT_FALSE(s.ok()) << c.key;
+    EXPECT_THAT(s.message(), HasSubstr(c.why)) << c.key;
+  }
+}
+
+class NativeBuildTest : public ::testing::Test {
+ protected:
+  // A seeded checkpoint of kLlama (tied: no lm_head.weight) in a fresh
+  // directory, with `config` as its config.json.
+  std::string Checkpoint(const std::string& config) {
+    dir_ = absl::StrCat(
+        ::testing::TempDir(), "/native_",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    torch::manual_seed(0);
+    std::vector<std::pair<std::string, torch::Tensor>> t = {
+        {"model.embed_tokens.weight", torch::randn({32, 16})},
+        {"model.norm.weight", 1 + 0.1 * torch::randn({16})}};
+    for (int i = 0; i < 2; ++i) {
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      for (auto [name, rows, cols] :
+           std::vector<std::tuple<std::string, int, int>>{
+               {"self_attn.q_proj", 16, 16},
+               {"self_attn.k_proj", 8, 16},
+               {"self_attn.v_proj", 8, 16},
+               {"self_attn.o_proj", 16, 16},
+               {"mlp.gate_proj", 24, 16},
+               {"mlp.up_proj", 24, 16},
+               {"mlp.down_proj", 16, 24}}) {
+        t.emplace_back(p + name + ".weight",
+                       0.3 * torch::randn({rows, cols}).to(torch::kBFloat16));
+      }
+      for (const char* n : {"input_layernorm", "post_attention_layernorm"}) {
+        t.emplace_back(p + n + ".weight", 1 + 0.1 * torch::randn({16}));
+      }
+    }
+    absl::StatusOr<std::string> bytes = checkpoint::SerializeSafetensors(t);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    std::ofstream(dir_ + "/model.safetensors", std::ios::binary) << *bytes;
+    std::ofstream(dir_ + "/config.json") << config;
+    return dir_;
+  }
+
+  torch::Tensor Logits(NativeModel& m, const torch::Tensor& ids) {
+    return m.module.forward({ids}).toTensor();
+  }
+
+  std::string dir_;
+};
+
+TEST_F(NativeBuildTest, BuildsTheModuleTreeAndRunsCausally) {
+  const std::string dir = Checkpoint(kLlama);
+  absl::StatusOr<NativeModel> m =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->module.type()->name()->qualifiedName(),
+            "__torch__.transformers.models.llama.modeling_llama."
+            "LlamaForCausalLM");
+  EXPECT_EQ(m->module.attr("model")
+                .toModule()
+                .attr("layers")
+                .toModule()
+                .attr("1")
+                .toModule()
+                .attr("mlp")
+                .toModule()
+                .attr("up_proj")
+                .toModule()
+                .type()
+                ->name()
+                ->qualifiedName(),
+            "__torch__.torch.nn.modules.linear.Linear");
+  // Tied: lm_head reads the embedding (the checkpoint holds no lm_head).
+  torch::Tensor head =
+      m->module.attr("lm_head").toModule().attr("weight").toTensor();
+  EXPECT_EQ(head.scalar_type(), torch::kFloat);
+  EXPECT_TRUE(torch::equal(head, m->module.attr("model")
+                                     .toModule()
+                                     .attr("embed_tokens")
+                                     .toModule()
+                                     .attr("weight")
+                                     .toTensor()));
+  torch::Tensor ids = torch::randint(0, 32, {2, 6}, torch::kLong);
+  torch::Tensor logits = Logits(*m, ids);
+  EXPECT_EQ(logits.sizes().vec(), (std::vector<int64_t>{2, 6, 32}));
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  // Causal: changing the last token leaves every earlier position's logits.
+  torch::Tensor changed = ids.clone();
+  changed.index_put_({torch::indexing::Slice(), 5},
+                     (ids.index({torch::indexing::Slice(), 5}) + 1) % 32);
+  torch::Tensor other = Logits(*m, changed);
+  EXPECT_TRUE(torch::equal(other.narrow(1, 0, 5), logits.narrow(1, 0, 5)));
+  EXPECT_FALSE(torch::allclose(other.narrow(1, 5, 1), logits.narrow(1, 5, 1)));
+  EXPECT_THAT(m->model_json, HasSubstr("\"LlamaDecoderLayer\""));
+  EXPECT_THAT(m->model_json, HasSubstr("\"lm_head.weight\""));
+  ASSERT_EQ(m->inputs.inputs.size(), 1u);
+  EXPECT_EQ(m->inputs.inputs[0].high, 32);
+}
+
+TEST_F(NativeBuildTest, SlidingWindowHidesTokensBehindIt) {
+  util::Json j = util::Json::parse(kLlama);
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 2;
+  const std::string dir = Checkpoint(j.dump());
+  absl::StatusOr<NativeModel> m =
+      BuildNativeModel(dir, Config(j.dump()), /*defer=*/false);
+  ASSERT_TRUE(m.ok()) << m.status();
+  torch::Tensor ids = torch::randint(0, 32, {1, 8}, torch::kLong);
+  torch::Tensor changed = ids.clone();
+  changed.index_put_({0, 0}, (ids.index({0, 0}) + 1) % 32);
+  torch::Tensor a = Logits(*m, ids), b = Logits(*m, changed);
+  // Two layers of window 2: token 0 reaches positions 0-2 only.
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 2, 1), b.narrow(1, 2, 1)));
+  EXPECT_TRUE(torch::equal(a.narrow(1, 3, 5), b.narrow(1, 3, 5)));
+}
+
+TEST_F(NativeBuildTest, DefersTensorsToTheCheckpoint) {
+  const std::string dir = Checkpoint(kLlama);
+  absl::StatusOr<NativeModel> m =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/true);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(m->deferred.contains("lm_head.weight"));
+  EXPECT_EQ(m->deferred.at("lm_head.weight").name, "model.embed_tokens.weight");
+  const exported::DeferredTensor& q =
+      m->deferred.at("model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(q.stored, torch::kBFloat16);
+  EXPECT_EQ(q.dtype, torch::kFloat);
+  EXPECT_TRUE(exported::IsStandIn(
+      m->module.attr("lm_head").toModule().attr("weight").toTensor()));
+}
+
+TEST_F(NativeBuildTest, NamesTheMissingTensor) {
+  util::Json j = util::Json::parse(kLlama);
+  j["tie_word_embeddings"] = false;
+  const std::string dir = Checkpoint(j.dump());
+  absl::StatusOr<NativeModel> m =
+      BuildNativeModel(dir, Config(j.dump()), /*defer=*/true);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("'lm_head.weight'"));
+}
+
+}  // namespace
+}  // namespace tracecut::tracer
