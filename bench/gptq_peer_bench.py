@@ -13,6 +13,9 @@ process after the other, each under /usr/bin/time -v with --threads intra-op
 threads (OMP_NUM_THREADS and, for tracecut, --threads):
   ours: tracecut calibrate CKPT --recipe=gptq W4A16 preset (every Linear but
         lm_head, sequential pipeline) --data=TOKENS
+  ours, native: the same on a copy of the checkpoint without the .pt2
+        (tracecut builds the Llama from config.json: no export; its shards
+        must be the bytes of ours)
   peer: llm-compressor oneshot(GPTQModifier(targets="Linear",
         scheme="W4A16", ignore=["lm_head"]), pipeline="sequential") on the
         same tokens + save_pretrained(save_compressed=True)
@@ -23,8 +26,10 @@ Frobenius error of the final logits). Prints a markdown table.
 """
 
 import argparse
+import filecmp
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -131,6 +136,14 @@ def main():
   cached_s, _ = timed(
       [a.tracecut, "export", ckpt, "--meta", "-o",
        os.path.join(ckpt, "model.pt2")], env)
+  # The checkpoint as transformers wrote it, without a .pt2: tracecut builds
+  # its Llama from config.json (tracer/native_model.h), no export at all.
+  native = ckpt + "-native"
+  if not os.path.isdir(native):
+    os.makedirs(native)
+    for name in os.listdir(ckpt):
+      if name.endswith((".json", ".safetensors")):
+        shutil.copy(os.path.join(ckpt, name), native)
   recipe = os.path.join(a.out_dir, "gptq_w4a16.textproto")
   with open(recipe, "w") as f:
     f.write('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '
@@ -143,10 +156,21 @@ def main():
         [a.tracecut, "calibrate", ckpt, "--recipe=" + recipe,
          "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
          "-o", ours], env))
+    rows.append(("tracecut native", r) + timed(
+        [a.tracecut, "calibrate", native, "--recipe=" + recipe,
+         "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
+         "-o", ours + "-native"], env))
     rows.append(("llm-compressor", r) + timed(
         [py, "-W", "ignore", "-c", PEER, ckpt, ckpt + "-calib.pt", peer,
          str(a.threads)], env))
   pairs = [("tracecut-0", "llmcompressor-0")] if a.rounds else []
+  if a.rounds:
+    # The native build must calibrate to the export's bytes.
+    for name in os.listdir(os.path.join(a.out_dir, "tracecut-0")):
+      if name.endswith(".safetensors") and not filecmp.cmp(
+          os.path.join(a.out_dir, "tracecut-0", name),
+          os.path.join(a.out_dir, "tracecut-0-native", name), shallow=False):
+        sys.exit(f"native calibration differs from the export's in {name}")
   for seed in range(1, a.quality_seeds + 1):
     data = os.path.join(a.out_dir, f"calib-seed{seed}.pt")
     subprocess.run([py, "-c", SEEDED, data, str(seed)], check=True, env=env)
@@ -188,13 +212,18 @@ def print_times(rows, export_s, cached_s, errors):
   for tool, r, s, gib in rows:
     print(f"| {tool} | {r} | {s:.1f} | {gib:.2f} |")
   ours = [s for t, _, s, _ in rows if t == "tracecut"]
-  theirs = [s for t, _, s, _ in rows if t != "tracecut"]
+  native = [s for t, _, s, _ in rows if t == "tracecut native"]
+  theirs = [s for t, _, s, _ in rows if t == "llm-compressor"]
   ours_gib = max(g for t, _, _, g in rows if t == "tracecut")
-  theirs_gib = max(g for t, _, _, g in rows if t != "tracecut")
+  native_gib = max(g for t, _, _, g in rows if t == "tracecut native")
+  theirs_gib = max(g for t, _, _, g in rows if t == "llm-compressor")
   print(f"wall ratio (mean): {sum(ours) / sum(theirs):.2f}; with export: "
         f"{(sum(ours) + export_s * len(ours)) / sum(theirs):.2f} (the "
         f"export cached: {(sum(ours) + cached_s * len(ours)) / sum(theirs):.2f}"
         f"); peak RSS ratio: {ours_gib / theirs_gib:.2f}")
+  print(f"native (the checkpoint directory, no export): wall ratio "
+        f"{sum(native) / sum(theirs):.2f}, peak RSS ratio "
+        f"{native_gib / theirs_gib:.2f}")
   print(f"final-logit relative error: tracecut {errors[0]:.4f}, "
         f"llm-compressor {errors[1]:.4f}")
 

@@ -15,6 +15,10 @@ weights) is saved as a checkpoint directory, then, median wall seconds of
                           safetensors: what calibrate streams from)
   ours: partition         `tracecut partition DIR` on the exported .pt2
                           (read the archive, rebuild, trace, partition)
+  ours: native            `tracecut partition DIR` on the checkpoint as
+                          transformers saved it, no .pt2: the Llama built
+                          from config.json (tracer/native_model.h), no
+                          export and no Python
   torch.export            torch.export.export as `tracecut export` calls it
                           (no_grad, dynamic batch and sequence), in this
                           process: what the export step spends in torch
@@ -34,7 +38,9 @@ Prints a Markdown table; every cell checks its subgraph count (layers + 1).
 """
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,6 +105,10 @@ def main():
     with tempfile.TemporaryDirectory() as d:
       model.save_pretrained(d)
       pt2 = os.path.join(d, "model.pt2")
+      native_dir = os.path.join(d, "native")
+      os.makedirs(native_dir)
+      for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(d, name), native_dir)
 
       def ours_all():
         run([a.tracecut, "export", d, "-o", pt2])
@@ -114,6 +124,9 @@ def main():
 
       def ours_partition():
         return run([a.tracecut, "partition", d, "--json"]).stdout
+
+      def ours_native():
+        return run([a.tracecut, "partition", native_dir, "--json"]).stdout
 
       ids = torch.randint(0, 1000, (2, 16))
 
@@ -133,33 +146,39 @@ def main():
                                ["LlamaDecoderLayer"], TRACING_IGNORE)
 
       t_all, out = timed(ours_all, a.repeats)
-      import json
       n_ours = len(json.loads(out)["subgraphs"])
       t_meta, out = timed(ours_meta, a.repeats)
       n_meta = len(json.loads(out)["subgraphs"])
       t_process, out = timed(llmc_process, a.repeats)
       n_process = int(out.split()[-1])
       t_part, _ = timed(ours_partition, a.repeats)
+      t_native, out = timed(ours_native, a.repeats)
+      n_native = len(json.loads(out)["subgraphs"])
       t_export, _ = timed(torch_export, a.repeats)
       t_llmc, subgraphs = timed(llmc, a.repeats)
       n_llmc = len(subgraphs)
       for who, n in (("tracecut", n_ours), ("tracecut --meta", n_meta),
+                     ("tracecut native", n_native),
                      ("llm-compressor", n_llmc),
                      ("llm-compressor process", n_process)):
         if n != layers + 1:
           raise SystemExit(f"{who}: {n} subgraphs for {layers} layers")
-      rows.append((layers, t_all, t_meta, t_part, t_export, t_llmc,
+      rows.append((layers, t_all, t_meta, t_part, t_native, t_export, t_llmc,
                    t_process))
 
   print("| layers | ours: export + partition | ours: export --meta + "
-        "partition | ours: partition (.pt2 in) | torch.export alone "
+        "partition | ours: partition (.pt2 in) | ours: native partition "
+        "(checkpoint in) | torch.export alone "
         "| llm-compressor trace_subgraphs | partition / llm-compressor "
-        "| llm-compressor process | ours --meta / llm-compressor process |")
-  print("|---|---|---|---|---|---|---|---|---|")
-  for layers, t_all, t_meta, t_part, t_export, t_llmc, t_process in rows:
+        "| llm-compressor process | ours --meta / llm-compressor process "
+        "| ours native / llm-compressor process |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  for (layers, t_all, t_meta, t_part, t_native, t_export, t_llmc,
+       t_process) in rows:
     print(f"| {layers} | {t_all:.2f} s | {t_meta:.2f} s | {t_part:.2f} s "
-          f"| {t_export:.2f} s | {t_llmc:.2f} s | {t_part / t_llmc:.2f} "
-          f"| {t_process:.2f} s | {t_meta / t_process:.2f} |")
+          f"| {t_native:.2f} s | {t_export:.2f} s | {t_llmc:.2f} s "
+          f"| {t_part / t_llmc:.2f} | {t_process:.2f} s "
+          f"| {t_meta / t_process:.2f} | {t_native / t_process:.2f} |")
 
 
 if __name__ == "__main__":
