@@ -493,9 +493,11 @@ absl::StatusOr<Output> MakeOutput(const CalibrateOptions& options,
                                    loaded.model, loaded.deferred,
                                    loaded.checkpoint_dir, out.shards.get()));
   p.weights = out.stream.get();
-  progress->Note(absl::StrCat("streaming weights from ", loaded.checkpoint_dir,
-                              " (", loaded.deferred.size(),
-                              " tensors, read when their subgraph runs)"));
+  progress->Note(absl::StrCat(
+      "streaming weights from ", loaded.checkpoint_dir, " (",
+      loaded.deferred.size(), " tensors, read when their subgraph runs",
+      loaded.native ? "; the model built from its config.json, no export" : "",
+      ")"));
   return out;
 }
 

@@ -61,8 +61,10 @@ struct LoadedForCalibration {
   // HF sequential targets for the model type ({"LlamaDecoderLayer"}).
   std::vector<std::string> default_targets;
   std::string model_type;  // "llama"; empty when there is no config.
-  // The model file read (for a directory, the .pt2 in it).
+  // The model file read (for a directory, the .pt2 in it; the directory
+  // when the model was built from its config.json: `native`).
   std::string file;
+  bool native = false;
   // Tensors left in the checkpoint (load with `defer_checkpoint_tensors`):
   // the model holds stand-ins for them (tracer/export/pt2_archive.h).
   std::map<std::string, tracer::exported::DeferredTensor> deferred;

@@ -71,6 +71,7 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   if (!gm.ok()) return tracer::TraceErrorOf(model_path, gm.status());
   LoadedForCalibration out{std::move(*gm)};
   out.file = loaded.path;
+  out.native = loaded.native;
   out.deferred = std::move(loaded.deferred);
   out.checkpoint_dir = std::move(loaded.checkpoint_dir);
   if (loaded.inputs.has_value()) out.seq_lens = loaded.inputs->seq_lens;

@@ -1,5 +1,9 @@
 #include "tracer/native_model.h"
 
+#include <torch/csrc/jit/frontend/parser.h>
+#include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/frontend/sugared_value.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -78,12 +82,18 @@ absl::Status Unsupported(const hf::HfConfig& c, absl::string_view why) {
   return absl::UnimplementedError(absl::StrCat(c.source(), ": ", why));
 }
 
+// Sizes beyond any model's, so that a crafted config cannot make tracecut
+// allocate per layer or per rotary frequency without bound (tensor shapes
+// are checked against the checkpoint's before anything is read).
+constexpr int64_t kMaxSize = int64_t{1} << 20;
+
 absl::StatusOr<int64_t> RequiredInt(const hf::HfConfig& c,
                                     absl::string_view key) {
   ASSIGN_OR_RETURN(std::optional<int64_t> v, c.GetInt(key));
-  if (!v.has_value() || *v <= 0) {
+  if (!v.has_value() || *v <= 0 || *v > kMaxSize) {
     return absl::InvalidArgumentError(
-        absl::StrCat(c.source(), ": \"", key, "\" must be a positive integer"));
+        absl::StrCat(c.source(), ": \"", key,
+                     "\" must be an integer between 1 and ", kMaxSize));
   }
   return *v;
 }
@@ -187,7 +197,7 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
   ASSIGN_OR_RETURN(std::optional<int64_t> hd, c.GetInt("head_dim"));
   s.head_dim = hd.value_or(s.hidden / s.heads);
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0 || s.head_dim <= 0 ||
-      s.head_dim % 2 != 0) {
+      s.head_dim % 2 != 0 || s.head_dim > kMaxSize) {
     return absl::InvalidArgumentError(absl::StrCat(
         c.source(), ": num_attention_heads (", s.heads,
         ") must be a multiple of num_key_value_heads (", s.kv_heads,
@@ -340,11 +350,27 @@ class Builder {
                                           int64_t size);
   absl::StatusOr<torch::jit::Module> Layer(int64_t i);
 
+  // Compiles `code` as the forward of `m`'s class (once per class), its
+  // source named so that node locations say where the code came from.
   absl::Status Define(torch::jit::Module m, const std::string& code) {
     const std::string& type = m.type()->name()->qualifiedName();
     if (!defined_.insert(type).second) return absl::OkStatus();
-    absl::Status s = runtime::TorchCall(absl::StrCat("compiling ", type),
-                                        [&] { m.define(code); });
+    absl::Status s = runtime::TorchCall(absl::StrCat("compiling ", type), [&] {
+      auto source = std::make_shared<torch::jit::Source>(
+          code,
+          absl::StrCat("<tracecut: ", s_.arch->architecture,
+                       " from config.json>"),
+          1);
+      torch::jit::Parser parser(source);
+      std::vector<torch::jit::Def> defs;
+      std::vector<torch::jit::ResolverPtr> resolvers;
+      while (parser.lexer().cur().kind != torch::jit::TK_EOF) {
+        defs.emplace_back(parser.parseFunction(/*is_method=*/true));
+        resolvers.push_back(torch::jit::nativeResolver());
+      }
+      const torch::jit::SimpleSelf self(m.type());
+      cu_->define(m.type()->name(), {}, {}, defs, resolvers, &self);
+    });
     if (!s.ok()) {
       return absl::InternalError(
           absl::StrCat(s.message(), "\nTorchScript:\n", code));
