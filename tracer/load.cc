@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "checkpoint/closed_dir.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/export/pt2_import.h"
 #include "tracer/native_model.h"
@@ -200,12 +201,17 @@ absl::StatusOr<LoadedModel> LoadNative(const std::string& dir,
       "model path '", dir,
       "' is a directory without a .pt2 (make one with `tracecut export ", dir,
       " -o ", dir, "/model.pt2`)");
-  const std::string config_path =
-      (std::filesystem::path(dir) / kConfigJson).string();
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(config_path, ec)) {
+  if (!std::filesystem::exists(std::filesystem::path(dir) / kConfigJson, ec)) {
     return absl::InvalidArgumentError(none);
   }
+  // An untrusted directory's config.json may be a link: read it only when
+  // it resolves inside the directory (checkpoint/closed_dir.h).
+  ASSIGN_OR_RETURN(checkpoint::ClosedDir closed,
+                   checkpoint::ClosedDir::Open(dir));
+  ASSIGN_OR_RETURN(
+      std::string config_path,
+      closed.Resolve(kConfigJson, absl::StrCat(dir, "/", kConfigJson)));
   ASSIGN_OR_RETURN(hf::HfConfig config, hf::HfConfig::Load(config_path));
   if (absl::Status s = NativeSupport(config); !s.ok()) {
     return absl::InvalidArgumentError(

@@ -129,6 +129,10 @@ absl::Status ReadRope(const hf::HfConfig& c, Spec& s) {
       break;
     }
   }
+  if (!(s.theta > 0) || !std::isfinite(s.theta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.source(), ": \"rope_theta\" must be positive"));
+  }
   double partial = 1.0;
   RETURN_IF_ERROR(number("partial_rotary_factor", partial));
   if (partial != 1.0) {
@@ -140,18 +144,24 @@ absl::Status ReadRope(const hf::HfConfig& c, Spec& s) {
                                        "\" is not built natively"));
   }
   RETURN_IF_ERROR(number("factor", s.factor));
+  if (!(s.factor > 0) || !std::isfinite(s.factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.source(), ": rope \"factor\" must be positive"));
+  }
   if (s.rope_type == "llama3") {
     double original = 0;
     RETURN_IF_ERROR(number("low_freq_factor", s.low_freq));
     RETURN_IF_ERROR(number("high_freq_factor", s.high_freq));
     RETURN_IF_ERROR(number("original_max_position_embeddings", original));
     s.original_max = static_cast<int64_t>(original);
-    if (s.original_max <= 0 || s.high_freq == s.low_freq) {
+    if (s.original_max <= 0 || s.high_freq == s.low_freq || !(s.low_freq > 0) ||
+        !(s.high_freq > 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(c.source(),
                        ": llama3 rope parameters need "
                        "original_max_position_embeddings > 0 and "
-                       "low_freq_factor != high_freq_factor"));
+                       "distinct positive low_freq_factor and "
+                       "high_freq_factor"));
     }
   }
   return absl::OkStatus();
@@ -208,6 +218,10 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
   s.max_positions = max_pos.value_or(0);
   ASSIGN_OR_RETURN(std::optional<double> eps, c.GetDouble("rms_norm_eps"));
   s.eps = eps.value_or(1e-6);
+  if (!(s.eps >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.source(), ": \"rms_norm_eps\" must be >= 0"));
+  }
   ASSIGN_OR_RETURN(std::optional<bool> tie, c.GetBool("tie_word_embeddings"));
   // The default of these models' config classes (LlamaConfig, ...).
   s.tie = tie.value_or(false);

@@ -75,6 +75,11 @@ TEST(NativeSupportTest, RefusesWhatItDoesNotBuild) {
             R"({"rope_type": "default", "partial_rotary_factor": 0.5})",
             "partial rotary"},
            {"num_key_value_heads", "3", "multiple of num_key_value_heads"},
+           {"rope_parameters", R"({"rope_type": "linear", "factor": 0})",
+            "rope \"factor\" must be positive"},
+           {"rope_parameters", R"({"rope_theta": -1.0})",
+            "\"rope_theta\" must be positive"},
+           {"rms_norm_eps", "-1e-6", "\"rms_norm_eps\" must be >= 0"},
            {"layer_types", R"(["full_attention", "chunked_attention"])",
             "layer type \"chunked_attention\""},
        }) {

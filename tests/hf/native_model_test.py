@@ -13,7 +13,8 @@ Hessian. `tracecut partition` of the directory gives one subgraph per
 decoder layer plus the head. Directories it cannot build get one error
 naming the cause: an architecture it does not build (with the export
 command to run), a tensor the checkpoint lacks, a tensor of another shape
-than config.json implies.
+than config.json implies, a config.json linked to a file outside the
+directory.
 
     native_model_test.py TRACECUT
 """
@@ -161,6 +162,13 @@ def check_errors(tracecut, work):
   json.dump(c, open(cfg, "w"))
   expect_error(tracecut, wrong, "model.layers.0.mlp.gate_proj.weight",
                "[256, 128]", "[192, 128]")
+  # config.json linked to a file outside the directory: not read.
+  linked = os.path.join(work, "linked")
+  shutil.copytree(base, linked)
+  outside = os.path.join(work, "outside.json")
+  shutil.move(os.path.join(linked, "config.json"), outside)
+  os.symlink(outside, os.path.join(linked, "config.json"))
+  expect_error(tracecut, linked, "config.json", "outside")
 
 
 def main():

@@ -102,7 +102,9 @@ Subcommand TraceCommand() {
   c.summary = "Trace a TorchScript or torch.export model into the graph IR.";
   c.description =
       "MODEL is a TorchScript .pt, a torch.export .pt2 (see `tracecut "
-      "export`), or a directory holding one .pt2. "
+      "export`), a directory holding one .pt2, or a Llama, Mistral, "
+      "Qwen2 or Qwen3 checkpoint directory without one (built from its "
+      "config.json). "
       "Walks the model's forward with example inputs (its embedded "
       "tracecut_inputs.json, else Hugging Face dummy inputs from its "
       "config.json), inlining submodules except leaves (torch.nn built-ins, "
