@@ -55,6 +55,10 @@ struct Arch {
   bool attention_bias;  // config.attention_bias applies (all four).
   bool mlp_bias;        // config.mlp_bias applies.
   bool qk_norm;         // RMSNorm on each head of q and k (Qwen3).
+  // Phi-3: q/k/v in one qkv_proj and gate/up in one gate_up_proj, as its
+  // checkpoints store them; rotary embeddings on a leading fraction of each
+  // head (partial_rotary_factor); a sliding window on every layer when set.
+  bool phi3 = false;
 };
 
 constexpr Arch kArchs[] = {
@@ -62,6 +66,7 @@ constexpr Arch kArchs[] = {
     {"MistralForCausalLM", "mistral", "Mistral", false, false, false, false},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2", true, false, false, false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3", false, true, false, true},
+    {"Phi3ForCausalLM", "phi3", "Phi3", false, false, false, false, true},
 };
 
 // What the forward needs from config.json.
@@ -69,6 +74,10 @@ struct Spec {
   const Arch* arch = nullptr;
   int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0,
           kv_heads = 0, head_dim = 0, max_positions = 0;
+  // Dimensions of each head the rotary embedding turns (head_dim unless a
+  // partial_rotary_factor says less).
+  int64_t rotary_dim = 0;
+  double partial = 1.0;
   double eps = 1e-6;
   bool tie = false, attention_bias = false, mlp_bias = false;
   std::string rope_type = "default";
@@ -129,13 +138,8 @@ absl::Status ReadRope(const hf::HfConfig& c, Spec& s) {
       break;
     }
   }
-  if (!(s.theta > 0) || !std::isfinite(s.theta)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(c.source(), ": \"rope_theta\" must be positive"));
-  }
-  double partial = 1.0;
-  RETURN_IF_ERROR(number("partial_rotary_factor", partial));
-  if (partial != 1.0) {
+  RETURN_IF_ERROR(number("partial_rotary_factor", s.partial));
+  if (s.partial != 1.0 && !s.arch->phi3) {
     return Unsupported(c, "partial rotary embeddings are not built natively");
   }
   if (s.rope_type == "default") return absl::OkStatus();
@@ -233,14 +237,33 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
     ASSIGN_OR_RETURN(std::optional<bool> b, c.GetBool("mlp_bias"));
     s.mlp_bias = b.value_or(false);
   }
+  if (s.arch->phi3) {
+    ASSIGN_OR_RETURN(std::optional<double> partial,
+                     c.GetDouble("partial_rotary_factor"));
+    s.partial = partial.value_or(1.0);
+  }
   RETURN_IF_ERROR(ReadRope(c, s));
+  if (!(s.theta > 0) || !std::isfinite(s.theta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.source(), ": \"rope_theta\" must be positive"));
+  }
+  // transformers: int(head_dim * partial_rotary_factor).
+  s.rotary_dim =
+      static_cast<int64_t>(static_cast<double>(s.head_dim) * s.partial);
+  if (!(s.partial > 0 && s.partial <= 1) || s.rotary_dim % 2 != 0 ||
+      s.rotary_dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.source(), ": partial_rotary_factor ", s.partial,
+        " must be in (0, 1] and turn an even number of head_dim's ", s.head_dim,
+        " dimensions"));
+  }
 
   // Sliding windows: Mistral's on every layer when set; Qwen's per
   // layer_types. Anything else is full causal attention.
   ASSIGN_OR_RETURN(std::optional<int64_t> window, c.GetInt("sliding_window"));
   s.window.assign(s.layers, 0);
   const std::string type = s.arch->model_type;
-  if (type == "mistral") {
+  if (type == "mistral" || type == "phi3") {
     if (window.has_value()) s.window.assign(s.layers, *window);
   } else if (type == "qwen2" || type == "qwen3") {
     const util::Json* types = util::FindMember(c.json(), "layer_types");
@@ -285,7 +308,7 @@ std::string Float(double v) {
 // transformers' inverse frequencies (modeling_rope_utils.py), with the same
 // operations in the same order, so that the buffer matches its bits.
 torch::Tensor InvFreq(const Spec& s) {
-  const int64_t dim = s.head_dim;
+  const int64_t dim = s.rotary_dim;
   torch::Tensor exponent =
       torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat) / dim;
   torch::Tensor inv_freq = torch::pow(s.theta, exponent).reciprocal() * 1.0;
@@ -480,10 +503,22 @@ absl::StatusOr<torch::jit::Module> Builder::Layer(int64_t i) {
     int64_t in, out;
     bool bias;
   };
-  for (const Proj& p : {Proj{"q_proj", s_.hidden, q, qkv_bias},
-                        Proj{"k_proj", s_.hidden, kv, qkv_bias},
-                        Proj{"v_proj", s_.hidden, kv, qkv_bias},
-                        Proj{"o_proj", q, s_.hidden, s_.attention_bias}}) {
+  std::vector<Proj> attn_projs = {
+      Proj{"q_proj", s_.hidden, q, qkv_bias},
+      Proj{"k_proj", s_.hidden, kv, qkv_bias},
+      Proj{"v_proj", s_.hidden, kv, qkv_bias},
+      Proj{"o_proj", q, s_.hidden, s_.attention_bias}};
+  std::vector<Proj> mlp_projs = {
+      Proj{"gate_proj", s_.hidden, s_.intermediate, s_.mlp_bias},
+      Proj{"up_proj", s_.hidden, s_.intermediate, s_.mlp_bias},
+      Proj{"down_proj", s_.intermediate, s_.hidden, s_.mlp_bias}};
+  if (s_.arch->phi3) {
+    attn_projs = {Proj{"qkv_proj", s_.hidden, q + 2 * kv, false},
+                  Proj{"o_proj", q, s_.hidden, false}};
+    mlp_projs = {Proj{"gate_up_proj", s_.hidden, 2 * s_.intermediate, false},
+                 Proj{"down_proj", s_.intermediate, s_.hidden, false}};
+  }
+  for (const Proj& p : attn_projs) {
     ASSIGN_OR_RETURN(torch::jit::Module l,
                      Linear(absl::StrCat(a, ".", p.name), p.in, p.out, p.bias));
     RETURN_IF_ERROR(Add(attn, p.name, l));
@@ -497,10 +532,7 @@ absl::StatusOr<torch::jit::Module> Builder::Layer(int64_t i) {
   }
   ASSIGN_OR_RETURN(torch::jit::Module mlp, New(Transformers("MLP")));
   const std::string m = path + ".mlp";
-  for (const Proj& p :
-       {Proj{"gate_proj", s_.hidden, s_.intermediate, s_.mlp_bias},
-        Proj{"up_proj", s_.hidden, s_.intermediate, s_.mlp_bias},
-        Proj{"down_proj", s_.intermediate, s_.hidden, s_.mlp_bias}}) {
+  for (const Proj& p : mlp_projs) {
     ASSIGN_OR_RETURN(torch::jit::Module l,
                      Linear(absl::StrCat(m, ".", p.name), p.in, p.out, p.bias));
     RETURN_IF_ERROR(Add(mlp, p.name, l));
@@ -553,35 +585,66 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
              "    return emb.cos() * 1.0, emb.sin() * 1.0\n"));
   RETURN_IF_ERROR(
       Define(first_.at("mlp"),
-             "def forward(self, x: Tensor) -> Tensor:\n"
-             "    return self.down_proj.forward(torch.silu("
-             "self.gate_proj.forward(x)) * self.up_proj.forward(x))\n"));
-  const int64_t half = s_.head_dim / 2;
+             s_.arch->phi3
+                 ? absl::StrCat("def forward(self, x: Tensor) -> Tensor:\n"
+                                "    up_states = self.gate_up_proj.forward(x)\n"
+                                "    gate = up_states[:, :, :",
+                                s_.intermediate,
+                                "]\n"
+                                "    up = up_states[:, :, ",
+                                s_.intermediate,
+                                ":]\n"
+                                "    return self.down_proj.forward(up * "
+                                "torch.silu(gate))\n")
+                 : "def forward(self, x: Tensor) -> Tensor:\n"
+                   "    return self.down_proj.forward(torch.silu("
+                   "self.gate_proj.forward(x)) * self.up_proj.forward(x))\n"));
+  const int64_t half = s_.rotary_dim / 2;
   const int64_t rep = s_.heads / s_.kv_heads;
   std::string attn = absl::StrCat(
       "def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, "
       "mask: Tensor) -> Tensor:\n"
       "    b = hidden_states.size(0)\n"
       "    s = hidden_states.size(1)\n");
-  for (const char* x : {"q", "k"}) {
-    absl::StrAppend(&attn, "    ", x, " = self.", x,
-                    "_proj.forward(hidden_states).view([b, s, -1, $HD])\n");
-    if (s_.arch->qk_norm) {
-      absl::StrAppend(&attn, "    ", x, " = self.", x, "_norm.forward(", x,
-                      ")\n");
+  if (s_.arch->phi3) {
+    // One projection, sliced as Phi3Attention slices it.
+    absl::StrAppend(
+        &attn,
+        "    qkv = self.qkv_proj.forward(hidden_states)\n"
+        "    q = qkv[:, :, :$QP].view([b, s, -1, $HD]).transpose(1, 2)\n"
+        "    k = qkv[:, :, $QP:$KP].view([b, s, -1, $HD]).transpose(1, 2)\n"
+        "    v = qkv[:, :, $KP:].view([b, s, -1, $HD]).transpose(1, 2)\n");
+  } else {
+    for (const char* x : {"q", "k"}) {
+      absl::StrAppend(&attn, "    ", x, " = self.", x,
+                      "_proj.forward(hidden_states).view([b, s, -1, $HD])\n");
+      if (s_.arch->qk_norm) {
+        absl::StrAppend(&attn, "    ", x, " = self.", x, "_norm.forward(", x,
+                        ")\n");
+      }
+      absl::StrAppend(&attn, "    ", x, " = ", x, ".transpose(1, 2)\n");
     }
-    absl::StrAppend(&attn, "    ", x, " = ", x, ".transpose(1, 2)\n");
+    absl::StrAppend(
+        &attn,
+        "    v = self.v_proj.forward(hidden_states).view([b, s, -1, $HD])."
+        "transpose(1, 2)\n");
   }
-  absl::StrAppend(
-      &attn,
-      "    v = self.v_proj.forward(hidden_states).view([b, s, -1, $HD])."
-      "transpose(1, 2)\n"
-      "    cos = cos.unsqueeze(1)\n"
-      "    sin = sin.unsqueeze(1)\n"
-      "    q = q * cos + torch.cat([-q[:, :, :, $HALF:], q[:, :, :, :$HALF]], "
-      "-1) * sin\n"
-      "    k = k * cos + torch.cat([-k[:, :, :, $HALF:], k[:, :, :, :$HALF]], "
-      "-1) * sin\n");
+  absl::StrAppend(&attn,
+                  "    cos = cos.unsqueeze(1)\n"
+                  "    sin = sin.unsqueeze(1)\n");
+  for (const char* x : {"q", "k"}) {
+    if (s_.rotary_dim == s_.head_dim) {
+      absl::StrAppend(&attn, "    ", x, " = ", x, " * cos + torch.cat([-", x,
+                      "[:, :, :, $HALF:], ", x,
+                      "[:, :, :, :$HALF]], -1) * sin\n");
+    } else {
+      // Phi-3's partial rotary: the leading rotary_dim of each head turn.
+      absl::StrAppend(&attn, "    r = ", x, "[:, :, :, :$RD]\n", "    ", x,
+                      " = torch.cat([r * cos + torch.cat([-r[:, :, :, $HALF:], "
+                      "r[:, :, :, :$HALF]], -1) * sin, ",
+                      x, "[:, :, :, $RD:]], -1)\n");
+    }
+  }
   if (rep > 1) {
     absl::StrAppend(&attn,
                     "    k = k.unsqueeze(2).expand([b, $KV, $REP, s, $HD])."
@@ -599,6 +662,9 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
       first_.at("attention"),
       absl::StrReplaceAll(
           attn, {{"$HD", absl::StrCat(s_.head_dim)},
+                 {"$QP", absl::StrCat(s_.heads * s_.head_dim)},
+                 {"$KP", absl::StrCat((s_.heads + s_.kv_heads) * s_.head_dim)},
+                 {"$RD", absl::StrCat(s_.rotary_dim)},
                  {"$HALF", absl::StrCat(half)},
                  {"$KV", absl::StrCat(s_.kv_heads)},
                  {"$REP", absl::StrCat(rep)},

@@ -41,10 +41,9 @@ struct NativeModel {
 };
 
 // OK when `config` describes a model this file builds (LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM with the options
-// their forward takes without sliding windows, rope scaling other than
-// linear and llama3, or quantized weights); otherwise why not, naming the
-// key.
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM,
+// with rope scaling none, linear or llama3, and unquantized weights);
+// otherwise why not, naming the key.
 absl::Status NativeSupport(const hf::HfConfig& config);
 
 // Builds the model of checkpoint directory `dir` (config.json and

@@ -52,6 +52,16 @@ TEST(NativeSupportTest, AcceptsTheFamily) {
   j["layer_types"] = {"full_attention", "sliding_attention"};
   j["sliding_window"] = 4;
   EXPECT_TRUE(NativeSupport(Config(j.dump())).ok());
+  // Phi-3: partial rotary (half of each 4-wide head).
+  j = util::Json::parse(kLlama);
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j["model_type"] = "phi3";
+  j["partial_rotary_factor"] = 0.5;
+  EXPECT_TRUE(NativeSupport(Config(j.dump())).ok());
+  // An odd number of turned dimensions has no rotate_half.
+  j["partial_rotary_factor"] = 0.75;
+  EXPECT_THAT(NativeSupport(Config(j.dump())).message(),
+              HasSubstr("partial_rotary_factor 0.75"));
   // transformers 4's rope keys.
   j = util::Json::parse(kLlama);
   j.erase("rope_parameters");

@@ -1,12 +1,13 @@
 """Checkpoint directories calibrated without an export (tracer/native_model.h).
 
 A transformers checkpoint directory holding no .pt2 whose architecture
-tracecut builds from config.json (Llama, Mistral, Qwen2, Qwen3) is loaded
-without Python. For seeded bf16 checkpoints covering the options that
+tracecut builds from config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3) is
+loaded without Python. For seeded bf16 checkpoints covering the options that
 change the forward (grouped and plain KV heads, tied embeddings, attention
 and MLP biases, Qwen3's q/k norms, linear and llama3 rope scaling, Mistral's
-sliding window and Qwen3's mixed full/sliding layers, at a calibration
-length past the window), GPTQ W4A16 calibration of the directory must write
+and Phi-3's sliding windows and Qwen3's mixed full/sliding layers, at a
+calibration length past the window, Phi-3's fused projections and partial
+rotary embeddings), GPTQ W4A16 calibration of the directory must write
 exactly the tensors, bit for bit, that the same calibration of its
 `tracecut export --meta` program writes: the same activations reached every
 Hessian. `tracecut partition` of the directory gives one subgraph per
@@ -38,6 +39,9 @@ _LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
            "original_max_position_embeddings": 16}
 
+# Phi3Config's default token ids lie past a small vocabulary.
+_PHI3_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
 # name: (config class, model class, config kwargs)
 MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LM),
@@ -57,6 +61,12 @@ MODELS = {
     "qwen3_mixed_layers": ("Qwen3Config", "Qwen3ForCausalLM",
                            dict(_LM, head_dim=32, use_sliding_window=True,
                                 sliding_window=8, max_window_layers=1)),
+    # Fused qkv_proj and gate_up_proj; Phi-4-mini's partial rotary.
+    "phi3_sliding": ("Phi3Config", "Phi3ForCausalLM",
+                     dict(_LM, sliding_window=8, **_PHI3_TOKENS)),
+    "phi3_partial_tied": ("Phi3Config", "Phi3ForCausalLM",
+                          dict(_LM, partial_rotary_factor=0.75,
+                               tie_word_embeddings=True, **_PHI3_TOKENS)),
 }
 
 RECIPE = ('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '

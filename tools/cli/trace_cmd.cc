@@ -103,7 +103,8 @@ Subcommand TraceCommand() {
   c.description =
       "MODEL is a TorchScript .pt, a torch.export .pt2 (see `tracecut "
       "export`), a directory holding one .pt2, or a Llama, Mistral, "
-      "Qwen2 or Qwen3 checkpoint directory without one (built from its "
+      "Qwen2, Qwen3 or Phi-3 checkpoint directory without one (built from "
+      "its "
       "config.json). "
       "Walks the model's forward with example inputs (its embedded "
       "tracecut_inputs.json, else Hugging Face dummy inputs from its "
