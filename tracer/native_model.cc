@@ -59,6 +59,9 @@ struct Arch {
   // checkpoints store them; rotary embeddings on a leading fraction of each
   // head (partial_rotary_factor); a sliding window on every layer when set.
   bool phi3 = false;
+  // Granite: embeddings, residual branches and logits scaled by the
+  // config's multipliers, attention scaled by attention_multiplier.
+  bool granite = false;
 };
 
 constexpr Arch kArchs[] = {
@@ -67,6 +70,8 @@ constexpr Arch kArchs[] = {
     {"Qwen2ForCausalLM", "qwen2", "Qwen2", true, false, false, false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3", false, true, false, true},
     {"Phi3ForCausalLM", "phi3", "Phi3", false, false, false, false, true},
+    {"GraniteForCausalLM", "granite", "Granite", false, true, true, false,
+     false, true},
 };
 
 // What the forward needs from config.json.
@@ -78,6 +83,10 @@ struct Spec {
   // partial_rotary_factor says less).
   int64_t rotary_dim = 0;
   double partial = 1.0;
+  // Granite's multipliers (GraniteConfig's defaults); attention_scale is
+  // head_dim^-0.5 elsewhere.
+  double embedding_multiplier = 1.0, residual_multiplier = 1.0,
+         logits_scaling = 1.0, attention_scale = 0;
   double eps = 1e-6;
   bool tie = false, attention_bias = false, mlp_bias = false;
   std::string rope_type = "default";
@@ -236,6 +245,21 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
   if (s.arch->mlp_bias) {
     ASSIGN_OR_RETURN(std::optional<bool> b, c.GetBool("mlp_bias"));
     s.mlp_bias = b.value_or(false);
+  }
+  s.attention_scale = std::pow(static_cast<double>(s.head_dim), -0.5);
+  if (s.arch->granite) {
+    for (auto [key, out] :
+         {std::pair{"embedding_multiplier", &s.embedding_multiplier},
+          std::pair{"residual_multiplier", &s.residual_multiplier},
+          std::pair{"logits_scaling", &s.logits_scaling},
+          std::pair{"attention_multiplier", &s.attention_scale}}) {
+      ASSIGN_OR_RETURN(std::optional<double> v, c.GetDouble(key));
+      *out = v.value_or(1.0);
+      if (!std::isfinite(*out) || *out == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            c.source(), ": \"", key, "\" must be finite and non-zero"));
+      }
+    }
   }
   if (s.arch->phi3) {
     ASSIGN_OR_RETURN(std::optional<double> partial,
@@ -669,19 +693,25 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                  {"$KV", absl::StrCat(s_.kv_heads)},
                  {"$REP", absl::StrCat(rep)},
                  {"$H", absl::StrCat(s_.heads)},
-                 {"$SCALE",
-                  Float(std::pow(static_cast<double>(s_.head_dim), -0.5))}})));
+                 {"$SCALE", Float(s_.attention_scale)}})));
+  // Granite scales each residual branch; the others add it as it is.
+  const std::string scaled =
+      s_.arch->granite ? absl::StrCat(" * ", Float(s_.residual_multiplier))
+                       : "";
   RETURN_IF_ERROR(Define(
       first_.at("layer"),
-      "def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, "
-      "mask: Tensor) -> Tensor:\n"
-      "    h = "
-      "self.self_attn.forward(self.input_layernorm.forward(hidden_states), "
-      "cos, sin, "
-      "mask)\n"
-      "    h = hidden_states + h\n"
-      "    return h + "
-      "self.mlp.forward(self.post_attention_layernorm.forward(h))\n"));
+      absl::StrCat(
+          "def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, "
+          "mask: Tensor) -> Tensor:\n"
+          "    h = "
+          "self.self_attn.forward(self.input_layernorm.forward(hidden_states), "
+          "cos, sin, mask)\n"
+          "    h = hidden_states + h",
+          scaled,
+          "\n"
+          "    return h + "
+          "self.mlp.forward(self.post_attention_layernorm.forward(h))",
+          scaled, "\n")));
   // The masks: key position <= query position, and within the window
   // (key > query - window) for sliding layers.
   std::string model =
@@ -689,6 +719,7 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
       "    b = input_ids.size(0)\n"
       "    s = input_ids.size(1)\n"
       "    h = self.embed_tokens.forward(input_ids)\n"
+      "$EMBED"
       "    position_ids = torch.arange(s).unsqueeze(0)\n"
       "    cos, sin = self.rotary_emb.forward(position_ids)\n"
       "    idx = torch.arange(s)\n"
@@ -710,11 +741,21 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                     ")\n");
   }
   absl::StrAppend(&model, "    return self.norm.forward(h)\n");
-  RETURN_IF_ERROR(Define(first_.at("model"), model));
+  RETURN_IF_ERROR(Define(
+      first_.at("model"),
+      absl::StrReplaceAll(
+          model,
+          {{"$EMBED", s_.arch->granite
+                          ? absl::StrCat("    h = h * ",
+                                         Float(s_.embedding_multiplier), "\n")
+                          : ""}})));
   return Define(
       root,
-      "def forward(self, input_ids: Tensor) -> Tensor:\n"
-      "    return self.lm_head.forward(self.model.forward(input_ids))\n");
+      absl::StrCat(
+          "def forward(self, input_ids: Tensor) -> Tensor:\n"
+          "    return self.lm_head.forward(self.model.forward(input_ids))",
+          s_.arch->granite ? absl::StrCat(" / ", Float(s_.logits_scaling)) : "",
+          "\n"));
 }
 
 absl::StatusOr<NativeModel> Builder::Build() {

@@ -1,13 +1,13 @@
 """Checkpoint directories calibrated without an export (tracer/native_model.h).
 
 A transformers checkpoint directory holding no .pt2 whose architecture
-tracecut builds from config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3) is
-loaded without Python. For seeded bf16 checkpoints covering the options that
+tracecut builds from config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3,
+Granite) is loaded without Python. For seeded bf16 checkpoints covering the options that
 change the forward (grouped and plain KV heads, tied embeddings, attention
 and MLP biases, Qwen3's q/k norms, linear and llama3 rope scaling, Mistral's
 and Phi-3's sliding windows and Qwen3's mixed full/sliding layers, at a
 calibration length past the window, Phi-3's fused projections and partial
-rotary embeddings), GPTQ W4A16 calibration of the directory must write
+rotary embeddings, Granite's multipliers), GPTQ W4A16 calibration of the directory must write
 exactly the tensors, bit for bit, that the same calibration of its
 `tracecut export --meta` program writes: the same activations reached every
 Hessian. `tracecut partition` of the directory gives one subgraph per
@@ -67,6 +67,12 @@ MODELS = {
     "phi3_partial_tied": ("Phi3Config", "Phi3ForCausalLM",
                           dict(_LM, partial_rotary_factor=0.75,
                                tie_word_embeddings=True, **_PHI3_TOKENS)),
+    # IBM Granite: Llama with multipliers on the embeddings, the residual
+    # branches, the attention scores and the logits.
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(_LM, embedding_multiplier=12.0, residual_multiplier=0.22,
+                     attention_multiplier=0.0625, logits_scaling=8.0,
+                     attention_bias=True)),
 }
 
 RECIPE = ('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '

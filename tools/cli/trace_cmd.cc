@@ -103,7 +103,8 @@ Subcommand TraceCommand() {
   c.description =
       "MODEL is a TorchScript .pt, a torch.export .pt2 (see `tracecut "
       "export`), a directory holding one .pt2, or a Llama, Mistral, "
-      "Qwen2, Qwen3 or Phi-3 checkpoint directory without one (built from "
+      "Qwen2, Qwen3, Phi-3 or Granite checkpoint directory without one (built "
+      "from "
       "its "
       "config.json). "
       "Walks the model's forward with example inputs (its embedded "
