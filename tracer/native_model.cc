@@ -62,6 +62,10 @@ struct Arch {
   // Granite: embeddings, residual branches and logits scaled by the
   // config's multipliers, attention scaled by attention_multiplier.
   bool granite = false;
+  // OLMo 2: q_norm / k_norm over the whole q and k projections, and norms
+  // after attention and the MLP (post_attention_layernorm,
+  // post_feedforward_layernorm) instead of before them.
+  bool olmo2 = false;
 };
 
 constexpr Arch kArchs[] = {
@@ -71,6 +75,8 @@ constexpr Arch kArchs[] = {
     {"Qwen3ForCausalLM", "qwen3", "Qwen3", false, true, false, true},
     {"Phi3ForCausalLM", "phi3", "Phi3", false, false, false, false, true},
     {"GraniteForCausalLM", "granite", "Granite", false, true, true, false,
+     false, true},
+    {"Olmo2ForCausalLM", "olmo2", "Olmo2", false, true, false, false, false,
      false, true},
 };
 
@@ -547,10 +553,11 @@ absl::StatusOr<torch::jit::Module> Builder::Layer(int64_t i) {
                      Linear(absl::StrCat(a, ".", p.name), p.in, p.out, p.bias));
     RETURN_IF_ERROR(Add(attn, p.name, l));
   }
-  if (s_.arch->qk_norm) {
+  if (s_.arch->qk_norm || s_.arch->olmo2) {
     for (const char* n : {"q_norm", "k_norm"}) {
+      const int64_t size = !s_.arch->olmo2 ? s_.head_dim : n[0] == 'q' ? q : kv;
       ASSIGN_OR_RETURN(torch::jit::Module norm,
-                       Norm(absl::StrCat(a, ".", n), s_.head_dim));
+                       Norm(absl::StrCat(a, ".", n), size));
       RETURN_IF_ERROR(Add(attn, n, norm));
     }
   }
@@ -563,7 +570,11 @@ absl::StatusOr<torch::jit::Module> Builder::Layer(int64_t i) {
   }
   RETURN_IF_ERROR(Add(layer, "self_attn", attn));
   RETURN_IF_ERROR(Add(layer, "mlp", mlp));
-  for (const char* n : {"input_layernorm", "post_attention_layernorm"}) {
+  for (const char* n :
+       s_.arch->olmo2 ? std::vector<const char*>{"post_attention_layernorm",
+                                                 "post_feedforward_layernorm"}
+                      : std::vector<const char*>{"input_layernorm",
+                                                 "post_attention_layernorm"}) {
     ASSIGN_OR_RETURN(torch::jit::Module norm,
                      Norm(absl::StrCat(path, ".", n), s_.hidden));
     RETURN_IF_ERROR(Add(layer, n, norm));
@@ -640,6 +651,13 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
         "    v = qkv[:, :, $KP:].view([b, s, -1, $HD]).transpose(1, 2)\n");
   } else {
     for (const char* x : {"q", "k"}) {
+      if (s_.arch->olmo2) {
+        absl::StrAppend(&attn, "    ", x, " = self.", x, "_norm.forward(self.",
+                        x,
+                        "_proj.forward(hidden_states)).view([b, s, -1, "
+                        "$HD]).transpose(1, 2)\n");
+        continue;
+      }
       absl::StrAppend(&attn, "    ", x, " = self.", x,
                       "_proj.forward(hidden_states).view([b, s, -1, $HD])\n");
       if (s_.arch->qk_norm) {
@@ -700,18 +718,27 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                        : "";
   RETURN_IF_ERROR(Define(
       first_.at("layer"),
-      absl::StrCat(
-          "def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, "
-          "mask: Tensor) -> Tensor:\n"
-          "    h = "
-          "self.self_attn.forward(self.input_layernorm.forward(hidden_states), "
-          "cos, sin, mask)\n"
-          "    h = hidden_states + h",
-          scaled,
-          "\n"
-          "    return h + "
-          "self.mlp.forward(self.post_attention_layernorm.forward(h))",
-          scaled, "\n")));
+      s_.arch->olmo2
+          ? "def forward(self, hidden_states: Tensor, cos: Tensor, sin: "
+            "Tensor, mask: Tensor) -> Tensor:\n"
+            "    h = hidden_states + self.post_attention_layernorm.forward("
+            "self.self_attn.forward(hidden_states, cos, sin, mask))\n"
+            "    return h + self.post_feedforward_layernorm.forward("
+            "self.mlp.forward(h))\n"
+          : absl::StrCat(
+                "def forward(self, hidden_states: Tensor, cos: Tensor, sin: "
+                "Tensor, "
+                "mask: Tensor) -> Tensor:\n"
+                "    h = "
+                "self.self_attn.forward(self.input_layernorm.forward(hidden_"
+                "states), "
+                "cos, sin, mask)\n"
+                "    h = hidden_states + h",
+                scaled,
+                "\n"
+                "    return h + "
+                "self.mlp.forward(self.post_attention_layernorm.forward(h))",
+                scaled, "\n")));
   // The masks: key position <= query position, and within the window
   // (key > query - window) for sliding layers.
   std::string model =

@@ -42,9 +42,8 @@ struct NativeModel {
 
 // OK when `config` describes a model this file builds (LlamaForCausalLM,
 // MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM,
-// GraniteForCausalLM, with rope scaling none, linear or llama3, and
-// unquantized weights);
-// otherwise why not, naming the key.
+// GraniteForCausalLM, Olmo2ForCausalLM, with rope scaling none, linear or
+// llama3, and unquantized weights); otherwise why not, naming the key.
 absl::Status NativeSupport(const hf::HfConfig& config);
 
 // Builds the model of checkpoint directory `dir` (config.json and

@@ -2,12 +2,12 @@
 
 A transformers checkpoint directory holding no .pt2 whose architecture
 tracecut builds from config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3,
-Granite) is loaded without Python. For seeded bf16 checkpoints covering the options that
+Granite, OLMo 2) is loaded without Python. For seeded bf16 checkpoints covering the options that
 change the forward (grouped and plain KV heads, tied embeddings, attention
 and MLP biases, Qwen3's q/k norms, linear and llama3 rope scaling, Mistral's
 and Phi-3's sliding windows and Qwen3's mixed full/sliding layers, at a
 calibration length past the window, Phi-3's fused projections and partial
-rotary embeddings, Granite's multipliers), GPTQ W4A16 calibration of the directory must write
+rotary embeddings, Granite's multipliers, OLMo 2's norms), GPTQ W4A16 calibration of the directory must write
 exactly the tensors, bit for bit, that the same calibration of its
 `tracecut export --meta` program writes: the same activations reached every
 Hessian. `tracecut partition` of the directory gives one subgraph per
@@ -73,6 +73,9 @@ MODELS = {
                 dict(_LM, embedding_multiplier=12.0, residual_multiplier=0.22,
                      attention_multiplier=0.0625, logits_scaling=8.0,
                      attention_bias=True)),
+    # OLMo 2: q/k norms over whole projections, norms after each branch.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(_LM, attention_bias=True, pad_token_id=0, eos_token_id=2)),
 }
 
 RECIPE = ('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '

@@ -103,7 +103,8 @@ Subcommand TraceCommand() {
   c.description =
       "MODEL is a TorchScript .pt, a torch.export .pt2 (see `tracecut "
       "export`), a directory holding one .pt2, or a Llama, Mistral, "
-      "Qwen2, Qwen3, Phi-3 or Granite checkpoint directory without one (built "
+      "Qwen2, Qwen3, Phi-3, Granite or OLMo 2 checkpoint directory without "
+      "one (built "
       "from "
       "its "
       "config.json). "
