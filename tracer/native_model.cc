@@ -1,12 +1,7 @@
 #include "tracer/native_model.h"
 
-#include <torch/csrc/jit/frontend/parser.h>
-#include <torch/csrc/jit/frontend/resolver.h>
-#include <torch/csrc/jit/frontend/sugared_value.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/torch_status.h"
+#include "tracer/torchscript_source.h"
 #include "util/json.h"
 #include "util/status_macros.h"
 
@@ -326,15 +322,6 @@ absl::StatusOr<Spec> ReadSpec(const hf::HfConfig& c) {
   return s;
 }
 
-// A float as a TorchScript literal (never an int: "1" -> "1.0").
-std::string Float(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
 // transformers' inverse frequencies (modeling_rope_utils.py), with the same
 // operations in the same order, so that the buffer matches its bits.
 torch::Tensor InvFreq(const Spec& s) {
@@ -423,20 +410,12 @@ class Builder {
     const std::string& type = m.type()->name()->qualifiedName();
     if (!defined_.insert(type).second) return absl::OkStatus();
     absl::Status s = runtime::TorchCall(absl::StrCat("compiling ", type), [&] {
-      auto source = std::make_shared<torch::jit::Source>(
-          code,
-          absl::StrCat("<tracecut: ", s_.arch->architecture,
-                       " from config.json>"),
-          1);
-      torch::jit::Parser parser(source);
-      std::vector<torch::jit::Def> defs;
-      std::vector<torch::jit::ResolverPtr> resolvers;
-      while (parser.lexer().cur().kind != torch::jit::TK_EOF) {
-        defs.emplace_back(parser.parseFunction(/*is_method=*/true));
-        resolvers.push_back(torch::jit::nativeResolver());
-      }
-      const torch::jit::SimpleSelf self(m.type());
-      cu_->define(m.type()->name(), {}, {}, defs, resolvers, &self);
+      DefineMethods(*cu_, m.type(),
+                    std::make_shared<torch::jit::Source>(
+                        code,
+                        absl::StrCat("<tracecut: ", s_.arch->architecture,
+                                     " from config.json>"),
+                        1));
     });
     if (!s.ok()) {
       return absl::InternalError(
@@ -554,8 +533,10 @@ absl::StatusOr<torch::jit::Module> Builder::Layer(int64_t i) {
     RETURN_IF_ERROR(Add(attn, p.name, l));
   }
   if (s_.arch->qk_norm || s_.arch->olmo2) {
-    for (const char* n : {"q_norm", "k_norm"}) {
-      const int64_t size = !s_.arch->olmo2 ? s_.head_dim : n[0] == 'q' ? q : kv;
+    // Qwen3 normalizes each head, OLMo 2 the whole projection.
+    for (auto [n, size] :
+         {std::pair{"q_norm", s_.arch->olmo2 ? q : s_.head_dim},
+          std::pair{"k_norm", s_.arch->olmo2 ? kv : s_.head_dim}}) {
       ASSIGN_OR_RETURN(torch::jit::Module norm,
                        Norm(absl::StrCat(a, ".", n), size));
       RETURN_IF_ERROR(Add(attn, n, norm));
@@ -606,7 +587,7 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                    "    variance = hidden_states.pow(2).mean([-1], True)\n"
                    "    hidden_states = hidden_states * "
                    "torch.rsqrt(variance + ",
-                   Float(s_.eps),
+                   FloatLiteral(s_.eps),
                    ")\n"
                    "    return self.weight * hidden_states\n")));
   RETURN_IF_ERROR(
@@ -711,11 +692,12 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                  {"$KV", absl::StrCat(s_.kv_heads)},
                  {"$REP", absl::StrCat(rep)},
                  {"$H", absl::StrCat(s_.heads)},
-                 {"$SCALE", Float(s_.attention_scale)}})));
+                 {"$SCALE", FloatLiteral(s_.attention_scale)}})));
   // Granite scales each residual branch; the others add it as it is.
   const std::string scaled =
-      s_.arch->granite ? absl::StrCat(" * ", Float(s_.residual_multiplier))
-                       : "";
+      s_.arch->granite
+          ? absl::StrCat(" * ", FloatLiteral(s_.residual_multiplier))
+          : "";
   RETURN_IF_ERROR(Define(
       first_.at("layer"),
       s_.arch->olmo2
@@ -772,16 +754,19 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
       first_.at("model"),
       absl::StrReplaceAll(
           model,
-          {{"$EMBED", s_.arch->granite
-                          ? absl::StrCat("    h = h * ",
-                                         Float(s_.embedding_multiplier), "\n")
-                          : ""}})));
+          {{"$EMBED",
+            s_.arch->granite
+                ? absl::StrCat("    h = h * ",
+                               FloatLiteral(s_.embedding_multiplier), "\n")
+                : ""}})));
   return Define(
       root,
       absl::StrCat(
           "def forward(self, input_ids: Tensor) -> Tensor:\n"
           "    return self.lm_head.forward(self.model.forward(input_ids))",
-          s_.arch->granite ? absl::StrCat(" / ", Float(s_.logits_scaling)) : "",
+          s_.arch->granite
+              ? absl::StrCat(" / ", FloatLiteral(s_.logits_scaling))
+              : "",
           "\n"));
 }
 
@@ -834,8 +819,6 @@ absl::StatusOr<NativeModel> Builder::Build() {
                                       {"high", s_.vocab}}}},
                                    {"outputs", {"logits"}}};
   out.inputs_json = inputs.dump(1);
-  ASSIGN_OR_RETURN(out.inputs,
-                   hf::ParseInputsJson(out.inputs_json, "native inputs"));
   nlohmann::ordered_json tied = nlohmann::ordered_json::array();
   if (s_.tie) tied.push_back({"lm_head.weight", "model.embed_tokens.weight"});
   nlohmann::ordered_json model_json = {

@@ -24,7 +24,6 @@
 #include "absl/status/statusor.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/hf/config.h"
-#include "tracer/hf/inputs.h"
 
 namespace tracecut::tracer {
 
@@ -33,9 +32,9 @@ struct NativeModel {
   // With `defer`: the tensors left in the checkpoint (the module holds
   // stand-ins, exported::StandIn), by module path.
   std::map<std::string, exported::DeferredTensor> deferred;
-  // What `tracecut export` would embed: example inputs, and the model class
-  // with its split modules and tied parameters (tracecut_model.json).
-  hf::InputsFile inputs;
+  // What `tracecut export` would embed: example inputs
+  // (tracecut_inputs.json), and the model class with its split modules and
+  // tied parameters (tracecut_model.json).
   std::string inputs_json;
   std::string model_json;
 };

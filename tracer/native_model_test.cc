@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
+#include "tracer/hf/inputs.h"
 
 namespace tracecut::tracer {
 namespace {
@@ -189,8 +190,11 @@ TEST_F(NativeBuildTest, BuildsTheModuleTreeAndRunsCausally) {
   EXPECT_FALSE(torch::allclose(other.narrow(1, 5, 1), logits.narrow(1, 5, 1)));
   EXPECT_THAT(m->model_json, HasSubstr("\"LlamaDecoderLayer\""));
   EXPECT_THAT(m->model_json, HasSubstr("\"lm_head.weight\""));
-  ASSERT_EQ(m->inputs.inputs.size(), 1u);
-  EXPECT_EQ(m->inputs.inputs[0].high, 32);
+  absl::StatusOr<hf::InputsFile> inputs =
+      hf::ParseInputsJson(m->inputs_json, "tracecut_inputs.json");
+  ASSERT_TRUE(inputs.ok()) << inputs.status();
+  ASSERT_EQ(inputs->inputs.size(), 1u);
+  EXPECT_EQ(inputs->inputs[0].high, 32);
 }
 
 TEST_F(NativeBuildTest, SlidingWindowHidesTokensBehindIt) {

@@ -2,15 +2,11 @@
 // [Importing torch.export programs]): each call's boundary, the schedule of
 // its nodes and child calls, and its method defined on its module's type.
 
-#include <torch/csrc/jit/frontend/parser.h>
-#include <torch/csrc/jit/frontend/resolver.h>
-#include <torch/csrc/jit/frontend/sugared_value.h>
 #include <torch/csrc/jit/serialization/source_range_serialization.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -34,6 +30,7 @@
 #include "absl/strings/strip.h"
 #include "runtime/torch_status.h"
 #include "tracer/export/pt2_import_internal.h"
+#include "tracer/torchscript_source.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::exported::internal {
@@ -374,18 +371,10 @@ absl::Status Importer::Define(const Call& c, const FunctionCode& f,
                    is_root ? "<root>" : c.path, "' (", mod.type, ")"),
       [&] {
         // Module::define, with a Source that maps lines back to the model.
-        auto source = std::make_shared<torch::jit::Source>(
-            f.text, "<tracecut export>", 1,
-            std::make_shared<GeneratedLines>(f.origins));
-        torch::jit::Parser parser(source);
-        std::vector<torch::jit::Def> defs;
-        std::vector<torch::jit::ResolverPtr> resolvers;
-        while (parser.lexer().cur().kind != torch::jit::TK_EOF) {
-          defs.emplace_back(parser.parseFunction(/*is_method=*/true));
-          resolvers.push_back(torch::jit::nativeResolver());
-        }
-        const torch::jit::SimpleSelf self(mod.module.type());
-        cu_->define(mod.module.type()->name(), {}, {}, defs, resolvers, &self);
+        DefineMethods(*cu_, mod.module.type(),
+                      std::make_shared<torch::jit::Source>(
+                          f.text, "<tracecut export>", 1,
+                          std::make_shared<GeneratedLines>(f.origins)));
       });
   if (!s.ok()) {
     return absl::InternalError(absl::StrCat(archive_.path, ": ", s.message(),

@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -33,20 +31,11 @@
 #include "absl/strings/strip.h"
 #include "runtime/torch_status.h"
 #include "tracer/export/pt2_import_internal.h"
+#include "tracer/torchscript_source.h"
 #include "util/status_macros.h"
 
 namespace tracecut::tracer::exported::internal {
 namespace {
-
-std::string FloatLiteral(double v) {
-  if (std::isnan(v)) return "float(\"nan\")";
-  if (std::isinf(v)) return v > 0 ? "float(\"inf\")" : "-float(\"inf\")";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  std::string s = buf;
-  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
-  return s;
-}
 
 std::string IntLiteral(int64_t v) {
   if (v == std::numeric_limits<int64_t>::min()) {
