@@ -16,11 +16,14 @@ threads (OMP_NUM_THREADS and, for tracecut, --threads):
   ours, native: the same on a copy of the checkpoint without the .pt2
         (tracecut builds the Llama from config.json: no export; its shards
         must be the bytes of ours)
+  ours, native bf16: the same with --dtype=auto (computing in the
+        checkpoint's bfloat16, as llm-compressor does)
   peer: llm-compressor oneshot(GPTQModifier(targets="Linear",
         scheme="W4A16", ignore=["lm_head"]), pipeline="sequential") on the
         same tokens + save_pretrained(save_compressed=True)
 --quality-seeds=K adds K calibration sets (seeds 1..K), one run of each tool
-on each, and prints every set's errors and their mean. Both outputs are loaded by transformers (compressed-tensors decompresses
+(ours in float32 and native in bf16) on each, and prints every set's errors
+and their mean. Both outputs are loaded by transformers (compressed-tensors decompresses
 them) and compared with the original on 4 x 64 held-out tokens (relative
 Frobenius error of the final logits). Prints a markdown table.
 """
@@ -160,10 +163,16 @@ def main():
         [a.tracecut, "calibrate", native, "--recipe=" + recipe,
          "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
          "-o", ours + "-native"], env))
+    # As llm-compressor computes: in the checkpoint's dtype (bfloat16).
+    rows.append(("tracecut native bf16", r) + timed(
+        [a.tracecut, "calibrate", native, "--recipe=" + recipe,
+         "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
+         "--dtype=auto", "-o", ours + "-native-bf16"], env))
     rows.append(("llm-compressor", r) + timed(
         [py, "-W", "ignore", "-c", PEER, ckpt, ckpt + "-calib.pt", peer,
          str(a.threads)], env))
-  pairs = [("tracecut-0", "llmcompressor-0")] if a.rounds else []
+  sets = ([("tracecut-0", "llmcompressor-0", "tracecut-0-native-bf16")]
+          if a.rounds else [])
   if a.rounds:
     # The native build must calibrate to the export's bytes.
     for name in os.listdir(os.path.join(a.out_dir, "tracecut-0")):
@@ -174,19 +183,23 @@ def main():
   for seed in range(1, a.quality_seeds + 1):
     data = os.path.join(a.out_dir, f"calib-seed{seed}.pt")
     subprocess.run([py, "-c", SEEDED, data, str(seed)], check=True, env=env)
-    pair = (f"tracecut-seed{seed}", f"llmcompressor-seed{seed}")
+    three = (f"tracecut-seed{seed}", f"llmcompressor-seed{seed}",
+             f"tracecut-bf16-seed{seed}")
     timed([a.tracecut, "calibrate", ckpt, "--recipe=" + recipe,
            "--data=" + data, f"--threads={a.threads}", "-o",
-           os.path.join(a.out_dir, pair[0])], env)
+           os.path.join(a.out_dir, three[0])], env)
     timed([py, "-W", "ignore", "-c", PEER, ckpt, data,
-           os.path.join(a.out_dir, pair[1]), str(a.threads)], env)
-    pairs.append(pair)
+           os.path.join(a.out_dir, three[1]), str(a.threads)], env)
+    timed([a.tracecut, "calibrate", native, "--recipe=" + recipe,
+           "--data=" + data, f"--threads={a.threads}", "--dtype=auto", "-o",
+           os.path.join(a.out_dir, three[2])], env)
+    sets.append(three)
   p = subprocess.run(
       [py, "-W", "ignore", "-c", ERROR, ckpt, ckpt + "-held.pt"] +
-      [os.path.join(a.out_dir, d) for pair in pairs for d in pair],
+      [os.path.join(a.out_dir, d) for three in sets for d in three],
       check=True, env=env, capture_output=True, text=True)
   errors = [float(line.split()[-1])
-            for line in p.stdout.splitlines()[-2 * len(pairs):]]
+            for line in p.stdout.splitlines()[-3 * len(sets):]]
   load = os.getloadavg()
   print(f"hidden {a.hidden}, {a.layers} layers, bf16; 32 x 128 tokens; "
         f"{a.threads} threads each; load average at the end "
@@ -195,15 +208,15 @@ def main():
         f"(from the export cache): {cached_s:.2f} s")
   if a.rounds:
     print_times(rows, export_s, cached_s, errors)
-  if len(pairs) > 1 or not a.rounds:
-    print("| calibration tokens | tracecut | llm-compressor |")
-    print("|---|---|---|")
-    for i, pair in enumerate(pairs):
-      print(f"| {pair[0].split('-', 1)[1]} | {errors[2 * i]:.4f} "
-            f"| {errors[2 * i + 1]:.4f} |")
-    n = len(pairs)
-    print(f"| mean | {sum(errors[0::2]) / n:.4f} | "
-          f"{sum(errors[1::2]) / n:.4f} |")
+  if len(sets) > 1 or not a.rounds:
+    print("| calibration tokens | tracecut | llm-compressor | tracecut bf16 |")
+    print("|---|---|---|---|")
+    for i, three in enumerate(sets):
+      print(f"| {three[0].split('-', 1)[1]} | {errors[3 * i]:.4f} "
+            f"| {errors[3 * i + 1]:.4f} | {errors[3 * i + 2]:.4f} |")
+    n = len(sets)
+    print(f"| mean | {sum(errors[0::3]) / n:.4f} | "
+          f"{sum(errors[1::3]) / n:.4f} | {sum(errors[2::3]) / n:.4f} |")
 
 
 def print_times(rows, export_s, cached_s, errors):
@@ -216,6 +229,8 @@ def print_times(rows, export_s, cached_s, errors):
   theirs = [s for t, _, s, _ in rows if t == "llm-compressor"]
   ours_gib = max(g for t, _, _, g in rows if t == "tracecut")
   native_gib = max(g for t, _, _, g in rows if t == "tracecut native")
+  bf16 = [s for t, _, s, _ in rows if t == "tracecut native bf16"]
+  bf16_gib = max(g for t, _, _, g in rows if t == "tracecut native bf16")
   theirs_gib = max(g for t, _, _, g in rows if t == "llm-compressor")
   print(f"wall ratio (mean): {sum(ours) / sum(theirs):.2f}; with export: "
         f"{(sum(ours) + export_s * len(ours)) / sum(theirs):.2f} (the "
@@ -224,8 +239,11 @@ def print_times(rows, export_s, cached_s, errors):
   print(f"native (the checkpoint directory, no export): wall ratio "
         f"{sum(native) / sum(theirs):.2f}, peak RSS ratio "
         f"{native_gib / theirs_gib:.2f}")
+  print(f"native in bf16 (--dtype=auto, llm-compressor's dtype): wall "
+        f"ratio {sum(bf16) / sum(theirs):.2f}, peak RSS ratio "
+        f"{bf16_gib / theirs_gib:.2f}")
   print(f"final-logit relative error: tracecut {errors[0]:.4f}, "
-        f"llm-compressor {errors[1]:.4f}")
+        f"llm-compressor {errors[1]:.4f}, tracecut bf16 {errors[2]:.4f}")
 
 
 if __name__ == "__main__":

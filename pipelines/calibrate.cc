@@ -33,6 +33,7 @@
 #include "pipelines/weight_stream.h"
 #include "runtime/collective.h"
 #include "runtime/device.h"
+#include "runtime/dtype.h"
 #include "runtime/finite.h"
 #include "runtime/torch_status.h"
 #include "util/files.h"
@@ -292,9 +293,12 @@ absl::StatusOr<PipelineOptions> PipelineOptionsFor(
   p.device = options.device;
   ASSIGN_OR_RETURN(std::string model_identity, ModelIdentity(loaded.file));
   p.fingerprint = absl::StrCat(
-      "model ", model_identity, "; recipe ",
-      absl::StrFormat("%016x", util::Fnv1a64(RecipeText(r))), "; targets ",
-      absl::StrJoin(targets, ","),
+      "model ", model_identity,
+      loaded.native && loaded.native_dtype != at::kFloat
+          ? absl::StrCat(" in ", runtime::DTypeName(loaded.native_dtype))
+          : "",
+      "; recipe ", absl::StrFormat("%016x", util::Fnv1a64(RecipeText(r))),
+      "; targets ", absl::StrJoin(targets, ","),
       p.calibrate_all_experts ? absl::StrCat("; all experts ", p.expert_pattern)
                               : "",
       streaming ? "; weights streamed" : "",
@@ -496,7 +500,11 @@ absl::StatusOr<Output> MakeOutput(const CalibrateOptions& options,
   progress->Note(absl::StrCat(
       "streaming weights from ", loaded.checkpoint_dir, " (",
       loaded.deferred.size(), " tensors, read when their subgraph runs",
-      loaded.native ? "; the model built from its config.json, no export" : "",
+      loaded.native
+          ? absl::StrCat("; the model built from its config.json, no export, "
+                         "computing in ",
+                         runtime::DTypeName(loaded.native_dtype))
+          : "",
       ")"));
   return out;
 }
@@ -555,11 +563,14 @@ absl::StatusOr<CalibrateOutcome> Calibrate(const CalibrateOptions& options) {
   const PipelineKind kind =
       options.pipeline.value_or(KindFromRecipe(options.recipe.pipeline()));
   const bool partitioned = kind != PipelineKind::kBasic;
+  tracer::LoadOptions load;
+  load.defer_checkpoint_tensors = options.stream_weights &&
+                                  compressed_tensors && partitioned &&
+                                  IsDirectory(options.model_path);
+  load.dtype = options.dtype;
   ASSIGN_OR_RETURN(
       LoadedForCalibration loaded,
-      LoadForCalibration(options.model_path, options.example_inputs,
-                         options.stream_weights && compressed_tensors &&
-                             partitioned && IsDirectory(options.model_path)));
+      LoadForCalibration(options.model_path, options.example_inputs, load));
   runtime::GraphModule& gm = loaded.model;
   const bool streaming = !loaded.deferred.empty();
   // All of every weight, not only what the data will touch: a NaN in an

@@ -38,6 +38,7 @@
 #include "runtime/graph_module.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/hf/inputs.h"
+#include "tracer/load.h"
 #include "util/json.h"
 #include "util/progress.h"
 
@@ -65,6 +66,8 @@ struct LoadedForCalibration {
   // when the model was built from its config.json: `native`).
   std::string file;
   bool native = false;
+  // What a native model computes in (tracer::LoadOptions::dtype).
+  c10::ScalarType native_dtype = c10::ScalarType::Float;
   // Tensors left in the checkpoint (load with `defer_checkpoint_tensors`):
   // the model holds stand-ins for them (tracer/export/pt2_archive.h).
   std::map<std::string, tracer::exported::DeferredTensor> deferred;
@@ -83,7 +86,7 @@ struct ExampleInputOptions {
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     const std::string& model_path,
     const ExampleInputOptions& example_inputs = {},
-    bool defer_checkpoint_tensors = false);
+    const tracer::LoadOptions& load = {});
 
 // The traced model's inputs with their example shapes and dtypes, and the
 // token limits of its config: what calibration data is checked against.
@@ -102,6 +105,8 @@ struct CalibrateOptions {
 
   // How the model is traced when it embeds no example inputs.
   ExampleInputOptions example_inputs;
+  // What a model built from config.json computes in (tracer::LoadOptions).
+  std::string dtype;
 
   // Exactly one of: a data file (LoadCalibrationData) or synthetic tokens.
   std::string data_path;

@@ -51,9 +51,7 @@ std::vector<std::string> ModelInputNames(const runtime::GraphModule& model) {
 
 absl::StatusOr<LoadedForCalibration> LoadForCalibration(
     const std::string& model_path, const ExampleInputOptions& example_inputs,
-    bool defer_checkpoint_tensors) {
-  tracer::LoadOptions load;
-  load.defer_checkpoint_tensors = defer_checkpoint_tensors;
+    const tracer::LoadOptions& load) {
   ASSIGN_OR_RETURN(tracer::LoadedModel loaded,
                    tracer::LoadModel(model_path, load));
   tracer::TraceOptions base;
@@ -72,6 +70,7 @@ absl::StatusOr<LoadedForCalibration> LoadForCalibration(
   LoadedForCalibration out{std::move(*gm)};
   out.file = loaded.path;
   out.native = loaded.native;
+  out.native_dtype = loaded.native_dtype;
   out.deferred = std::move(loaded.deferred);
   out.checkpoint_dir = std::move(loaded.checkpoint_dir);
   if (loaded.inputs.has_value()) out.seq_lens = loaded.inputs->seq_lens;

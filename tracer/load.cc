@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/closed_dir.h"
+#include "runtime/dtype.h"
 #include "tracer/export/pt2_archive.h"
 #include "tracer/export/pt2_import.h"
 #include "tracer/native_model.h"
@@ -193,6 +194,44 @@ absl::StatusOr<LoadedModel> LoadPt2(const std::string& path,
   return loaded;
 }
 
+// LoadOptions::dtype for a model built from `config`.
+absl::StatusOr<c10::ScalarType> NativeDType(const std::string& name,
+                                            const hf::HfConfig& config) {
+  std::string want = name.empty() ? "float32" : name;
+  if (want == "auto") {
+    want = "float32";
+    for (const char* key : {"dtype", "torch_dtype"}) {
+      ASSIGN_OR_RETURN(std::optional<std::string> d, config.GetString(key));
+      if (d.has_value()) {
+        want = *d;
+        break;
+      }
+    }
+  }
+  absl::StatusOr<c10::ScalarType> t = runtime::ParseDType(want);
+  if (!t.ok() || (*t != at::kFloat && *t != at::kBFloat16 && *t != at::kHalf)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype '", want, "'", name == "auto" ? " (config.json's)" : "",
+        ": a model built from config.json computes in float32, bfloat16 or "
+        "float16"));
+  }
+  return *t;
+}
+
+// A dtype other than the program's own, asked of a saved program.
+absl::Status CheckProgramDType(const std::string& path,
+                               const LoadOptions& options) {
+  if (options.dtype.empty() || options.dtype == "auto" ||
+      options.dtype == "float32") {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "dtype '", options.dtype, "': '", path,
+      "' is a saved program, which computes in the dtypes it was saved with "
+      "(float32 for `tracecut export`); only a checkpoint directory without "
+      "a .pt2, built from its config.json, computes in another"));
+}
+
 // A checkpoint directory without a .pt2: the model built from its
 // config.json (tracer/native_model.h) when tracecut knows the architecture.
 absl::StatusOr<LoadedModel> LoadNative(const std::string& dir,
@@ -220,12 +259,14 @@ absl::StatusOr<LoadedModel> LoadNative(const std::string& dir,
                      "architectures: ",
                      s.message()));
   }
+  ASSIGN_OR_RETURN(c10::ScalarType dtype, NativeDType(options.dtype, config));
   ASSIGN_OR_RETURN(
       NativeModel native,
-      BuildNativeModel(dir, config, options.defer_checkpoint_tensors));
+      BuildNativeModel(dir, config, options.defer_checkpoint_tensors, dtype));
   LoadedModel loaded;
   loaded.path = dir;
   loaded.native = true;
+  loaded.native_dtype = dtype;
   loaded.module = native.module;
   loaded.deferred = std::move(native.deferred);
   if (!loaded.deferred.empty()) loaded.checkpoint_dir = dir;
@@ -244,8 +285,10 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   if (std::filesystem::is_directory(path, ec)) {
     ASSIGN_OR_RETURN(std::optional<std::string> pt2, Pt2InDirectory(path));
     if (!pt2.has_value()) return LoadNative(path, options);
+    RETURN_IF_ERROR(CheckProgramDType(*pt2, options));
     return LoadPt2(*pt2, options);
   }
+  RETURN_IF_ERROR(CheckProgramDType(path, options));
   if (exported::IsPt2Path(path)) return LoadPt2(path, options);
   RETURN_IF_ERROR(CheckArchive(path));
   RETURN_IF_ERROR(exported::CheckArchiveMemberSizes(path));

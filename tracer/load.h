@@ -38,6 +38,8 @@ struct LoadedModel {
   // Whether it was built from a checkpoint directory's config.json without
   // a .pt2 (tracer/native_model.h); `path` is then the directory.
   bool native = false;
+  // What a native model computes in (LoadOptions::dtype resolved).
+  c10::ScalarType native_dtype = c10::ScalarType::Float;
   torch::jit::Module module;
   // The embedded config.json, when present.
   std::optional<hf::HfConfig> config;
@@ -62,6 +64,12 @@ struct LoadedModel {
 struct LoadOptions {
   // See exported::Pt2ReadOptions. No effect on TorchScript files.
   bool defer_checkpoint_tensors = false;
+  // The dtype a model built from config.json computes in: "float32" (also
+  // when empty), "bfloat16", "float16", or "auto" (config.json's "dtype" or
+  // "torch_dtype", float32 when it names none). A program (.pt2, .pt)
+  // computes in the dtypes it was saved with: for one, anything but "",
+  // "auto" or "float32" is an error.
+  std::string dtype;
 };
 
 // Loads `path` on the CPU: a TorchScript .pt, a torch.export .pt2, a

@@ -37,6 +37,14 @@
 // heads expanded). native_model_test checks that calibrating a checkpoint
 // this way writes the same tensors as calibrating its export.
 //
+// In bfloat16 or float16 (--dtype) the tensors are converted to that dtype
+// and the forwards gain the casts transformers' modules make in it: RMSNorm
+// in float32 cast back before the weight (OLMo 2: after it), rotary tables
+// computed in float32 and cast (OLMo 2: q and k turned in float32 and
+// cast); everything else runs in the narrow dtype, as in transformers.
+// tests/hf/native_model_test.py checks the logits against transformers' own
+// bfloat16 forward.
+//
 // Only what the table and NativeSupport accept is built; every other
 // config gets a reason and the caller falls back to `tracecut export`.
 
@@ -348,10 +356,11 @@ torch::Tensor InvFreq(const Spec& s) {
 class Builder {
  public:
   Builder(const std::string& dir, const Spec& spec, bool defer,
-          checkpoint::Checkpoint ckpt)
+          c10::ScalarType dtype, checkpoint::Checkpoint ckpt)
       : dir_(dir),
         s_(spec),
         defer_(defer),
+        dtype_(dtype),
         ckpt_(std::move(ckpt)),
         cu_(std::make_shared<torch::jit::CompilationUnit>()) {}
 
@@ -392,7 +401,7 @@ class Builder {
   }
 
   // The checkpoint's tensor `fqn` (or `fallback`, for a tied weight the
-  // checkpoint stores once) of `shape`, as float32 or a stand-in.
+  // checkpoint stores once) of `shape`, in dtype_ or a stand-in.
   absl::Status AddTensor(torch::jit::Module& m, const std::string& path,
                          const std::string& name,
                          const std::vector<int64_t>& shape,
@@ -429,6 +438,7 @@ class Builder {
   std::string dir_;
   Spec s_;
   bool defer_;
+  c10::ScalarType dtype_;  // Of the tensors and activations.
   checkpoint::Checkpoint ckpt_;
   std::shared_ptr<torch::jit::CompilationUnit> cu_;
   std::set<std::string> defined_;
@@ -467,12 +477,12 @@ absl::Status Builder::AddTensor(torch::jit::Module& m, const std::string& path,
   }
   torch::Tensor t;
   if (defer_) {
-    t = exported::StandIn(torch::kFloat, shape);
-    deferred_.emplace(
-        fqn, exported::DeferredTensor{stored, torch::kFloat, info.dtype});
+    t = exported::StandIn(dtype_, shape);
+    deferred_.emplace(fqn,
+                      exported::DeferredTensor{stored, dtype_, info.dtype});
   } else {
     ASSIGN_OR_RETURN(t, ckpt_.Get(stored));
-    t = t.to(torch::kFloat);
+    t = t.to(dtype_);
   }
   return runtime::TorchCall(absl::StrCat("adding tensor '", fqn, "'"), [&] {
     m.register_attribute(name, c10::TensorType::get(),
@@ -581,24 +591,49 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
   RETURN_IF_ERROR(Define(first_.at("embedding"),
                          "def forward(self, input: Tensor) -> Tensor:\n"
                          "    return torch.embedding(self.weight, input)\n"));
+  // In float32 the program is the export's (its casts are no-ops, dropped);
+  // in a narrower dtype, transformers' casts: RMSNorm and the rotary tables
+  // compute in float32 and return the model's dtype.
+  const bool narrow = dtype_ != torch::kFloat;
+  const std::string dt = DTypeLiteral(dtype_);
+  std::string norm =
+      "def forward(self, hidden_states: Tensor) -> Tensor:\n"
+      "$UP"
+      "    variance = hidden_states.pow(2).mean([-1], True)\n"
+      "    hidden_states = hidden_states * torch.rsqrt(variance + $EPS)\n"
+      "$OUT";
   RETURN_IF_ERROR(Define(
       first_.at("norm"),
-      absl::StrCat("def forward(self, hidden_states: Tensor) -> Tensor:\n"
-                   "    variance = hidden_states.pow(2).mean([-1], True)\n"
-                   "    hidden_states = hidden_states * "
-                   "torch.rsqrt(variance + ",
-                   FloatLiteral(s_.eps),
-                   ")\n"
-                   "    return self.weight * hidden_states\n")));
-  RETURN_IF_ERROR(
-      Define(first_.at("rotary"),
-             "def forward(self, position_ids: Tensor):\n"
-             "    inv_freq = self.inv_freq.unsqueeze(0).unsqueeze(2).expand("
-             "[position_ids.size(0), -1, 1])\n"
-             "    position = position_ids.unsqueeze(1).float()\n"
-             "    freqs = torch.matmul(inv_freq, position).transpose(1, 2)\n"
-             "    emb = torch.cat([freqs, freqs], -1)\n"
-             "    return emb.cos() * 1.0, emb.sin() * 1.0\n"));
+      absl::StrReplaceAll(
+          norm,
+          {{"$UP", narrow ? absl::StrCat("    hidden_states = "
+                                         "hidden_states.to(",
+                                         DTypeLiteral(torch::kFloat), ")\n")
+                          : ""},
+           {"$EPS", FloatLiteral(s_.eps)},
+           // OLMo 2 casts after the weight, the others before it.
+           {"$OUT", !narrow ? "    return self.weight * hidden_states\n"
+                    : s_.arch->olmo2 ? absl::StrCat("    return (self.weight * "
+                                                    "hidden_states).to(",
+                                                    dt, ")\n")
+                                     : absl::StrCat("    return self.weight * "
+                                                    "hidden_states.to(",
+                                                    dt, ")\n")}})));
+  RETURN_IF_ERROR(Define(
+      first_.at("rotary"),
+      absl::StrCat(
+          "def forward(self, position_ids: Tensor):\n"
+          "    inv_freq = self.inv_freq.unsqueeze(0).unsqueeze(2).expand("
+          "[position_ids.size(0), -1, 1])\n"
+          "    position = position_ids.unsqueeze(1).float()\n"
+          "    freqs = torch.matmul(inv_freq, position).transpose(1, 2)\n"
+          "    emb = torch.cat([freqs, freqs], -1)\n",
+          // OLMo 2 keeps the tables in float32 and casts q and k after
+          // turning them.
+          narrow && !s_.arch->olmo2
+              ? absl::StrCat("    return (emb.cos() * 1.0).to(", dt,
+                             "), (emb.sin() * 1.0).to(", dt, ")\n")
+              : "    return emb.cos() * 1.0, emb.sin() * 1.0\n")));
   RETURN_IF_ERROR(
       Define(first_.at("mlp"),
              s_.arch->phi3
@@ -657,9 +692,11 @@ absl::Status Builder::DefineForwards(torch::jit::Module& root) {
                   "    sin = sin.unsqueeze(1)\n");
   for (const char* x : {"q", "k"}) {
     if (s_.rotary_dim == s_.head_dim) {
-      absl::StrAppend(&attn, "    ", x, " = ", x, " * cos + torch.cat([-", x,
-                      "[:, :, :, $HALF:], ", x,
-                      "[:, :, :, :$HALF]], -1) * sin\n");
+      const bool cast = narrow && s_.arch->olmo2;
+      absl::StrAppend(&attn, "    ", x, " = ", cast ? "(" : "", x,
+                      " * cos + torch.cat([-", x, "[:, :, :, $HALF:], ", x,
+                      "[:, :, :, :$HALF]], -1) * sin",
+                      cast ? absl::StrCat(").to(", dt, ")") : "", "\n");
     } else {
       // Phi-3's partial rotary: the leading rotary_dim of each head turn.
       absl::StrAppend(&attn, "    r = ", x, "[:, :, :, :$RD]\n", "    ", x,
@@ -840,11 +877,19 @@ absl::Status NativeSupport(const hf::HfConfig& config) {
 
 absl::StatusOr<NativeModel> BuildNativeModel(const std::string& dir,
                                              const hf::HfConfig& config,
-                                             bool defer) {
+                                             bool defer,
+                                             c10::ScalarType dtype) {
+  if (dtype != torch::kFloat && dtype != torch::kBFloat16 &&
+      dtype != torch::kHalf) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("models built from config.json compute in float32, "
+                     "bfloat16 or float16, not ",
+                     c10::toString(dtype)));
+  }
   ASSIGN_OR_RETURN(Spec spec, ReadSpec(config));
   ASSIGN_OR_RETURN(checkpoint::Checkpoint ckpt,
                    checkpoint::Checkpoint::Open(dir));
-  Builder b(dir, spec, defer, std::move(ckpt));
+  Builder b(dir, spec, defer, dtype, std::move(ckpt));
   return b.Build();
 }
 

@@ -4,7 +4,8 @@
 // Transformers decoder-only models of the Llama family built from their
 // config.json alone, without Python: the module tree `tracecut export`
 // would rebuild from the model's torch.export program (same module paths,
-// class names, operators and float32 program dtype), written as TorchScript
+// class names, operators and float32 program dtype; or transformers' casts
+// in bfloat16 / float16), written as TorchScript
 // and compiled here, so that a checkpoint directory can be traced,
 // partitioned and calibrated without an export step (importing torch and
 // transformers and running torch.export cost seconds; this costs
@@ -46,13 +47,17 @@ struct NativeModel {
 absl::Status NativeSupport(const hf::HfConfig& config);
 
 // Builds the model of checkpoint directory `dir` (config.json and
-// safetensors). Tensors are the checkpoint's, converted to float32; with
-// `defer`, stand-ins whose values stay in the checkpoint. Errors name the
-// file and tensor: a tensor the model needs that the checkpoint lacks, or
+// safetensors), computing in `dtype` (float32, bfloat16 or float16).
+// Tensors are the checkpoint's, converted to `dtype`; with `defer`,
+// stand-ins whose values stay in the checkpoint. In float32 the program is
+// the export's; in bfloat16 or float16 it casts as transformers' modules
+// do (RMSNorm and rotary tables in float32, the rest in `dtype`), which is
+// how llm-compressor runs a checkpoint it loads in its own dtype. Errors name
+// the file and tensor: a tensor the model needs that the checkpoint lacks, or
 // of another shape than the config implies.
-absl::StatusOr<NativeModel> BuildNativeModel(const std::string& dir,
-                                             const hf::HfConfig& config,
-                                             bool defer);
+absl::StatusOr<NativeModel> BuildNativeModel(
+    const std::string& dir, const hf::HfConfig& config, bool defer,
+    c10::ScalarType dtype = torch::kFloat);
 
 }  // namespace tracecut::tracer
 

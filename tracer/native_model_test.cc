@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/safetensors.h"
 #include "tracer/hf/inputs.h"
+#include "tracer/load.h"
 
 namespace tracecut::tracer {
 namespace {
@@ -228,6 +229,68 @@ TEST_F(NativeBuildTest, DefersTensorsToTheCheckpoint) {
   EXPECT_EQ(q.dtype, torch::kFloat);
   EXPECT_TRUE(exported::IsStandIn(
       m->module.attr("lm_head").toModule().attr("weight").toTensor()));
+}
+
+// In bfloat16 the tensors and activations are bfloat16 and the result is
+// the float32 model's within bfloat16's rounding (tests/hf/native_model_test
+// checks it against transformers' own bfloat16 forward, bit for bit).
+TEST_F(NativeBuildTest, ComputesInBFloat16) {
+  const std::string dir = Checkpoint(kLlama);
+  absl::StatusOr<NativeModel> f32 =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/false);
+  absl::StatusOr<NativeModel> bf16 =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/false, torch::kBFloat16);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ(bf16->module.attr("lm_head")
+                .toModule()
+                .attr("weight")
+                .toTensor()
+                .scalar_type(),
+            torch::kBFloat16);
+  torch::Tensor ids = torch::randint(0, 32, {2, 6}, torch::kLong);
+  torch::Tensor want = Logits(*f32, ids), got = Logits(*bf16, ids);
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+  const double err =
+      ((got.to(torch::kFloat) - want).norm() / want.norm()).item<double>();
+  EXPECT_GT(err, 0);  // It did compute in bfloat16.
+  EXPECT_LT(err, 3e-2);
+  absl::StatusOr<NativeModel> deferred =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/true, torch::kBFloat16);
+  ASSERT_TRUE(deferred.ok()) << deferred.status();
+  EXPECT_EQ(
+      deferred->deferred.at("model.layers.0.self_attn.q_proj.weight").dtype,
+      torch::kBFloat16);
+  absl::StatusOr<NativeModel> ints =
+      BuildNativeModel(dir, Config(kLlama), /*defer=*/true, torch::kInt);
+  ASSERT_FALSE(ints.ok());
+  EXPECT_THAT(ints.status().message(),
+              HasSubstr("float32, bfloat16 or float16"));
+}
+
+// LoadOptions::dtype: "auto" is config.json's dtype; a saved program keeps
+// its own.
+TEST_F(NativeBuildTest, LoadResolvesTheDType) {
+  util::Json j = util::Json::parse(kLlama);
+  j["dtype"] = "bfloat16";
+  const std::string dir = Checkpoint(j.dump());
+  for (auto [name, want] : std::vector<std::pair<std::string, c10::ScalarType>>{
+           {"", torch::kFloat},
+           {"float32", torch::kFloat},
+           {"auto", torch::kBFloat16},
+           {"float16", torch::kHalf}}) {
+    absl::StatusOr<LoadedModel> m = LoadModel(dir, {.dtype = name});
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status();
+    EXPECT_EQ(m->native_dtype, want) << name;
+  }
+  absl::StatusOr<LoadedModel> bad = LoadModel(dir, {.dtype = "int8"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("dtype 'int8'"));
+  // A directory with a .pt2 computes as it was exported.
+  std::ofstream(dir + "/model.pt2") << "not read";
+  absl::StatusOr<LoadedModel> program = LoadModel(dir, {.dtype = "bfloat16"});
+  ASSERT_FALSE(program.ok());
+  EXPECT_THAT(program.status().message(), HasSubstr("saved program"));
 }
 
 TEST_F(NativeBuildTest, NamesTheMissingTensor) {

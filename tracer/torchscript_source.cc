@@ -21,6 +21,10 @@ std::string FloatLiteral(double v) {
   return s;
 }
 
+std::string DTypeLiteral(c10::ScalarType t) {
+  return std::to_string(static_cast<int>(t));
+}
+
 void DefineMethods(torch::jit::CompilationUnit& cu,
                    const c10::ClassTypePtr& type,
                    std::shared_ptr<torch::jit::Source> source) {

@@ -21,6 +21,10 @@ namespace tracecut::tracer {
 // significant digits, nan and inf as float("...").
 std::string FloatLiteral(double v);
 
+// A dtype as TorchScript code spells it: its c10 enum value (as a saved
+// .pt's code does; `torch.bfloat16` does not resolve in generated code).
+std::string DTypeLiteral(c10::ScalarType t);
+
 // Compiles every `def` in `source` as a method of module class `type` in
 // `cu` (torch::jit::Module::define, but with the caller's Source, so that
 // node locations name where the code came from). Throws as LibTorch's

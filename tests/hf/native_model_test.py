@@ -10,7 +10,10 @@ calibration length past the window, Phi-3's fused projections and partial
 rotary embeddings, Granite's multipliers, OLMo 2's norms), GPTQ W4A16 calibration of the directory must write
 exactly the tensors, bit for bit, that the same calibration of its
 `tracecut export --meta` program writes: the same activations reached every
-Hessian. `tracecut partition` of the directory gives one subgraph per
+Hessian. With --dtype=bfloat16 the program's logits are transformers'
+bf16 forward's (relative difference <= 1e-3; bit-identical today), and
+GPTQ computing in the checkpoint's bf16 (--dtype=auto, as llm-compressor
+does) gives a final-logit error within 20 % of float32's. `tracecut partition` of the directory gives one subgraph per
 decoder layer plus the head. Directories it cannot build get one error
 naming the cause: an architecture it does not build (with the export
 command to run), a tensor the checkpoint lacks, a tensor of another shape
@@ -140,6 +143,67 @@ def check_model(tracecut, work, name, spec, data, recipe):
   if "quantization_config" not in config:
     sys.exit(f"FAIL {name}: no quantization_config in the output")
   print(f"{name}: {len(want)} tensors identical; {len(subgraphs)} subgraphs")
+  check_bf16_forward(tracecut, work, name, ckpt)
+
+
+def logits(path, ids, dtype):
+  m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+  with torch.no_grad():
+    return m(input_ids=ids).logits
+
+
+def relative(got, want):
+  return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def check_bf16_forward(tracecut, work, name, ckpt):
+  """--dtype=bfloat16: the program computes as transformers does in bf16."""
+  pt = os.path.join(work, name + "-bf16.pt")
+  run([tracecut, "trace", ckpt, "--dtype=bfloat16", "--format=torchscript",
+       "-o", pt])
+  ids = torch.randint(0, 256, (2, 16),
+                      generator=torch.Generator().manual_seed(1))
+  with torch.no_grad():
+    got = torch.jit.load(pt)(ids)
+  want = logits(ckpt, ids, torch.bfloat16)
+  if got.dtype != torch.bfloat16:
+    sys.exit(f"FAIL {name}: --dtype=bfloat16 computed in {got.dtype}")
+  # A cast transformers makes and the program misses (or the reverse) moves
+  # the logits by ~1e-2, bfloat16's rounding.
+  err = relative(got, want)
+  if err > 1e-3:
+    sys.exit(f"FAIL {name}: bf16 logits differ from transformers' bf16 "
+             f"forward by {err:.2e} (relative; want <= 1e-3)")
+  exact = "bit-identical to" if torch.equal(got, want) else f"{err:.1e} from"
+  print(f"{name}: bf16 program {exact} transformers' bf16 forward")
+
+
+def check_bf16_calibration(tracecut, work, data, recipe):
+  """GPTQ computing in the checkpoint's bf16 (--dtype=auto), as
+  llm-compressor does: loads in transformers, quantizes about as well."""
+  ckpt = os.path.join(work, "llama")
+  out = os.path.join(work, "llama-native-bf16")
+  p = run([tracecut, "calibrate", ckpt, "--recipe=" + recipe, "--data=" + data,
+           "--threads=1", "--dtype=auto", "-o", out])
+  if "computing in bfloat16" not in p.stderr:
+    sys.exit(f"FAIL: --dtype=auto did not say it computes in bfloat16:\n"
+             f"{p.stderr}")
+  f32, bf16 = tensors(os.path.join(work, "llama-native")), tensors(out)
+  if sorted(f32) != sorted(bf16) or all(
+      torch.equal(f32[k], bf16[k]) for k in f32):
+    sys.exit("FAIL: the bf16 calibration wrote other tensor names, or the "
+             "float32 calibration's bytes")
+  ids = torch.randint(0, 256, (4, 24),
+                      generator=torch.Generator().manual_seed(2))
+  want = logits(ckpt, ids, torch.bfloat16)
+  e32 = relative(logits(os.path.join(work, "llama-native"), ids,
+                        torch.bfloat16), want)
+  e16 = relative(logits(out, ids, torch.bfloat16), want)
+  # Same algorithm, activations rounded to bf16: within 20 % of float32's.
+  if not e16 <= 1.2 * e32:
+    sys.exit(f"FAIL: bf16 calibration's final-logit error {e16:.4f}, "
+             f"float32's {e32:.4f}")
+  print(f"bf16 calibration: final-logit error {e16:.4f} (float32 {e32:.4f})")
 
 
 def expect_error(tracecut, ckpt, *needles):
@@ -188,6 +252,10 @@ def check_errors(tracecut, work):
   shutil.move(os.path.join(linked, "config.json"), outside)
   os.symlink(outside, os.path.join(linked, "config.json"))
   expect_error(tracecut, linked, "config.json", "outside")
+  # A dtype a model does not compute in.
+  p = run([tracecut, "partition", base, "--dtype=int8"], expect_ok=False)
+  if p.returncode == 0 or "dtype 'int8'" not in p.stderr:
+    sys.exit(f"FAIL: --dtype=int8 not refused by name:\n{p.stderr}")
 
 
 def main():
@@ -203,6 +271,7 @@ def main():
     torch.save(torch.randint(0, 256, (8, 24), generator=g), data)
     for name, spec in MODELS.items():
       check_model(tracecut, work, name, spec, data, recipe)
+    check_bf16_calibration(tracecut, work, data, recipe)
     check_errors(tracecut, work)
   print("PASS")
 

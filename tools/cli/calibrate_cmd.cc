@@ -235,6 +235,7 @@ absl::StatusOr<CalibrateOptions> OptionsFromFlags(
   o.example_inputs.example_inputs_path =
       args.Get("example-inputs").value_or("");
   o.example_inputs.config_path = args.Get("config").value_or("");
+  o.dtype = args.Get("dtype").value_or("");
   if (std::optional<std::string> p = args.Get("pipeline")) {
     absl::StatusOr<pipelines::PipelineKind> kind =
         pipelines::ParsePipelineKind(*p);
@@ -520,7 +521,7 @@ std::vector<FlagSpec> CalibrateFlags() {
   };
   for (FlagSpec& flag : ModelFlags()) {
     if (flag.name == "input" || flag.name == "example-inputs" ||
-        flag.name == "config") {
+        flag.name == "config" || flag.name == "dtype") {
       flags.push_back(std::move(flag));
     }
   }
@@ -577,7 +578,10 @@ Subcommand CalibrateCommand() {
       "streamed: each subgraph's are read from the safetensors when it "
       "runs, and written as a shard and released when it is done, so "
       "memory holds one subgraph's weights whatever the model's size "
-      "(--stream-weights=false loads the whole model first). "
+      "(--stream-weights=false loads the whole model first). Such a "
+      "model computes in float32 unless --dtype says otherwise: "
+      "--dtype=auto computes in config.json's dtype (bfloat16, as "
+      "llm-compressor does; Hessians and GPTQ stay float32). "
       "--format=torchscript writes OUT.pt, a TorchScript model "
       "with quantize-dequantized weights and the parameters as buffers "
       "(<linear>.weight_scale, .weight_zero_point, .input_scale, ...); "

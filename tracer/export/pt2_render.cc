@@ -49,7 +49,7 @@ std::string IntLiteral(int64_t v) {
 std::optional<std::string> DTypeLiteral(schema::ScalarType t) {
   std::optional<c10::ScalarType> s = ToScalarType(t);
   if (!s.has_value()) return std::nullopt;
-  return absl::StrCat(static_cast<int>(*s));
+  return tracer::DTypeLiteral(*s);
 }
 
 // Infix spellings of the Python operators that symbolic shapes use.
