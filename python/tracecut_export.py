@@ -99,6 +99,10 @@ def main(argv=None):
                  help="seeded random weights instead of the checkpoint's")
   p.add_argument("--seed", type=int, default=0,
                  help="seed of --random-weights (default 0)")
+  p.add_argument("--dtype", default="float32",
+                 choices=["float32", "bfloat16", "float16", "auto"],
+                 help="what the program computes in (default float32; auto: "
+                 "config.json's dtype, as transformers loads it)")
   p.add_argument("--no-cache", action="store_true",
                  help="export even when the export cache holds an export of "
                  "the same inputs (--meta exports are cached under "
@@ -118,7 +122,7 @@ def main(argv=None):
     cached = export_cache.fetch(key)
     if cached is None:
       export(a.model, a.output, a.torchscript, a.batch, a.seq_len,
-             a.class_name, a.random_weights, a.seed, a.meta)
+             a.class_name, a.random_weights, a.seed, a.meta, a.dtype)
       export_cache.store(key, a.output)
       message = f"wrote {a.output}"
     else:
@@ -156,7 +160,8 @@ def _cache_key(a):
   if not a.meta or a.torchscript or a.random_weights or a.no_cache:
     return None
   check_output(a.output, a.model)
-  return export_cache.cache_key(a.model, a.batch, a.seq_len, a.class_name)
+  return export_cache.cache_key(a.model, a.batch, a.seq_len, a.class_name,
+                                a.dtype)
 
 
 class Stopped(BaseException):

@@ -73,7 +73,7 @@ def _package(h, name):
        f"{st.st_size if st else 0} {st.st_mtime_ns if st else 0}")
 
 
-def cache_key(source, batch, seq_len, class_name):
+def cache_key(source, batch, seq_len, class_name, dtype="float32"):
   """The SHA-256 of everything a --meta export of checkpoint directory
   `source` reads; None when it cannot be taken (not a directory, a file
   that cannot be read or escapes it): the export then runs, and reports
@@ -90,7 +90,8 @@ def cache_key(source, batch, seq_len, class_name):
     for name in ("torch", "transformers", "safetensors", "huggingface_hub"):
       _package(h, name)
     _add(h, "options", f"meta batch={batch} seq_len={seq_len} "
-         f"class={class_name or ''}")
+         f"class={class_name or ''}" +
+         ("" if dtype == "float32" else f" dtype={dtype}"))
     names = sorted(os.listdir(source))
     for name in names:
       if name == "config.json" or name.endswith((".py", ".index.json")):

@@ -110,6 +110,10 @@ class ExportCacheTest(unittest.TestCase):
     key = cache.cache_key(self.ck, 2, 16, None)
     self.assertNotEqual(cache.cache_key(self.ck, 3, 16, None), key)
     self.assertNotEqual(cache.cache_key(self.ck, 2, 8, None), key)
+    # --dtype: another program; float32 is the default's.
+    self.assertNotEqual(cache.cache_key(self.ck, 2, 16, None, "bfloat16"),
+                        key)
+    self.assertEqual(cache.cache_key(self.ck, 2, 16, None, "float32"), key)
     self.assertNotEqual(
         cache.cache_key(self.ck, 2, 16, "LlamaModel"), key)
     # config.json.

@@ -2,6 +2,7 @@
 built, the transformers class to build, and the model itself (with the
 checkpoint's weights, seeded random ones, or on the meta device)."""
 
+import contextlib
 import json
 import os
 
@@ -202,14 +203,43 @@ def _has_weights(directory):
       for f in os.listdir(directory))
 
 
+def _torch_dtype(name, config):
+  """The torch dtype `name` (a --dtype value) stands for with `config`;
+  "auto": config.json's dtype, float32 when it names none."""
+  import torch
+  if name == "auto":
+    name = str(getattr(config, "dtype", None) or
+               getattr(config, "torch_dtype", None) or "float32")
+    name = name.replace("torch.", "")
+  if name not in ("float32", "bfloat16", "float16"):
+    _fail(f"dtype '{name}' (config.json's): a program computes in float32, "
+          "bfloat16 or float16")
+  return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+  """Modules built inside make their parameters in `dtype`, as
+  transformers' from_pretrained(dtype=...) does (buffers a module computes
+  in float32 on purpose, like rotary inv_freq, stay float32)."""
+  import torch
+  old = torch.get_default_dtype()
+  torch.set_default_dtype(dtype)
+  try:
+    yield
+  finally:
+    torch.set_default_dtype(old)
+
+
 def build_model(source, class_name=None, random_weights=False, seed=0,
-                meta=False):
-  """The transformers model of `source`, in eval mode on the CPU; with
-  `meta`, on the meta device (no weight read or allocated), plus the real
-  values of its buffers (which checkpoints do not hold when non-persistent,
-  e.g. rotary inv_freq)."""
+                meta=False, dtype="float32"):
+  """The transformers model of `source`, in eval mode on the CPU, computing
+  in `dtype` (a --dtype value); with `meta`, on the meta device (no weight
+  read or allocated), plus the real values of its buffers (which
+  checkpoints do not hold when non-persistent, e.g. rotary inv_freq)."""
   import torch
   config = _load_config(source)
+  torch_dtype = _torch_dtype(dtype, config)
   cls = _model_class(config, class_name)
   attn = "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
   config._attn_implementation = attn
@@ -220,11 +250,12 @@ def build_model(source, class_name=None, random_weights=False, seed=0,
     # Parameters on meta, buffers computed. accelerate moves each parameter
     # to meta once it is registered, after it was allocated: large tensors
     # are made on meta from the start.
-    with init_empty_weights(include_buffers=False), _large_on_meta_mode():
+    with init_empty_weights(include_buffers=False), _large_on_meta_mode(), \
+        _default_dtype(torch_dtype):
       shell = cls(config)
     buffers = {n: b.detach().contiguous().clone()
                for n, b in shell.named_buffers() if b.device.type != "meta"}
-    with torch.device("meta"):
+    with torch.device("meta"), _default_dtype(torch_dtype):
       model = cls(config)
     return model.eval(), config, buffers
   if random_weights or not _has_weights(source):
@@ -232,13 +263,14 @@ def build_model(source, class_name=None, random_weights=False, seed=0,
       _fail(f"{source}: no *.safetensors or *.bin weights in this directory; "
             "give --random-weights to export with seeded random weights")
     torch.manual_seed(seed)
-    model = cls(config)
+    with _default_dtype(torch_dtype):
+      model = cls(config)
   else:
     if os.path.isdir(source):
       checkpoint_files(source)  # Every shard inside, before transformers.
     try:
       model = cls.from_pretrained(
-          source, config=config, local_files_only=True, dtype=torch.float32)
+          source, config=config, local_files_only=True, dtype=torch_dtype)
     except (OSError, ValueError, RuntimeError) as e:
       _fail(f"{source}: cannot load the weights of {cls.__name__}: "
             f"{str(e).strip().splitlines()[0]}")

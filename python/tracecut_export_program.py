@@ -262,7 +262,8 @@ def _no_split_modules(model):
 
 
 def export(source, output, torchscript=False, batch=2, seq_len=16,
-           class_name=None, random_weights=False, seed=0, meta=False):
+           class_name=None, random_weights=False, seed=0, meta=False,
+           dtype="float32"):
   import torch
   import transformers
   if meta and torchscript:
@@ -271,9 +272,14 @@ def export(source, output, torchscript=False, batch=2, seq_len=16,
   check_output(output, source)
   use_cache = getattr(_load_config(source), "use_cache", True)
   model, config, buffers = build_model(source, class_name, random_weights,
-                                       seed, meta)
+                                       seed, meta, dtype)
   as_plain_linears(model)
   specs = input_specs(model, config, batch, seq_len)
+  # Floating inputs (images, audio) in the dtype the program computes in.
+  computes = str(next(model.parameters()).dtype).replace("torch.", "")
+  for s in specs:
+    if s["dtype"] == "float32":
+      s["dtype"] = computes
   inputs = make_inputs(specs, meta=meta)
   tied = _tied_groups(model)
   shapes = _checkpoint_shapes(source) if os.path.isdir(source) else None

@@ -228,8 +228,8 @@ absl::Status CheckProgramDType(const std::string& path,
   return absl::InvalidArgumentError(absl::StrCat(
       "dtype '", options.dtype, "': '", path,
       "' is a saved program, which computes in the dtypes it was saved with "
-      "(float32 for `tracecut export`); only a checkpoint directory without "
-      "a .pt2, built from its config.json, computes in another"));
+      "(`tracecut export --dtype` chooses them); only a checkpoint directory "
+      "without a .pt2, built from its config.json, computes in another"));
 }
 
 // A checkpoint directory without a .pt2: the model built from its

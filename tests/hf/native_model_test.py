@@ -13,7 +13,8 @@ exactly the tensors, bit for bit, that the same calibration of its
 Hessian. With --dtype=bfloat16 the program's logits are transformers'
 bf16 forward's (relative difference <= 1e-3; bit-identical today), and
 GPTQ computing in the checkpoint's bf16 (--dtype=auto, as llm-compressor
-does) gives a final-logit error within 20 % of float32's. `tracecut partition` of the directory gives one subgraph per
+does) gives a final-logit error within 20 % of float32's, and the same
+bytes as calibrating `tracecut export --meta --dtype=auto`'s bf16 program. `tracecut partition` of the directory gives one subgraph per
 decoder layer plus the head. Directories it cannot build get one error
 naming the cause: an architecture it does not build (with the export
 command to run), a tensor the checkpoint lacks, a tensor of another shape
@@ -204,6 +205,21 @@ def check_bf16_calibration(tracecut, work, data, recipe):
     sys.exit(f"FAIL: bf16 calibration's final-logit error {e16:.4f}, "
              f"float32's {e32:.4f}")
   print(f"bf16 calibration: final-logit error {e16:.4f} (float32 {e32:.4f})")
+  # The export route in bf16 (`tracecut export --dtype=auto`: transformers'
+  # own bf16 program) calibrates to the same bytes.
+  exported = os.path.join(work, "llama-exported-bf16")
+  shutil.copytree(ckpt, exported)
+  run([tracecut, "export", exported, "--meta", "--dtype=auto", "-o",
+       os.path.join(exported, "model.pt2")])
+  via_export = os.path.join(work, "llama-exported-bf16-out")
+  run([tracecut, "calibrate", exported, "--recipe=" + recipe,
+       "--data=" + data, "--threads=1", "-o", via_export])
+  other = tensors(via_export)
+  differ = [k for k in bf16 if not torch.equal(other[k], bf16[k])]
+  if sorted(other) != sorted(bf16) or differ:
+    sys.exit(f"FAIL: export --dtype=auto calibrates to other tensors than "
+             f"the native bf16 model: {differ[:3]}")
+  print(f"export --dtype=auto: {len(other)} tensors identical to native bf16")
 
 
 def expect_error(tracecut, ckpt, *needles):

@@ -51,7 +51,7 @@ absl::Status RunExport(const ParsedArgs& args, Io& io) {
   }
   std::vector<std::string> argv = {python, script, model, "-o",
                                    UserPath(*args.Get("output"))};
-  for (const char* flag : {"batch", "seq-len", "class", "seed"}) {
+  for (const char* flag : {"batch", "seq-len", "class", "seed", "dtype"}) {
     if (std::optional<std::string> v = args.Get(flag)) {
       argv.push_back(absl::StrCat("--", flag, "=", *v));
     }
@@ -76,7 +76,7 @@ Subcommand ExportCommand() {
   c.synopsis =
       "HF_DIR_OR_MODEL_ID -o OUT.pt2 [--meta] [--torchscript] [--batch=N] "
       "[--seq-len=N] [--class=NAME] [--random-weights] [--seed=N] "
-      "[--no-cache]";
+      "[--dtype=float32|bfloat16|float16|auto] [--no-cache]";
   c.summary =
       "Export a Hugging Face transformers model to a torch.export .pt2.";
   c.description =
@@ -95,7 +95,11 @@ Subcommand ExportCommand() {
       "by the SHA-256 of what it depends on (config.json, custom code, the "
       "safetensors' names, dtypes and shapes, the exporter and the Python "
       "packages; not the weights): exporting the same checkpoint again, or "
-      "another fine-tune of the same model, copies it in milliseconds.";
+      "another fine-tune of the same model, copies it in milliseconds. "
+      "--dtype=auto (or bfloat16) exports the program computing in "
+      "config.json's dtype with transformers' own casts, as llm-compressor "
+      "and transformers run the checkpoint (faster where the CPU multiplies "
+      "bfloat16 natively); the default is float32.";
   c.flags = {
       FlagSpec::Value("output", "OUT.pt2", "where to write the program")
           .Short('o'),
@@ -115,6 +119,9 @@ Subcommand ExportCommand() {
                      "seeded random weights instead of the checkpoint's "
                      "(for configs without weights)"),
       FlagSpec::Value("seed", "N", "seed of --random-weights (0)"),
+      FlagSpec::Value("dtype", "DTYPE",
+                      "what the program computes in: float32 (default), "
+                      "bfloat16, float16, or auto (config.json's dtype)"),
       FlagSpec::Bool("no-cache",
                      "export even when the export cache holds the same "
                      "export"),
