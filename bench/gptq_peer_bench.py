@@ -16,8 +16,11 @@ threads (OMP_NUM_THREADS and, for tracecut, --threads):
   ours, native: the same on a copy of the checkpoint without the .pt2
         (tracecut builds the Llama from config.json: no export; its shards
         must be the bytes of ours)
-  ours, native bf16: the same with --dtype=auto (computing in the
-        checkpoint's bfloat16, as llm-compressor does)
+  ours, bf16: the same on a copy whose .pt2 is `export --meta --dtype=auto`
+        (timed, uncached): transformers' bf16 program, computing in the
+        checkpoint's dtype as llm-compressor does
+  ours, native bf16: the native model with --dtype=auto (its shards must be
+        the bytes of "ours, bf16")
   peer: llm-compressor oneshot(GPTQModifier(targets="Linear",
         scheme="W4A16", ignore=["lm_head"]), pipeline="sequential") on the
         same tokens + save_pretrained(save_compressed=True)
@@ -106,6 +109,16 @@ def timed(cmd, env):
   return seconds, kb / 1024 / 1024
 
 
+def copy_checkpoint(src, dst):
+  """`dst`: a copy of checkpoint `src`'s config and safetensors."""
+  if not os.path.isdir(dst):
+    os.makedirs(dst)
+    for name in os.listdir(src):
+      if name.endswith((".json", ".safetensors")):
+        shutil.copy(os.path.join(src, name), dst)
+  return dst
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("tracecut")
@@ -139,14 +152,14 @@ def main():
   cached_s, _ = timed(
       [a.tracecut, "export", ckpt, "--meta", "-o",
        os.path.join(ckpt, "model.pt2")], env)
+  # The checkpoint with a bf16 program (`export --dtype=auto`), timed.
+  bf16_ckpt = copy_checkpoint(ckpt, ckpt + "-bf16")
+  bf16_export_s, _ = timed(
+      [a.tracecut, "export", bf16_ckpt, "--meta", "--dtype=auto",
+       "--no-cache", "-o", os.path.join(bf16_ckpt, "model.pt2")], env)
   # The checkpoint as transformers wrote it, without a .pt2: tracecut builds
   # its Llama from config.json (tracer/native_model.h), no export at all.
-  native = ckpt + "-native"
-  if not os.path.isdir(native):
-    os.makedirs(native)
-    for name in os.listdir(ckpt):
-      if name.endswith((".json", ".safetensors")):
-        shutil.copy(os.path.join(ckpt, name), native)
+  native = copy_checkpoint(ckpt, ckpt + "-native")
   recipe = os.path.join(a.out_dir, "gptq_w4a16.textproto")
   with open(recipe, "w") as f:
     f.write('modifiers { gptq { scheme { preset: "W4A16" } targets: "Linear" '
@@ -168,18 +181,25 @@ def main():
         [a.tracecut, "calibrate", native, "--recipe=" + recipe,
          "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
          "--dtype=auto", "-o", ours + "-native-bf16"], env))
+    rows.append(("tracecut bf16", r) + timed(
+        [a.tracecut, "calibrate", bf16_ckpt, "--recipe=" + recipe,
+         "--data=" + ckpt + "-calib.pt", f"--threads={a.threads}",
+         "-o", ours + "-bf16"], env))
     rows.append(("llm-compressor", r) + timed(
         [py, "-W", "ignore", "-c", PEER, ckpt, ckpt + "-calib.pt", peer,
          str(a.threads)], env))
   sets = ([("tracecut-0", "llmcompressor-0", "tracecut-0-native-bf16")]
           if a.rounds else [])
   if a.rounds:
-    # The native build must calibrate to the export's bytes.
-    for name in os.listdir(os.path.join(a.out_dir, "tracecut-0")):
-      if name.endswith(".safetensors") and not filecmp.cmp(
-          os.path.join(a.out_dir, "tracecut-0", name),
-          os.path.join(a.out_dir, "tracecut-0-native", name), shallow=False):
-        sys.exit(f"native calibration differs from the export's in {name}")
+    # The native build must calibrate to the export's bytes, in float32 and
+    # in bf16.
+    for got, want in (("tracecut-0-native", "tracecut-0"),
+                      ("tracecut-0-native-bf16", "tracecut-0-bf16")):
+      for name in os.listdir(os.path.join(a.out_dir, want)):
+        if name.endswith(".safetensors") and not filecmp.cmp(
+            os.path.join(a.out_dir, want, name),
+            os.path.join(a.out_dir, got, name), shallow=False):
+          sys.exit(f"{got} differs from {want} in {name}")
   for seed in range(1, a.quality_seeds + 1):
     data = os.path.join(a.out_dir, f"calib-seed{seed}.pt")
     subprocess.run([py, "-c", SEEDED, data, str(seed)], check=True, env=env)
@@ -207,7 +227,7 @@ def main():
   print(f"tracecut export: {export_s:.1f} s, {export_gib:.2f} GiB; again "
         f"(from the export cache): {cached_s:.2f} s")
   if a.rounds:
-    print_times(rows, export_s, cached_s, errors)
+    print_times(rows, export_s, cached_s, bf16_export_s, errors)
   if len(sets) > 1 or not a.rounds:
     print("| calibration tokens | tracecut | llm-compressor | tracecut bf16 |")
     print("|---|---|---|---|")
@@ -219,7 +239,7 @@ def main():
           f"{sum(errors[1::3]) / n:.4f} | {sum(errors[2::3]) / n:.4f} |")
 
 
-def print_times(rows, export_s, cached_s, errors):
+def print_times(rows, export_s, cached_s, bf16_export_s, errors):
   print("| tool | round | wall s | peak RSS GiB |")
   print("|---|---|---|---|")
   for tool, r, s, gib in rows:
@@ -239,7 +259,14 @@ def print_times(rows, export_s, cached_s, errors):
   print(f"native (the checkpoint directory, no export): wall ratio "
         f"{sum(native) / sum(theirs):.2f}, peak RSS ratio "
         f"{native_gib / theirs_gib:.2f}")
-  print(f"native in bf16 (--dtype=auto, llm-compressor's dtype): wall "
+  exp16 = [s for t, _, s, _ in rows if t == "tracecut bf16"]
+  exp16_gib = max(g for t, _, _, g in rows if t == "tracecut bf16")
+  with_export = (sum(exp16) + bf16_export_s * len(exp16)) / sum(theirs)
+  print(f"bf16 program (export --dtype=auto, {bf16_export_s:.1f} s uncached, "
+        f"llm-compressor's dtype): wall ratio {sum(exp16) / sum(theirs):.2f}, "
+        f"with the export {with_export:.2f}; peak RSS ratio "
+        f"{exp16_gib / theirs_gib:.2f}")
+  print(f"native in bf16 (--dtype=auto, no export): wall "
         f"ratio {sum(bf16) / sum(theirs):.2f}, peak RSS ratio "
         f"{bf16_gib / theirs_gib:.2f}")
   print(f"final-logit relative error: tracecut {errors[0]:.4f}, "
